@@ -1,0 +1,51 @@
+"""The ``ggml-rpc`` command line: one sub-command per module ``ggml_rpc.conformance.cmd_<name>``.
+
+Each such module defines ``register(subparsers)`` (adding its parser, with ``func`` set to a callable taking the
+parsed arguments and returning an exit code).  User mistakes raise :class:`UsageError` and end with one line on
+stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+#: Sub-commands, in the order ``--help`` lists them.
+COMMANDS = ("decode",)
+
+
+class UsageError(Exception):
+    """A mistake of the user's (bad option, missing file, unreachable server): one line, exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ggml-rpc",
+        description="Specification, reference server and conformance kit for the ggml RPC protocol.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMANDS:
+        importlib.import_module(f"ggml_rpc.conformance.cmd_{name}").register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(f"ggml-rpc {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"ggml-rpc {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""``ggml-rpc decode FILE.pcap``: every message of every connection, one line (or one JSON object) each."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ggml_rpc.spec import Protocol, Reply, parse_version_option
+
+from .capture import CaptureError, read_connections
+from .session import decode_connection, describe, summarize
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("decode", help="decode a pcap of ggml RPC traffic, one line per message")
+    p.add_argument("pcap", help="capture file (pcap or pcapng)")
+    p.add_argument("--proto", default="auto", help="auto (from each HELLO reply), 6, 7 or 7.0.1")
+    p.add_argument("--port", type=int, default=None, help="only connections with this TCP port")
+    p.add_argument("--json", action="store_true", help="JSON lines instead of text")
+    p.set_defaults(func=run)
+
+
+def _protocol(text: str) -> Protocol | None:
+    from .cli import UsageError
+
+    if text == "auto":
+        return None
+    try:
+        return parse_version_option(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from .cli import UsageError
+
+    protocol = _protocol(args.proto)
+    try:
+        conns = read_connections(args.pcap, port=args.port)
+    except CaptureError as exc:
+        raise UsageError(str(exc)) from None
+    out = sys.stdout
+    failed = 0
+    for conn in conns:
+        dc = decode_connection(conn, protocol)
+        version = dc.protocol.label if dc.protocol else "?"
+        if args.json:
+            out.write(json.dumps({"connection": conn.index, "event": "open", "client": list(conn.client),
+                                  "server": list(conn.server), "version": version, "notes": dc.notes}) + "\n")
+        else:
+            out.write(f"# connection {conn.index}: {conn.label} protocol {version}\n")
+            for note in dc.notes:
+                out.write(f"#   note: {note}\n")
+        for msg in dc.messages():
+            arrow = "<" if isinstance(msg, Reply) else ">"
+            index = msg.request.index if isinstance(msg, Reply) and msg.request else msg.index
+            if args.json:
+                rec = {"connection": conn.index, "dir": "reply" if arrow == "<" else "request", "index": index}
+                rec.update(summarize(msg))
+                out.write(json.dumps(rec) + "\n")
+            else:
+                out.write(f"{conn.index:>3} {index:>5} {arrow} {describe(msg)}\n")
+        if dc.error is not None:
+            failed += 1
+            err = dc.error
+            msg_index = len(dc.requests) if dc.error_direction == "client->server" else len(dc.replies)
+            line = (f"connection {conn.index} ({dc.error_direction}), message {msg_index}: {err}")
+            if args.json:
+                out.write(json.dumps({"connection": conn.index, "event": "error", "direction": dc.error_direction,
+                                      "message_index": msg_index, "command": err.command, "field": err.field,
+                                      "offset": err.offset, "error": err.message}) + "\n")
+            print(f"ggml-rpc decode: spec violation: {line}", file=sys.stderr)
+    return 1 if failed else 0

@@ -1,0 +1,28 @@
+"""``ggml-rpc spec``: the Markdown protocol reference generated from the schemas."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ggml_rpc.spec import parse_version_option
+from ggml_rpc.spec.docs import render_markdown
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("spec", help="print the protocol reference generated from the schemas (Markdown)")
+    p.add_argument("--proto", default=None, help="only this version (6, 7 or 7.0.1); default: all")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .cli import UsageError
+
+    versions = None
+    if args.proto:
+        try:
+            versions = [parse_version_option(args.proto)]
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    sys.stdout.write(render_markdown(versions))
+    return 0

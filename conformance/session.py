@@ -1,0 +1,216 @@
+"""Decoding whole captured sessions: both directions of a connection, replies paired with their requests.
+
+The version is learnt from each connection's HELLO reply unless the caller forces one.  Decoding stops at the
+first spec violation and records it with the connection, message index and byte offset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ggml_rpc.spec import (
+    Command,
+    Protocol,
+    ProtocolError,
+    Reply,
+    ReplyDecoder,
+    Request,
+    RequestDecoder,
+    fnv1a64,
+    protocol_from_hello,
+    tensor_name,
+    type_name,
+)
+from ggml_rpc.spec.versions import V6
+
+from .capture import Connection, read_connections
+
+
+@dataclass
+class DecodedConnection:
+    """One connection of a capture, decoded."""
+
+    conn: Connection
+    protocol: Protocol | None
+    requests: list[Request] = field(default_factory=list)
+    replies: list[Reply] = field(default_factory=list)
+    #: The spec violation that stopped decoding, with the direction it was found in.
+    error: ProtocolError | None = None
+    error_direction: str | None = None
+    #: Version announced by the server even when the kit does not cover it.
+    announced: tuple[int, int, int] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def messages(self) -> Iterator[Request | Reply]:
+        """Requests in order, each followed by its reply (if any)."""
+        by_req = {id(r.request): r for r in self.replies}
+        for req in self.requests:
+            yield req
+            rep = by_req.get(id(req))
+            if rep is not None:
+                yield rep
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def decode_connection(
+    conn: Connection, protocol: Protocol | None = None, *, validate: bool = True
+) -> DecodedConnection:
+    """Decode both streams of one connection; ``protocol`` None means: learn it from the HELLO reply."""
+    forced = protocol is not None
+    out = DecodedConnection(conn, protocol, notes=list(conn.notes))
+    expect_hello = conn.saw_syn
+    if not conn.saw_syn and protocol is None:
+        out.error = ProtocolError("capture starts mid-connection and no --proto was given: version unknown")
+        out.error_direction = "client->server"
+        return out
+    reqs = RequestDecoder(protocol, validate=validate, expect_hello=expect_hello)
+    reps = ReplyDecoder(protocol)
+    reqs.receive_data(conn.c2s.data)
+    reps.receive_data(conn.s2c.data)
+    try:
+        while True:
+            req = reqs.next_message()
+            if req is None:
+                break
+            out.requests.append(req)
+            waits = reps.expect(req)
+            if req.command is Command.HELLO and waits:
+                # The HELLO reply decides how every later request is read.
+                rep = reps.next_message()
+                if rep is None:
+                    out.notes.append("no HELLO reply in the capture")
+                    break
+                out.replies.append(rep)
+                f = rep.fields
+                out.announced = (f["major"], f["minor"], f["patch"])
+                learnt = protocol_from_hello(f)
+                if not forced:
+                    if learnt is None:
+                        out.error = ProtocolError(
+                            f"server announces {f['major']}.{f['minor']}.{f['patch']}: not covered by this kit",
+                            command="HELLO",
+                        )
+                        out.error_direction = "server->client"
+                        return out
+                    out.protocol = learnt
+                    reqs.protocol = learnt
+                    reps.protocol = learnt
+        if conn.c2s.gap_at is None and not reqs.in_message:
+            reqs.finish()
+        elif reqs.in_message:
+            out.notes.append(f"client->server stream ends inside a message at byte {reqs.offset}")
+    except ProtocolError as exc:
+        out.error, out.error_direction = exc, "client->server"
+        return out
+    try:
+        while (rep := reps.next_message()) is not None:
+            out.replies.append(rep)
+        if reps.awaiting and conn.s2c.gap_at is None:
+            reps.finish()
+            out.notes.append(f"{reps.awaiting} request(s) got no reply before the connection ended")
+    except ProtocolError as exc:
+        out.error, out.error_direction = exc, "server->client"
+    return out
+
+
+def decode_file(path: str | Path, protocol: Protocol | None = None, *, port: int | None = None,
+                validate: bool = True) -> list[DecodedConnection]:
+    """Decode every connection of a capture."""
+    return [decode_connection(c, protocol, validate=validate) for c in read_connections(path, port=port)]
+
+
+# ---- one-line and JSON descriptions ----------------------------------------------------------------------------
+
+
+def _tensor_summary(t: dict[str, Any]) -> str:
+    name = tensor_name(t["name"]) or f"id={t['id']:#x}"
+    ne = ",".join(str(x) for x in t["ne"])
+    return f"{name} {type_name(t['type'])}[{ne}]"
+
+
+def summarize(msg: Request | Reply) -> dict[str, Any]:
+    """The key fields of a message as a flat JSON-ready dict."""
+    f = msg.fields
+    d: dict[str, Any] = {"command": msg.command.name, "size": msg.size, "offset": msg.offset}
+    cmd = msg.command
+    if isinstance(msg, Request):
+        if "tensor" in f:
+            t = f["tensor"]
+            d["tensor"] = tensor_name(t["name"])
+            d["type"] = type_name(t["type"])
+            d["ne"] = list(t["ne"])
+            d["data_ptr"] = t["data"]
+        for key in ("device", "size", "offset", "remote_ptr", "value", "cache_flag", "hash"):
+            if key in f:
+                d["req_" + key if key == "size" else key] = f[key]
+        if cmd is Command.SET_TENSOR:
+            d["bytes"] = msg.data.nbytes if msg.data is not None else 0
+        if cmd is Command.COPY_TENSOR:
+            d["src"] = tensor_name(f["src"]["name"])
+            d["dst"] = tensor_name(f["dst"]["name"])
+        if cmd is Command.GRAPH_COMPUTE:
+            d["n_nodes"] = f["n_nodes"]
+            d["n_tensors"] = f["n_tensors"]
+    else:
+        for key, value in f.items():
+            if isinstance(value, bytes | bytearray):
+                d[key] = bytes(value).hex()
+            else:
+                d[key] = value
+        if cmd is Command.GET_TENSOR and msg.data is not None:
+            d["bytes"] = msg.data.nbytes
+    return d
+
+
+def describe(msg: Request | Reply) -> str:
+    """A human-readable one-liner for a message."""
+    f = msg.fields
+    cmd = msg.command
+    parts: list[str] = []
+    if isinstance(msg, Request):
+        if "tensor" in f:
+            parts.append(_tensor_summary(f["tensor"]))
+        if cmd is Command.COPY_TENSOR:
+            parts.append(f"{_tensor_summary(f['src'])} -> {_tensor_summary(f['dst'])}")
+        if cmd is Command.SET_TENSOR:
+            parts.append(f"offset={f['offset']} bytes={msg.data.nbytes if msg.data is not None else 0}")
+            if "cache_flag" in f:
+                parts.append(f"cache_flag={f['cache_flag']}")
+        elif cmd is Command.SET_TENSOR_HASH:
+            parts.append(f"offset={f['offset']} hash={f['hash']:016x}")
+        elif cmd in (Command.GET_TENSOR, Command.MEMSET_TENSOR):
+            parts.append(f"offset={f['offset']} size={f['size']}")
+            if cmd is Command.MEMSET_TENSOR:
+                parts.append(f"value={f['value']}")
+        elif cmd is Command.ALLOC_BUFFER:
+            parts.append(f"device={f['device']} size={f['size']}")
+        elif cmd is Command.GRAPH_COMPUTE:
+            parts.append(f"device={f['device']} n_nodes={f['n_nodes']} n_tensors={f['n_tensors']}")
+        elif "remote_ptr" in f:
+            parts.append(f"buffer={f['remote_ptr']:#x}")
+            if "value" in f:
+                parts.append(f"value={f['value']}")
+        elif "device" in f:
+            parts.append(f"device={f['device']}")
+    else:
+        if cmd is Command.HELLO:
+            parts.append(f"version={f['major']}.{f['minor']}.{f['patch']}")
+        elif cmd is Command.SET_TENSOR_HASH:
+            parts.append("hit" if f["result"] else "miss")
+        elif cmd is Command.GET_TENSOR:
+            n = msg.data.nbytes if msg.data is not None else 0
+            parts.append(f"bytes={n} fnv1a={fnv1a64(msg.data) if msg.data is not None else 0:016x}")
+        else:
+            for key, value in f.items():
+                parts.append(f"{key}={value:#x}" if key in ("remote_ptr", "base_ptr") else f"{key}={value}")
+    return f"{cmd.name} {' '.join(parts)}".rstrip()
+
+
+def default_protocol() -> Protocol:
+    return V6

@@ -1,0 +1,90 @@
+"""Protocol facts as functions: the hash, the threshold, tensor byte sizes, HELLO replies."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from .enums import TYPES
+
+#: SET_TENSOR payloads strictly larger than this go through the hash path (and, in v6, into the cache).
+HASH_THRESHOLD = 10 * 1024 * 1024
+
+FNV_OFFSET_BASIS = 0xCBF29CE484222325
+FNV_PRIME = 0x100000001B3
+
+#: Upstream rpc-server's wire defaults (tools/rpc): bind address and port.
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 50052
+
+#: conn_caps is 24 bytes; a plain-TCP peer sends and answers all zeros.
+CONN_CAPS_SIZE = 24
+
+try:  # C implementation (fnv-c, cffi): takes any buffer without a copy through its ffi.
+    from fnv_c.ext._fnv import ffi as _ffi
+    from fnv_c.ext._fnv import lib as _lib
+
+    def fnv1a64(data: bytes | bytearray | memoryview) -> int:
+        """64-bit FNV-1a of ``data`` (what names a cache entry and what SET_TENSOR_HASH carries)."""
+        mv = memoryview(data)
+        if not mv.c_contiguous:
+            mv = memoryview(mv.tobytes())
+        if mv.nbytes == 0:
+            return FNV_OFFSET_BASIS
+        return int(_lib.fnv1a_64(_ffi.from_buffer(mv.cast("B")), mv.nbytes))
+
+except ImportError:  # pragma: no cover - the public fnv-c API wants bytes: one copy, same result
+    import fnv_c
+
+    def fnv1a64(data: bytes | bytearray | memoryview) -> int:
+        """64-bit FNV-1a of ``data`` (what names a cache entry and what SET_TENSOR_HASH carries)."""
+        return int(fnv_c.fnv1a_64(bytes(data)))
+
+
+def cache_file_name(digest: int) -> str:
+    """Cache entry name: the FNV-1a-64 hash as 16 lowercase, zero-padded hex digits, no extension."""
+    return f"{digest & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+def ggml_nbytes(type_id: int, ne: Sequence[int], nb: Sequence[int]) -> int:
+    """Bytes a tensor spans, as every upstream bounds check computes it (strides trusted as sent).
+
+    Any zero dimension gives 0.  A dimension with ``ne == 1`` contributes nothing whatever its stride.
+    Raises ``KeyError`` for an id outside the type table and ``ZeroDivisionError``-free ``ValueError``
+    for removed types (block size 0), which upstream rejects before it gets here.
+    """
+    info = TYPES[type_id]
+    if info.blck == 0:
+        raise ValueError(f"type {info.name} ({type_id}) was removed from ggml")
+    if any(n <= 0 for n in ne):
+        return 0
+    if info.blck == 1:
+        total = info.size
+        for n, stride in zip(ne, nb, strict=True):
+            total += (n - 1) * stride
+        return total
+    total = ne[0] * nb[0] // info.blck
+    for n, stride in zip(ne[1:], nb[1:], strict=True):
+        total += (n - 1) * stride
+    return total
+
+
+def tensor_nbytes(tensor: Mapping) -> int:
+    """:func:`ggml_nbytes` of a decoded rpc_tensor dict."""
+    return ggml_nbytes(tensor["type"], tensor["ne"], tensor["nb"])
+
+
+def contiguous_strides(type_id: int, ne: Sequence[int]) -> list[int]:
+    """The nb[] ggml gives a freshly created contiguous tensor of this type and shape."""
+    info = TYPES[type_id]
+    if info.blck == 0:
+        raise ValueError(f"type {info.name} ({type_id}) was removed from ggml")
+    nb = [info.size, info.size * (ne[0] // info.blck)]
+    nb.append(nb[1] * ne[1])
+    nb.append(nb[2] * ne[2])
+    return nb
+
+
+def hello_reply(version: tuple[int, int, int]) -> dict:
+    """The HELLO reply fields a server of ``version`` sends over plain TCP."""
+    major, minor, patch = version
+    return {"major": major, "minor": minor, "patch": patch, "pad": 0, "conn_caps": b"\0" * CONN_CAPS_SIZE}

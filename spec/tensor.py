@@ -1,0 +1,67 @@
+"""``rpc_tensor``: the 296-byte tensor description that nearly every command carries.
+
+The construct Struct below is the declaration; the fast layouts (``struct`` format and numpy dtype) used on hot
+paths are derived from it in :mod:`ggml_rpc.spec.layout`.
+"""
+
+from __future__ import annotations
+
+from construct import Array, Bytes, Int32sl, Int32ul, Int64ul, Struct
+
+GGML_MAX_DIMS = 4
+GGML_MAX_OP_PARAMS = 64
+GGML_MAX_SRC = 10
+GGML_MAX_NAME = 64
+
+RpcTensor = Struct(
+    "id" / Int64ul * "client-side address of the ggml_tensor: an opaque identity, 0 means 'no tensor'",
+    "type" / Int32ul * "ggml_type (see the type table); ids >= 43 and removed types are refused",
+    "buffer" / Int64ul * "server buffer handle (remote_ptr from ALLOC_BUFFER) or 0; note the unaligned offset",
+    "ne" / Array(GGML_MAX_DIMS, Int32ul) * "elements per dimension, 32-bit on the wire (truncated from int64)",
+    "nb" / Array(GGML_MAX_DIMS, Int32ul) * "stride in bytes per dimension, 32-bit on the wire",
+    "op" / Int32ul * "ggml_op that produces this tensor (GRAPH_COMPUTE); NONE elsewhere",
+    "op_params" / Array(GGML_MAX_OP_PARAMS // 4, Int32sl) * "raw op parameters (16 x i32)",
+    "flags" / Int32sl * "tensor flags: INPUT=1, OUTPUT=2, PARAM=4, LOSS=8, COMPUTE=16",
+    "src" / Array(GGML_MAX_SRC, Int64ul) * "ids of the source tensors (0 = none)",
+    "view_src" / Int64ul * "id of the tensor this one views (0 = none)",
+    "view_offs" / Int64ul * "byte offset into view_src",
+    "data" / Int64ul * "absolute server address of the data (inside the buffer), or 0",
+    "name" / Bytes(GGML_MAX_NAME) * "NUL-padded tensor name (at most 63 characters and a NUL)",
+    "use_count" / Int32sl * "uses of the tensor inside the graph (GRAPH_COMPUTE only; 0 elsewhere)",
+)
+RpcTensor.__doc__ = "rpc_tensor: packed, 296 bytes, little-endian."
+
+RPC_TENSOR_SIZE = RpcTensor.sizeof()
+assert RPC_TENSOR_SIZE == 296
+
+
+def tensor_name(raw: bytes) -> str:
+    """The printable name of a tensor: bytes up to the first NUL, undecodable bytes replaced."""
+    end = raw.find(b"\0")
+    return bytes(raw[: end if end >= 0 else len(raw)]).decode("utf-8", "replace")
+
+
+def encode_name(name: str) -> bytes:
+    """A name field as the client writes it: at most 63 bytes of UTF-8, NUL-padded to 64."""
+    raw = name.encode("utf-8")[: GGML_MAX_NAME - 1]
+    return raw.ljust(GGML_MAX_NAME, b"\0")
+
+
+def null_tensor() -> dict:
+    """A tensor of all zero fields: what the client sends for 'no tensor' (296 zero bytes)."""
+    return {
+        "id": 0,
+        "type": 0,
+        "buffer": 0,
+        "ne": [0] * GGML_MAX_DIMS,
+        "nb": [0] * GGML_MAX_DIMS,
+        "op": 0,
+        "op_params": [0] * (GGML_MAX_OP_PARAMS // 4),
+        "flags": 0,
+        "src": [0] * GGML_MAX_SRC,
+        "view_src": 0,
+        "view_offs": 0,
+        "data": 0,
+        "name": b"\0" * GGML_MAX_NAME,
+        "use_count": 0,
+    }
