@@ -64,7 +64,7 @@ from .facts import (
     tensor_nbytes,
 )
 from .messages import NO_REPLY, Payload, Shape
-from .tensor import RPC_TENSOR_SIZE, RpcTensor, encode_name, null_tensor, tensor_name
+from .tensor import RPC_TENSOR_SIZE, RpcTensor, encode_name, make_tensor, null_tensor, tensor_name
 from .versions import (
     BY_LABEL,
     PROTOCOLS,

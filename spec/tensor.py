@@ -65,3 +65,43 @@ def null_tensor() -> dict:
         "name": b"\0" * GGML_MAX_NAME,
         "use_count": 0,
     }
+
+
+def make_tensor(
+    *,
+    id: int,
+    type: int = 0,
+    ne: tuple[int, ...] = (1, 1, 1, 1),
+    nb: tuple[int, ...] | None = None,
+    buffer: int = 0,
+    data: int = 0,
+    op: int = 0,
+    op_params: list[int] | None = None,
+    flags: int = 0,
+    src: list[int] | None = None,
+    view_src: int = 0,
+    view_offs: int = 0,
+    name: str = "",
+    use_count: int = 0,
+) -> dict:
+    """An rpc_tensor dict; ``ne`` is padded with 1s to 4 dims and ``nb`` defaults to ggml's contiguous strides."""
+    from .facts import contiguous_strides
+
+    dims = [*ne, *([1] * (GGML_MAX_DIMS - len(ne)))]
+    strides = list(nb) if nb is not None else contiguous_strides(type, dims)
+    return {
+        "id": id,
+        "type": type,
+        "buffer": buffer,
+        "ne": dims,
+        "nb": strides,
+        "op": op,
+        "op_params": list(op_params or []) + [0] * (GGML_MAX_OP_PARAMS // 4 - len(op_params or [])),
+        "flags": flags,
+        "src": list(src or []) + [0] * (GGML_MAX_SRC - len(src or [])),
+        "view_src": view_src,
+        "view_offs": view_offs,
+        "data": data,
+        "name": encode_name(name),
+        "use_count": use_count,
+    }
