@@ -1,0 +1,527 @@
+"""The Markdown protocol reference, generated from the schemas (``ggml-rpc spec``, checked in as ``PROTOCOL.md``).
+
+Nothing in the output is written by hand: field tables come from walking the construct Structs of each version's
+command table (offsets, sizes and types computed, descriptions from the construct doc strings), the enum tables
+from :mod:`ggml_rpc.spec.enums`, the HELLO bytes from the codec, and each "A -> B" section from diffing the two
+tables field by field.  Only the framing field names and the section prose live here.
+
+Anchor scheme (stable: conformance checks link to ``spec/PROTOCOL.md#<anchor>``):
+
+* ``framing``, ``rpc_tensor``, ``enum-commands``, ``enum-types``, ``enum-ops``, ``enum-unary``, ``enum-glu``,
+  ``enum-flags``;
+* one per version: ``v6``, ``v7``, ``v7-0-1`` (:func:`version_slug`: the major alone when minor and patch are 0,
+  otherwise the dotted version with dashes);
+* one per command of a version: ``<version slug>-<command name in lower case>``, e.g. ``v7-set_tensor``,
+  ``v7-0-1-get_device_supports_op`` (:func:`command_anchor`);
+* the cache rule of a version: ``<version slug>-cache-rule`` (e.g. ``v6-cache-rule``);
+* the generated difference between a version and its parent: ``changes-<parent slug>-<slug>`` (e.g.
+  ``changes-v6-v7``, ``changes-v7-v7-0-1``; :func:`changes_anchor`).
+
+Anchors are emitted as ``<a id="..."></a>`` before their heading, so they do not depend on heading text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from construct import Struct
+
+from . import codec
+from .enums import (
+    NATIVE_CALLBACK_OPS,
+    NEVER_ON_WIRE,
+    TYPES,
+    Command,
+    GgmlOp,
+    GluOp,
+    TensorFlag,
+    UnaryOp,
+)
+from .facts import hello_reply
+from .messages import NO_REPLY, Payload, Shape
+from .schema_walk import FieldInfo, element_size, fields, int_label
+from .tensor import RpcTensor
+from .versions import PROTOCOLS, CommandSpec, Protocol
+
+#: Named Structs get their own table and are linked, not expanded, where they appear inside a payload.
+NAMED_STRUCTS: dict[int, tuple[str, str]] = {id(RpcTensor): ("rpc_tensor", "rpc_tensor")}
+
+#: Framing: the field names and meanings of the codec's header formats (sizes and types come from the codec).
+_REQUEST_FRAMING = (
+    ("cmd", "command id (see [commands](#enum-commands))"),
+    ("size", "number of payload bytes that follow"),
+)
+_REPLY_FRAMING = (("size", "number of payload bytes that follow"),)
+
+
+# ---- anchors -----------------------------------------------------------------------------------------------------
+
+
+def version_slug(protocol: Protocol) -> str:
+    """``v6`` / ``v7`` for x.0.0 versions, ``v7-0-1`` otherwise."""
+    major, minor, patch = protocol.version
+    return f"v{major}" if (minor, patch) == (0, 0) else f"v{major}-{minor}-{patch}"
+
+
+def command_anchor(protocol: Protocol, command: Command | int) -> str:
+    """Anchor of a command's section in a version, e.g. ``v7-set_tensor``."""
+    return f"{version_slug(protocol)}-{Command(command).name.lower()}"
+
+
+def changes_anchor(protocol: Protocol) -> str:
+    """Anchor of the generated section listing what ``protocol`` changes relative to its parent."""
+    if protocol.parent is None:
+        raise ValueError(f"{protocol.label} has no parent version")
+    return f"changes-{version_slug(protocol.parent)}-{version_slug(protocol)}"
+
+
+def _anchor(name: str) -> str:
+    return f'<a id="{name}"></a>\n'
+
+
+# ---- field rows --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Offset:
+    """A byte offset that may depend on counts: ``const + sum(coef * count_field)``."""
+
+    const: int = 0
+    terms: tuple[tuple[str, int], ...] = ()
+
+    def plus(self, const: int = 0, term: tuple[str, int] | None = None) -> _Offset:
+        terms = dict(self.terms)
+        if term is not None:
+            terms[term[0]] = terms.get(term[0], 0) + term[1]
+        return _Offset(self.const + const, tuple(terms.items()))
+
+    def __str__(self) -> str:
+        parts = [str(self.const)] if self.const or not self.terms else []
+        parts += [f"{coef}·{name}" for name, coef in self.terms]
+        return " + ".join(parts)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of a field table."""
+
+    offset: str
+    size: str
+    type: str
+    name: str
+    doc: str
+
+
+def _struct_label(schema: Struct) -> str | None:
+    named = NAMED_STRUCTS.get(id(schema))
+    return f"[{named[0]}](#{named[1]})" if named else None
+
+
+def _rows(schema: Struct, start: _Offset, prefix: str = "") -> tuple[list[Row], _Offset]:
+    rows: list[Row] = []
+    off = start
+    for info in fields(schema):
+        name = prefix + info.name
+        size, typ, nxt = _field_geometry(info, off)
+        if info.kind == "struct" and _struct_label(info.struct) is None:  # anonymous nested Struct: expand it
+            assert info.struct is not None
+            inner, off = _rows(info.struct, off, prefix=name + ".")
+            rows += inner
+            continue
+        rows.append(Row(str(off), size, typ, f"`{name}`", info.doc))
+        off = nxt
+    return rows, off
+
+
+def _field_geometry(info: FieldInfo, off: _Offset) -> tuple[str, str, _Offset]:
+    """(size text, type text, next offset) of one field at ``off``."""
+    if info.kind == "int":
+        return str(info.length), int_label(info.fmt), off.plus(info.length)
+    if info.kind == "bytes":
+        return str(info.length), f"u8[{info.length}]", off.plus(info.length)
+    if info.kind == "struct":
+        assert info.struct is not None
+        label = _struct_label(info.struct) or "struct"
+        return str(info.length), label, off.plus(info.length)
+    elem = element_size(info)
+    if info.kind == "array":
+        elem_label = int_label(info.fmt)
+    else:
+        assert info.struct is not None
+        elem_label = _struct_label(info.struct) or "struct"
+    typ = f"{elem_label}[{info.count}]"
+    if isinstance(info.count, int):
+        return str(info.length), typ, off.plus(info.length)
+    return f"{elem}·{info.count}", typ, off.plus(term=(info.count, elem))
+
+
+def payload_rows(payload: Payload, request: Payload | None = None) -> list[Row]:
+    """Every field of a payload with its offset, size, type and doc (bulk data included as a last row)."""
+    if payload.shape is Shape.RAW:
+        src = payload.length_from or "size"
+        return [Row("0", f"request.{src}", "bytes", "`data`", payload.doc)]
+    rows, end = _rows(payload.schema, _Offset())
+    if payload.shape is Shape.HEADER_DATA:
+        rows.append(Row(str(end), "n", "bytes", "`data`", f"{payload.doc} (n = size − {end})"))
+    return rows
+
+
+def payload_size(payload: Payload, *, reply: bool = False) -> str:
+    """The size rule of a payload in words (``reply``: it is checked by the client, not the server)."""
+    if payload.shape is Shape.FIXED:
+        n = payload.schema.sizeof()
+        who = "the client aborts" if reply else "the server closes"
+        return f"fixed, exactly {n} bytes (any other size header: {who})"
+    if payload.shape is Shape.HEADER_DATA:
+        n = payload.schema.sizeof()
+        return f"variable, {n}-byte header + n data bytes (size ≥ {n}; every byte after the header is data)"
+    if payload.shape is Shape.RAW:
+        return f"variable, exactly the request's `{payload.length_from}` bytes"
+    _, end = _rows(payload.schema, _Offset())
+    return f"variable, {end} bytes (size ≥ {payload.header_size}; trailing bytes are ignored)"
+
+
+def _table(rows: Iterable[Row]) -> str:
+    rows = list(rows)
+    if not rows:
+        return "Empty payload: no fields.\n"
+    lines = ["| off | size | type | field | description |", "|---|---|---|---|---|"]
+    lines += [f"| {r.offset} | {r.size} | {r.type} | {r.name} | {_cell(r.doc)} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _sentence(text: str) -> str:
+    return f"{text[:1].upper()}{text[1:]}."
+
+
+def _hex(data: bytes) -> str:
+    return " ".join(f"{b:02x}" for b in data)
+
+
+# ---- sections ----------------------------------------------------------------------------------------------------
+
+
+def _framing() -> str:
+    out = [_anchor("framing"), "## Framing\n\n"]
+    out.append(
+        "One TCP stream per connection. All integers are little-endian and structures are packed. A request is a "
+        "header followed by its payload; a reply (only for commands that have one) is a size header followed by "
+        "its payload. Replies carry no command id: they answer the requests that expect one, in order. The first "
+        "request of a connection must be HELLO, and HELLO is sent only once.\n\n"
+    )
+    for title, fmt, names in (
+        ("Request", codec.REQUEST_HEADER, _REQUEST_FRAMING),
+        ("Reply", codec.REPLY_HEADER, _REPLY_FRAMING),
+    ):
+        chars = fmt.format.lstrip("<")
+        if len(chars) != len(names):
+            raise AssertionError(f"framing names do not match the codec's {title.lower()} header {fmt.format!r}")
+        rows, off = [], 0
+        for ch, (name, doc) in zip(chars, names, strict=True):
+            size = fmt.__class__("<" + ch).size
+            rows.append(Row(str(off), str(size), int_label(ch), f"`{name}`", doc))
+            off += size
+        rows.append(Row(str(off), "size", "bytes", "`payload`", "the command's request or reply payload"))
+        out.append(f"**{title}** ({fmt.size}-byte header):\n\n{_table(rows)}\n")
+    return "".join(out)
+
+
+def _rpc_tensor() -> str:
+    rows, end = _rows(RpcTensor, _Offset())
+    return (
+        _anchor("rpc_tensor")
+        + f"## rpc_tensor ({end} bytes)\n\n"
+        + f"{RpcTensor.__doc__ or ''} Identical in every covered version.\n\n"
+        + _table(rows)
+        + "\n"
+    )
+
+
+def _reply_text(spec: CommandSpec) -> str:
+    if spec.reply is NO_REPLY:
+        return "none"
+    assert isinstance(spec.reply, Payload)
+    return f"{spec.reply.header_size}" if spec.reply.shape is Shape.FIXED else "request.size bytes"
+
+
+def _request_text(spec: CommandSpec) -> str:
+    req = spec.request
+    if req.shape is Shape.FIXED:
+        return str(req.schema.sizeof())
+    if req.shape is Shape.HEADER_DATA:
+        return f"{req.schema.sizeof()} + n"
+    _, end = _rows(req.schema, _Offset())
+    return str(end)
+
+
+def _first_defined(protocol: Protocol, command: Command) -> Protocol:
+    """The oldest ancestor of ``protocol`` whose spec of ``command`` is the very same object."""
+    spec = protocol.commands[command]
+    origin = protocol
+    p = protocol.parent
+    while p is not None and p.commands.get(command) is spec:
+        origin, p = p, p.parent
+    return origin
+
+
+def _command_section(protocol: Protocol, spec: CommandSpec, rendered: frozenset[str]) -> str:
+    cmd = spec.command
+    out = [_anchor(command_anchor(protocol, cmd)), f"### {cmd.name} ({int(cmd)}) — {protocol.label}\n\n"]
+    out.append(_sentence(spec.doc))
+    origin = _first_defined(protocol, cmd)
+    parent = protocol.parent
+    if parent is not None:
+        if cmd not in parent.commands:
+            out.append(f" New in {protocol.label}.")
+        elif origin is not protocol:
+            out.append(f" Unchanged since {_link(origin, cmd, rendered)}.")
+        else:
+            out.append(
+                f" Changed in {protocol.label} (was {_link(parent, cmd, rendered)}; "
+                f"see [changes](#{changes_anchor(protocol)}))."
+            )
+    out.append("\n\n")
+    req = spec.request
+    out.append(f"**Request** — {req.doc}; {payload_size(req)}:\n\n{_table(payload_rows(req))}\n")
+    if spec.reply is NO_REPLY:
+        out.append(
+            "**No reply**: the server sends nothing back, not even a size header; a client or decoder must not "
+            "wait for one.\n\n"
+        )
+    else:
+        assert isinstance(spec.reply, Payload)
+        rep = spec.reply
+        out.append(f"**Reply** — {rep.doc}; {payload_size(rep, reply=True)}:\n\n{_table(payload_rows(rep))}\n")
+    return "".join(out)
+
+
+def _link(protocol: Protocol, cmd: Command, rendered: frozenset[str]) -> str:
+    """A link to a command's section when that version is part of the document, its plain label otherwise."""
+    return f"[{protocol.label}](#{command_anchor(protocol, cmd)})" if protocol.label in rendered else protocol.label
+
+
+def _cache_rule_rows(protocol: Protocol) -> list[tuple[str, str]]:
+    rule = protocol.cache_rule
+    return [(f.name, repr(getattr(rule, f.name))) for f in dataclasses.fields(rule) if f.name != "doc"]
+
+
+def _version_section(protocol: Protocol, rendered: frozenset[str]) -> str:
+    slug = version_slug(protocol)
+    out = [_anchor(slug), f"## Protocol {protocol.label}\n\n"]
+    hello = codec.encode_reply(protocol, Command.HELLO, hello_reply(protocol.version))
+    out.append(
+        f"HELLO reply of a {protocol.label} server (plain TCP), size header then payload: `{_hex(hello[:8])}` "
+        f"`{_hex(hello[8:12])}` + {len(hello) - 12} zero bytes. "
+        f"RPC_CMD_COUNT = {protocol.command_count}; a server closes the connection on any command id not listed "
+        "below and on the never-sent sentinel "
+        + ", ".join(f"{c.name} = {int(c)}" for c in sorted(NEVER_ON_WIRE))
+        + ".\n\n"
+    )
+    if protocol.parent is not None:
+        out.append(
+            f"Derived from {protocol.parent.label}: see [changes {protocol.parent.label} → {protocol.label}]"
+            f"(#{changes_anchor(protocol)}).\n\n"
+        )
+    out.append("| id | command | request payload bytes | reply payload bytes |\n|---|---|---|---|\n")
+    for cmd, spec in protocol.commands.items():
+        out.append(
+            f"| {int(cmd)} | [{cmd.name}](#{command_anchor(protocol, cmd)}) | {_request_text(spec)} | "
+            f"{_reply_text(spec)} |\n"
+        )
+    out.append("\n")
+    out.append(_anchor(f"{slug}-cache-rule"))
+    out.append(f"### Cache rule — {protocol.label}\n\n{_sentence(protocol.cache_rule.doc)}\n\n")
+    out.append("| property | value |\n|---|---|\n")
+    out += [f"| `{name}` | `{value}` |\n" for name, value in _cache_rule_rows(protocol)]
+    out.append("\n")
+    for spec in protocol.commands.values():
+        out.append(_command_section(protocol, spec, rendered))
+    return "".join(out)
+
+
+# ---- generated differences ---------------------------------------------------------------------------------------
+
+
+def _payload_map(payload: Payload | object) -> dict[str, Row]:
+    if not isinstance(payload, Payload):
+        return {}
+    return {r.name: r for r in payload_rows(payload)}
+
+
+def _describe_payload(payload: Payload | object, *, reply: bool = False) -> str:
+    return payload_size(payload, reply=reply) if isinstance(payload, Payload) else "no reply"
+
+
+def diff_rows(old: Protocol, new: Protocol) -> list[tuple[str, str, str]]:
+    """Every difference between two tables as (what, old, new), computed field by field."""
+    out: list[tuple[str, str, str]] = []
+    a, b = hello_reply(old.version), hello_reply(new.version)
+    for key in a:
+        if a[key] != b[key]:
+            out.append((f"HELLO reply `{key}`", str(a[key]), str(b[key])))
+    if old.command_count != new.command_count:
+        out.append(("RPC_CMD_COUNT", str(old.command_count), str(new.command_count)))
+    for cmd in sorted(set(old.commands) | set(new.commands)):
+        if cmd not in new.commands:
+            out.append((f"{cmd.name} ({int(cmd)})", "defined", "removed (the server closes)"))
+            continue
+        link = f"[{cmd.name}](#{command_anchor(new, cmd)})"
+        if cmd not in old.commands:
+            spec = new.commands[cmd]
+            out.append((f"{link} ({int(cmd)})", "— (the server closes)",
+                        f"added: request {_request_text(spec)} bytes, reply {_reply_text(spec)}"))
+            continue
+        so, sn = old.commands[cmd], new.commands[cmd]
+        if so is sn:
+            continue
+        for side, po, pn in (("request", so.request, sn.request), ("reply", so.reply, sn.reply)):
+            if po is pn:
+                continue
+            was, now = _describe_payload(po, reply=side == "reply"), _describe_payload(pn, reply=side == "reply")
+            if was != now:
+                out.append((f"{link} {side} size", was, now))
+            out += _field_diff(f"{link} {side}", _payload_map(po), _payload_map(pn))
+        if so.doc != sn.doc:
+            out.append((f"{link} purpose", so.doc, sn.doc))
+    ro, rn = dict(_cache_rule_rows(old)), dict(_cache_rule_rows(new))
+    for key in ro:
+        if ro[key] != rn[key]:
+            out.append((f"[cache rule](#{version_slug(new)}-cache-rule) `{key}`", f"`{ro[key]}`", f"`{rn[key]}`"))
+    if old.cache_rule.doc != new.cache_rule.doc:
+        out.append((f"[cache rule](#{version_slug(new)}-cache-rule)", old.cache_rule.doc, new.cache_rule.doc))
+    return out
+
+
+def _field_diff(where: str, old: dict[str, Row], new: dict[str, Row]) -> list[tuple[str, str, str]]:
+    out = []
+    for name in [*old, *(n for n in new if n not in old)]:
+        ro, rn = old.get(name), new.get(name)
+        if ro is None:
+            assert rn is not None
+            out.append((f"{where} {name}", "—", f"added at {rn.offset}, size {rn.size}, {rn.type}: {rn.doc}"))
+        elif rn is None:
+            out.append((f"{where} {name}", f"at {ro.offset}, size {ro.size}, {ro.type}", "removed"))
+        else:
+            for attr, label in (("offset", "offset"), ("size", "size"), ("type", "type"), ("doc", "description")):
+                if getattr(ro, attr) != getattr(rn, attr):
+                    out.append((f"{where} {name} {label}", getattr(ro, attr), getattr(rn, attr)))
+    return out
+
+
+def _changes_section(protocol: Protocol) -> str:
+    parent = protocol.parent
+    assert parent is not None
+    out = [_anchor(changes_anchor(protocol)), f"## Changes {parent.label} → {protocol.label}\n\n"]
+    if protocol.changes:
+        out.append("Stated by the table:\n\n" + "".join(f"- {c}\n" for c in protocol.changes) + "\n")
+    rows = diff_rows(parent, protocol)
+    out.append("Computed by comparing the two tables field by field:\n\n")
+    if not rows:
+        out.append("No difference on the wire.\n\n")
+        return "".join(out)
+    out.append(f"| what | {parent.label} | {protocol.label} |\n|---|---|---|\n")
+    out += [f"| {w} | {_cell(o)} | {_cell(n)} |\n" for w, o, n in rows]
+    out.append("\n")
+    return "".join(out)
+
+
+# ---- enums -------------------------------------------------------------------------------------------------------
+
+
+def _commands_enum(versions: Sequence[Protocol]) -> str:
+    out = [_anchor("enum-commands"), "## Commands\n\n"]
+    out.append(
+        "Request size / reply size in bytes per version; `—`: not a command of that version (the server closes).\n\n"
+    )
+    out.append("| id | name | " + " | ".join(p.label for p in versions) + " |\n")
+    out.append("|---|---|" + "---|" * len(versions) + "\n")
+    for cmd in Command:
+        cells = []
+        for p in versions:
+            spec = p.commands.get(cmd)
+            if cmd in NEVER_ON_WIRE:
+                cells.append("never on the wire (client-side sentinel; the server closes)")
+            elif spec is None:
+                cells.append("—")
+            else:
+                reply = "no reply" if not spec.has_reply else f"reply {_reply_text(spec)}"
+                cells.append(f"[{_request_text(spec)} / {reply}](#{command_anchor(p, cmd)})")
+        out.append(f"| {int(cmd)} | {cmd.name} | " + " | ".join(cells) + " |\n")
+    out.append("| | RPC_CMD_COUNT | " + " | ".join(str(p.command_count) for p in versions) + " |\n\n")
+    return "".join(out)
+
+
+def _types_enum() -> str:
+    out = [_anchor("enum-types"), f"## ggml types (GGML_TYPE_COUNT = {len(TYPES)})\n\n"]
+    out.append(
+        "`blck`: elements per block, `size`: bytes per block. Removed types (block size 0) are refused by every "
+        "server, as are ids ≥ GGML_TYPE_COUNT.\n\n| id | name | blck | size | status |\n|---|---|---|---|---|\n"
+    )
+    for t in TYPES.values():
+        status = "removed" if t.removed else ("quantized" if t.quantized else "")
+        out.append(f"| {t.id} | {t.name} | {t.blck} | {t.size} | {status} |\n")
+    return "".join(out) + "\n"
+
+
+def _ops_enum() -> str:
+    out = [_anchor("enum-ops"), f"## ggml ops (GGML_OP_COUNT = {len(GgmlOp)})\n\n| id | name | note |\n|---|---|---|\n"]
+    for op in GgmlOp:
+        note = "op_params hold a native function pointer" if op in NATIVE_CALLBACK_OPS else ""
+        if op.name in ("UNARY", "GLU"):
+            note = f"sub-op in op_params[0] (see [{op.name.lower()}](#enum-{op.name.lower()}))"
+        out.append(f"| {int(op)} | {op.name} | {note} |\n")
+    return "".join(out) + "\n"
+
+
+def _simple_enum(anchor: str, title: str, enum_cls: Iterable) -> str:
+    out = [_anchor(anchor), f"## {title}\n\n| value | name |\n|---|---|\n"]
+    out += [f"| {int(v)} | {v.name} |\n" for v in enum_cls]
+    return "".join(out) + "\n"
+
+
+# ---- document ----------------------------------------------------------------------------------------------------
+
+
+def render_markdown(versions: Sequence[Protocol] | None = None) -> str:
+    """The whole reference for ``versions`` (default: every covered version), as Markdown."""
+    versions = list(PROTOCOLS if versions is None else versions)
+    if not versions:
+        raise ValueError("no protocol version to document")
+    labels = ", ".join(p.label for p in versions)
+    out = [
+        "# ggml RPC protocol reference\n\n",
+        "<!-- Generated by `ggml-rpc spec` from the schemas in ggml_rpc.spec: do not edit by hand. -->\n\n",
+        f"Versions: {labels}. Offsets and sizes are in bytes; `n·x` means n times the value of field x. "
+        "Anchors are stable: `#framing`, `#rpc_tensor`, `#v7` (a version), `#v7-set_tensor` (a command of a "
+        "version), `#v7-cache-rule`, `#changes-v6-v7`, `#enum-commands`.\n\n",
+        "## Contents\n\n",
+        "- [Framing](#framing)\n- [rpc_tensor](#rpc_tensor)\n",
+    ]
+    for p in versions:
+        out.append(f"- [Protocol {p.label}](#{version_slug(p)})\n")
+        if p.parent is not None:
+            out.append(f"- [Changes {p.parent.label} → {p.label}](#{changes_anchor(p)})\n")
+    out.append(
+        "- [Commands](#enum-commands) · [ggml types](#enum-types) · [ggml ops](#enum-ops) · "
+        "[unary ops](#enum-unary) · [GLU ops](#enum-glu) · [tensor flags](#enum-flags)\n\n"
+    )
+    out.append(_framing())
+    out.append(_rpc_tensor())
+    rendered = frozenset(p.label for p in versions)
+    for p in versions:
+        out.append(_version_section(p, rendered))
+        if p.parent is not None:
+            out.append(_changes_section(p))
+    out.append(_commands_enum(versions))
+    out.append(_types_enum())
+    out.append(_ops_enum())
+    out.append(_simple_enum("enum-unary", "Unary ops (op_params[0] of UNARY)", UnaryOp))
+    out.append(_simple_enum("enum-glu", "GLU ops (op_params[0] of GLU)", GluOp))
+    out.append(_simple_enum("enum-flags", "Tensor flags (rpc_tensor.flags, bit mask)", TensorFlag))
+    return "".join(out).rstrip("\n") + "\n"

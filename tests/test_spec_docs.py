@@ -1,0 +1,175 @@
+"""The generated protocol reference: complete, derived from the tables, checked in up to date."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from construct import Int16ul, Renamed, Struct
+from ggml_rpc.conformance.cli import main
+from ggml_rpc.spec import PROTOCOLS, V6, V7, V7_0_1, Command, CommandSpec, Payload
+from ggml_rpc.spec.docs import changes_anchor, command_anchor, render_markdown, version_slug
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECKED_IN = ROOT / "spec" / "PROTOCOL.md"
+
+
+@pytest.fixture(scope="module")
+def doc() -> str:
+    return render_markdown()
+
+
+def _section(doc: str, anchor: str) -> str:
+    """The text from an anchor to the next anchor."""
+    start = doc.index(f'<a id="{anchor}"></a>')
+    nxt = doc.find("<a id=", start + 1)
+    return doc[start : nxt if nxt >= 0 else len(doc)]
+
+
+def test_checked_in_reference_is_current(doc):
+    assert CHECKED_IN.read_text(encoding="utf-8") == doc, (
+        "spec/PROTOCOL.md is stale: regenerate it with `ggml-rpc spec > spec/PROTOCOL.md`"
+    )
+
+
+def test_anchor_scheme():
+    assert [version_slug(p) for p in PROTOCOLS] == ["v6", "v7", "v7-0-1"]
+    assert command_anchor(V7, Command.SET_TENSOR) == "v7-set_tensor"
+    assert command_anchor(V7_0_1, 19) == "v7-0-1-get_device_supports_op"
+    assert changes_anchor(V7) == "changes-v6-v7"
+    assert changes_anchor(V7_0_1) == "changes-v7-v7-0-1"
+    with pytest.raises(ValueError):
+        changes_anchor(V6)
+
+
+def test_anchors_unique_and_every_internal_link_resolves(doc):
+    anchors = re.findall(r'<a id="([^"]+)"></a>', doc)
+    assert len(anchors) == len(set(anchors))
+    links = set(re.findall(r"\]\(#([^)]+)\)", doc))
+    assert links, "the reference links its sections"
+    assert links <= set(anchors), links - set(anchors)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda p: p.label)
+def test_every_command_has_a_section_with_request_and_reply(doc, protocol):
+    for cmd, spec in protocol.commands.items():
+        section = _section(doc, command_anchor(protocol, cmd))
+        assert f"### {cmd.name} ({int(cmd)}) — {protocol.label}" in section
+        assert "**Request**" in section
+        if spec.has_reply:
+            assert "**Reply**" in section and "**No reply**" not in section
+        else:
+            assert "**No reply**" in section and "**Reply**" not in section
+        assert spec.request.doc in section
+
+
+def test_field_rows_have_offsets_sizes_types_and_docs(doc):
+    v6 = _section(doc, "v6-set_tensor")
+    v7 = _section(doc, "v7-set_tensor")
+    assert "| 296 | 8 | u64 | `offset` | byte offset from tensor.data |" in v6
+    assert "| 304 | n | bytes | `data` |" in v6
+    assert "| 296 | 1 | u8 | `cache_flag` | non-zero: the server saves" in v7
+    assert "| 297 | 8 | u64 | `offset` |" in v7
+    assert "| 305 | n | bytes | `data` |" in v7
+    graph = _section(doc, "v6-graph_compute")
+    assert "| 8 | 8·n_nodes | u64[n_nodes] | `nodes` |" in graph
+    assert "| 12 + 8·n_nodes | 296·n_tensors | [rpc_tensor](#rpc_tensor)[n_tensors] | `tensors` |" in graph
+    tensor = _section(doc, "rpc_tensor")
+    assert "## rpc_tensor (296 bytes)" in tensor
+    assert "| 12 | 8 | u64 | `buffer` |" in tensor
+    assert "| 292 | 4 | i32 | `use_count` |" in tensor
+    hello = _section(doc, "v7-hello")
+    assert "| 0 | 1 | u8 | `major` |" in hello and "| 4 | 24 | u8[24] | `conn_caps` |" in hello
+    assert "Empty payload" in _section(doc, "v6-device_count")
+    assert "| 0 | request.size | bytes | `data` |" in _section(doc, "v6-get_tensor")
+
+
+def test_version_facts(doc):
+    assert "`1c 00 00 00 00 00 00 00` `06 00 00 00` + 24 zero bytes" in _section(doc, "v6")
+    assert "`1c 00 00 00 00 00 00 00` `07 00 00 00` + 24 zero bytes" in _section(doc, "v7")
+    assert "`1c 00 00 00 00 00 00 00` `07 00 01 00` + 24 zero bytes" in _section(doc, "v7-0-1")
+    assert "| `save_above` | `10485760` |" in _section(doc, "v6-cache-rule")
+    assert "| `flag_field` | `'cache_flag'` |" in _section(doc, "v7-cache-rule")
+
+
+def test_generated_changes(doc):
+    six_seven = _section(doc, "changes-v6-v7")
+    assert "| HELLO reply `major` | 6 | 7 |" in six_seven
+    assert "request `offset` offset | 296 | 297 |" in six_seven
+    assert "request `cache_flag` | — | added at 296, size 1, u8" in six_seven
+    assert "`save_above` | `10485760` | `None` |" in six_seven
+    for sentence in V7.changes:
+        assert sentence in six_seven
+    # Commands the table leaves alone are not mentioned.
+    assert "GET_TENSOR" not in six_seven and "GRAPH_COMPUTE" not in six_seven
+    patch = _section(doc, "changes-v7-v7-0-1")
+    assert "| RPC_CMD_COUNT | 19 | 20 |" in patch
+    assert "| HELLO reply `patch` | 0 | 1 |" in patch
+    assert "GET_DEVICE_SUPPORTS_OP](#v7-0-1-get_device_supports_op) (19) | — (the server closes) | added" in patch
+
+
+def test_enum_tables(doc):
+    commands = _section(doc, "enum-commands")
+    assert "| 18 | NONE | never on the wire" in commands
+    assert "| 19 | GET_DEVICE_SUPPORTS_OP | — | — | [3260 / reply 1](#v7-0-1-get_device_supports_op) |" in commands
+    types = _section(doc, "enum-types")
+    assert "| 4 | REMOVED_Q4_2 | 0 | 0 | removed |" in types
+    assert "| 12 | Q4_K | 256 | 144 | quantized |" in types
+    ops = _section(doc, "enum-ops")
+    assert ops.count("\n| ") == 1 + 101  # header + every op
+    assert "| 95 | CUSTOM | op_params hold a native function pointer |" in ops
+    assert "| 21 | TRUNC |" in _section(doc, "enum-unary")
+    assert "| 5 | GEGLU_QUICK |" in _section(doc, "enum-glu")
+    assert "| 16 | COMPUTE |" in _section(doc, "enum-flags")
+
+
+def _with_field_doc(payload: Payload, field: str, doc: str) -> Payload:
+    subcons = [Renamed(sub, newdocs=doc) if sub.name == field else sub for sub in payload.schema.subcons]
+    return Payload(payload.shape, Struct(*subcons), payload.doc, payload.length_from)
+
+
+def test_docs_derive_from_the_table():
+    """A derived copy of a table with one changed doc string and one extra field changes the output accordingly."""
+    old = V7.commands[Command.GET_TENSOR]
+    changed = _with_field_doc(old.request, "offset", "a doc string only this test writes")
+    grown = Payload(changed.shape, Struct(*changed.schema.subcons, "extra" / Int16ul * "a test-only field"),
+                    changed.doc)
+    table = V7.derive((7, 9, 0), replace={Command.GET_TENSOR: CommandSpec(Command.GET_TENSOR, grown, old.reply,
+                                                                          old.doc)})
+    text = render_markdown([V7, table])
+    section = _section(text, "v7-9-0-get_tensor")
+    assert "| 296 | 8 | u64 | `offset` | a doc string only this test writes |" in section
+    assert "| 312 | 2 | u16 | `extra` | a test-only field |" in section
+    assert "fixed, exactly 314 bytes" in section
+    changes = _section(text, "changes-v7-v7-9-0")
+    assert "request `offset` description | byte offset from tensor.data | a doc string only this test writes |" in (
+        changes
+    )
+    assert "request `extra` | — | added at 312, size 2, u16: a test-only field |" in changes
+    assert "| HELLO reply `minor` | 0 | 9 |" in changes
+    # The original table's text is untouched.
+    assert "a doc string only this test writes" not in render_markdown([V7])
+
+
+def test_single_version_rendering_links_only_what_it_contains():
+    text = render_markdown([V7])
+    assert '<a id="v7-set_tensor"></a>' in text and '<a id="v6-set_tensor"></a>' not in text
+    assert "Unchanged since 6.0.0" in text
+    anchors = set(re.findall(r'<a id="([^"]+)"></a>', text))
+    assert set(re.findall(r"\]\(#([^)]+)\)", text)) <= anchors
+
+
+def test_cli_spec_prints_the_reference(capsys, doc):
+    assert main(["spec"]) == 0
+    assert capsys.readouterr().out == doc
+    assert main(["spec", "--proto", "7.0.1"]) == 0
+    out = capsys.readouterr().out
+    assert out == render_markdown([V7_0_1])
+    assert '<a id="v7-0-1-get_device_supports_op"></a>' in out
+
+
+def test_cli_spec_rejects_unknown_version(capsys):
+    assert main(["spec", "--proto", "9"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown protocol version '9'" in err and "Traceback" not in err
