@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 #: Sub-commands, in the order ``--help`` lists them.
-COMMANDS = ("decode", "spec")
+COMMANDS = ("decode", "spec", "serve")
 
 
 class UsageError(Exception):

@@ -1,0 +1,81 @@
+"""``ggml-rpc serve``: run the reference server in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+
+from ggml_rpc.spec import DEFAULT_HOST, DEFAULT_PORT, parse_version_option
+
+from .cli import UsageError
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``4096``, ``512M``, ``4G``, ``1TiB`` (binary units) -> bytes."""
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(f"not a size: {text!r} (use e.g. 4096, 512M, 4G)")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="run the reference server",
+        description="Run the reference ggml RPC server: every command of protocol 6, 7 or 7.0.1 with upstream "
+        "semantics; where upstream aborts or is unsafe it closes only the offending connection and logs the rule.",
+    )
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST})")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free)")
+    p.add_argument("--proto", default="7", help="protocol version: 6, 7 or 7.0.1 (default 7)")
+    p.add_argument("--cache-dir", help="hash cache directory (default: no cache)")
+    p.add_argument("--cache-max-bytes", help="bound the cache directory (least recently used entries go first)")
+    p.add_argument("--devices", type=int, default=1, help="number of devices (default 1)")
+    p.add_argument("--mem", default="4G", help="memory budget per device (default 4G)")
+    p.add_argument("--alignment", type=int, default=None, help="GET_ALIGNMENT answer (default 32, as upstream CPU)")
+    p.add_argument("--max-size", default=None, help="GET_MAX_SIZE answer (default 2^64-1, as upstream CPU)")
+    p.add_argument("--concurrent", action="store_true", help="serve many connections at once (upstream: one)")
+    p.add_argument("--verbose", action="store_true", help="log one line per command")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ggml_rpc.reference import Server, make_config
+
+    try:
+        protocol = parse_version_option(args.proto)
+        mem = parse_size(args.mem)
+        cache_max = parse_size(args.cache_max_bytes) if args.cache_max_bytes else None
+        max_size = parse_size(args.max_size) if args.max_size else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.devices < 1:
+        raise UsageError("--devices must be at least 1")
+    if args.alignment is not None and args.alignment < 1:
+        raise UsageError("--alignment must be at least 1")
+    if not 0 <= args.port <= 65535:
+        raise UsageError("--port must be 0..65535")
+    if max_size is not None and max_size >= 1 << 64:
+        raise UsageError("--max-size must fit in 64 bits")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
+    config = make_config(protocol, devices=args.devices, mem=mem, alignment=args.alignment, max_size=max_size,
+                         cache_dir=args.cache_dir, cache_max_bytes=cache_max, concurrent=args.concurrent,
+                         verbose=args.verbose)
+    try:
+        server = Server(config, args.host, args.port)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    print(f"ggml-rpc serve: protocol {protocol.label} listening on {args.host}:{server.port}", file=sys.stderr,
+          flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0

@@ -1,0 +1,197 @@
+"""The server's hash cache: files named after the FNV-1a-64 of their content, as upstream names them.
+
+Unlike upstream, an entry is never served unverified and never left half-written:
+
+* writes go to a hidden temporary file in the same directory, are fsynced, then renamed over the final name, so a
+  full disk (or a crash) leaves either the old entry or none, never a truncated one;
+* on a lookup hit the file's FNV-1a is recomputed; a file whose content does not match its name is deleted and
+  answered as a miss (with a log line);
+* ``max_bytes`` bounds the directory: least recently used entries (saved or served) are evicted first.
+
+The cache is the only state shared between connections of a ``--concurrent`` server, hence the lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+from ggml_rpc.spec import cache_file_name, fnv1a64
+
+log = logging.getLogger("ggml_rpc.reference")
+
+_ENTRY = re.compile(r"^[0-9a-f]{16}$")
+_TEMP_PREFIX = ".tmp-"
+# os.write moves at most about 2 GiB per call on Linux; chunks also keep the loop responsive.
+_WRITE_CHUNK = 64 << 20
+
+
+class HashCache:
+    """A cache directory; thread-safe."""
+
+    def __init__(self, directory: str | os.PathLike[str], max_bytes: int | None = None) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        # name -> size, least recently used first.
+        self._entries: OrderedDict[str, int] = OrderedDict()
+        self._scan()
+
+    def _scan(self) -> None:
+        found = []
+        for entry in os.scandir(self.directory):
+            if entry.name.startswith(_TEMP_PREFIX):
+                # Left behind by a process that died mid-write: never a valid entry.
+                try:
+                    os.unlink(entry.path)
+                except OSError:
+                    pass
+            elif _ENTRY.match(entry.name) and entry.is_file():
+                st = entry.stat()
+                found.append((st.st_mtime_ns, entry.name, st.st_size))
+        for _mtime, name, size in sorted(found):
+            self._entries[name] = size
+        self._evict()
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self._entries.values())
+
+    def path_for(self, digest: int) -> Path:
+        return self.directory / cache_file_name(digest)
+
+    # ---- lookup ----------------------------------------------------------------------------------------------
+
+    def entry_size(self, digest: int) -> int | None:
+        """Size of the entry named after ``digest``, or None if there is none (nothing is read yet)."""
+        try:
+            return os.stat(self.path_for(digest)).st_size
+        except OSError:
+            return None
+
+    def load(self, digest: int, size: int) -> np.ndarray | None:
+        """The verified content of an entry of ``size`` bytes, or None (missing, changed size, or corrupt).
+
+        A corrupt entry is deleted.  The caller has already checked that ``size`` bytes fit their destination, so
+        nothing is allocated on the strength of a file alone.
+        """
+        path = self.path_for(digest)
+        name = path.name
+        out = np.empty(size, dtype=np.uint8)
+        try:
+            with open(path, "rb", buffering=0) as f:
+                view = memoryview(out)
+                got = 0
+                while got < size:
+                    n = f.readinto(view[got:])
+                    if not n:
+                        break
+                    got += n
+                extra = f.read(1)
+        except OSError as exc:
+            log.warning("cache: cannot read entry %s (%s): answered as a miss", name, exc)
+            return None
+        if got != size or extra:
+            log.warning("cache: entry %s changed size while being read: answered as a miss", name)
+            return None
+        actual = fnv1a64(out)
+        if actual != digest:
+            log.warning("cache: entry %s is corrupt (content hashes to %s): deleted, answered as a miss", name,
+                        cache_file_name(actual))
+            self._remove(name)
+            return None
+        with self._lock:
+            if name in self._entries:
+                self._entries.move_to_end(name)
+            else:
+                self._entries[name] = size
+        try:
+            os.utime(path)
+        except OSError:
+            pass
+        return out
+
+    # ---- save ------------------------------------------------------------------------------------------------
+
+    def save(self, data: memoryview | bytes | np.ndarray) -> int | None:
+        """Store ``data`` under its FNV-1a-64 name atomically; returns the digest, or None if it was not saved."""
+        view = memoryview(data).cast("B")
+        size = view.nbytes
+        digest = fnv1a64(view)
+        name = cache_file_name(digest)
+        if self.max_bytes is not None and size > self.max_bytes:
+            log.info("cache: %d-byte payload %s is larger than the cache limit (%d): not saved", size, name,
+                     self.max_bytes)
+            return None
+        final = self.directory / name
+        temp = self.directory / f"{_TEMP_PREFIX}{name}-{secrets.token_hex(4)}"
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                pos = 0
+                while pos < size:
+                    pos += os.write(fd, view[pos : pos + _WRITE_CHUNK])
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temp, final)
+        except OSError as exc:
+            log.warning("cache: could not save %s (%s): no entry written", name, exc.strerror or exc)
+            try:
+                os.unlink(temp)
+            except OSError:
+                pass
+            return None
+        self._fsync_dir()
+        with self._lock:
+            self._entries[name] = size
+            self._entries.move_to_end(name)
+            self._evict(keep=name)
+        return digest
+
+    def _fsync_dir(self) -> None:
+        try:
+            fd = os.open(self.directory, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    # ---- eviction --------------------------------------------------------------------------------------------
+
+    def _remove(self, name: str) -> None:
+        try:
+            os.unlink(self.directory / name)
+        except OSError:
+            pass
+        with self._lock:
+            self._entries.pop(name, None)
+
+    def _evict(self, keep: str | None = None) -> None:
+        """Drop least recently used entries until the directory fits ``max_bytes`` (lock held or at start)."""
+        if self.max_bytes is None:
+            return
+        total = sum(self._entries.values())
+        for name in list(self._entries):
+            if total <= self.max_bytes:
+                break
+            if name == keep:
+                continue
+            size = self._entries.pop(name)
+            total -= size
+            try:
+                os.unlink(self.directory / name)
+            except OSError:
+                pass
+            log.info("cache: evicted %s (%d bytes, least recently used)", name, size)

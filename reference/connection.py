@@ -1,0 +1,530 @@
+"""One client connection of the reference server: HELLO, then one command at a time, as upstream serves them.
+
+Every request is checked the way upstream checks it (protocol.md §6).  Where upstream closes the connection, this
+closes it; where upstream aborts the process, crashes or is unsafe, this closes only the connection and logs one
+line naming the rule, then the server goes on serving.  There is never an error reply: the protocol has none.
+
+Sizes are claims.  A SET_TENSOR is checked against its target region before its payload is read, and the payload
+is then received straight into the buffer's memory; a GRAPH_COMPUTE payload is bounded and read as it arrives.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from ggml_rpc.spec import (
+    NEVER_ON_WIRE,
+    TYPES,
+    V7,
+    Command,
+    Payload,
+    Protocol,
+    ProtocolError,
+    encode_reply,
+    ggml_nbytes,
+    hello_reply,
+    type_name,
+)
+from ggml_rpc.spec.codec import REPLY_HEADER, REQUEST_HEADER, REQUEST_HEADER_SIZE, decode_payload
+from ggml_rpc.spec.enums import GGML_TYPE_COUNT
+from ggml_rpc.spec.layout import flat_layout
+from ggml_rpc.spec.messages import Shape
+
+from .cache import HashCache
+from .devices import U64_MASK, Buffer, BufferTable, DeviceConfig
+from .graph import BuiltGraph, ExecutorError, GraphError, GraphTensor, build_graph
+
+log = logging.getLogger("ggml_rpc.reference")
+
+#: A GRAPH_COMPUTE payload larger than this is refused (upstream: whatever the allocator gives).
+DEFAULT_MAX_GRAPH_BYTES = 256 << 20
+_GRAPH_CHUNK = 1 << 20
+_SIZE_LIMIT = 1 << 63  # upstream: a length error it does not catch (process abort)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything a server is started with; connections share nothing else but the cache."""
+
+    protocol: Protocol = V7
+    devices: int = 1
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    cache_dir: str | None = None
+    cache_max_bytes: int | None = None
+    concurrent: bool = False
+    verbose: bool = False
+    max_graph_bytes: int = DEFAULT_MAX_GRAPH_BYTES
+
+
+class Close(Exception):
+    """End this connection without a reply; the message names the rule and what upstream does."""
+
+
+class PeerGone(Exception):
+    """The client closed or reset the connection."""
+
+
+@dataclass(slots=True)
+class _Tensor:
+    """A deserialized single-command tensor: its fields, its buffer (None = null buffer) and its nbytes."""
+
+    fields: Mapping[str, Any]
+    buffer: Buffer | None
+    nbytes: int
+
+
+def _upstream(text: str) -> str:
+    return f" (upstream: {text})"
+
+
+class Connection:
+    """Serves one accepted socket until the client leaves or a rule closes it."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        config: ServerConfig,
+        cache: HashCache | None,
+        *,
+        name: str = "conn",
+        executor: Callable[[list[GraphTensor]], None] | None = None,
+    ) -> None:
+        self.sock = sock
+        self.config = config
+        self.protocol = config.protocol
+        self.cache = cache
+        self.name = name
+        self.table = BufferTable.for_devices(config.devices, config.device)
+        self.graphs: dict[int, BuiltGraph] = {}
+        self.commands = 0
+        self._executor = executor
+        self._rfile = sock.makefile("rb", buffering=1 << 16)
+        self._handlers: dict[Command, Callable[[dict[str, Any]], None]] = {
+            Command.ALLOC_BUFFER: self._alloc_buffer,
+            Command.GET_ALIGNMENT: self._get_alignment,
+            Command.GET_MAX_SIZE: self._get_max_size,
+            Command.BUFFER_GET_BASE: self._buffer_get_base,
+            Command.FREE_BUFFER: self._free_buffer,
+            Command.BUFFER_CLEAR: self._buffer_clear,
+            Command.SET_TENSOR_HASH: self._set_tensor_hash,
+            Command.GET_TENSOR: self._get_tensor,
+            Command.COPY_TENSOR: self._copy_tensor,
+            Command.GET_DEVICE_MEMORY: self._get_device_memory,
+            Command.INIT_TENSOR: self._init_tensor,
+            Command.GET_ALLOC_SIZE: self._get_alloc_size,
+            Command.DEVICE_COUNT: self._device_count,
+            Command.GRAPH_RECOMPUTE: self._graph_recompute,
+            Command.MEMSET_TENSOR: self._memset_tensor,
+            Command.GET_DEVICE_SUPPORTS_OP: self._supports_op,
+        }
+        # Fixed-size requests: (exact size, flat layout) per command of this version.
+        self._fixed: dict[int, tuple[int, Any]] = {}
+        for cmd, spec in self.protocol.commands.items():
+            if spec.request.shape is Shape.FIXED:
+                self._fixed[int(cmd)] = (spec.request.header_size, flat_layout(spec.request.schema))
+        self._never = {int(c) for c in NEVER_ON_WIRE}
+
+    # ---- socket I/O ------------------------------------------------------------------------------------------
+
+    def _read(self, n: int) -> bytes:
+        data = self._rfile.read(n) if n else b""
+        if len(data) != n:
+            raise PeerGone(f"client closed the connection inside a message ({len(data)} of {n} bytes)")
+        return data
+
+    def _read_into(self, view: memoryview) -> None:
+        got = 0
+        total = view.nbytes
+        while got < total:
+            n = self._rfile.readinto(view[got:])
+            if not n:
+                raise PeerGone(f"client closed the connection inside a payload ({got} of {total} bytes)")
+            got += n
+
+    def _send(self, parts: list) -> None:
+        views = [memoryview(p).cast("B") for p in parts]
+        views = [v for v in views if v.nbytes]
+        while views:
+            sent = self.sock.sendmsg(views)
+            while sent:
+                if sent >= views[0].nbytes:
+                    sent -= views[0].nbytes
+                    views.pop(0)
+                else:
+                    views[0] = views[0][sent:]
+                    sent = 0
+
+    def _reply(self, command: Command, fields: Mapping[str, Any]) -> None:
+        self.sock.sendall(encode_reply(self.protocol, command, fields))
+
+    # ---- the loop --------------------------------------------------------------------------------------------
+
+    def serve(self) -> str:
+        """Serve until the connection ends; returns the reason (also logged)."""
+        try:
+            self._handshake()
+            while True:
+                self._one_command()
+        except PeerGone as exc:
+            reason = str(exc)
+        except Close as exc:
+            reason = f"closed: {exc}"
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            reason = f"client reset the connection ({exc.strerror or exc})"
+        except OSError as exc:
+            reason = f"socket error: {exc}"
+        except Exception as exc:  # a bug here must cost one connection, never the server
+            log.debug("%s: internal error", self.name, exc_info=True)
+            reason = f"closed: internal error {type(exc).__name__}: {exc}"
+        finally:
+            self._release()
+        return reason
+
+    def _release(self) -> None:
+        self.graphs.clear()
+        self.table.release_all()
+        try:
+            self._rfile.close()
+        except OSError:
+            pass
+
+    def _handshake(self) -> None:
+        first = self._rfile.read(1)
+        if not first:
+            raise PeerGone("client closed the connection before HELLO")
+        if first[0] != Command.HELLO:
+            raise Close(f"first command is {first[0]}, not HELLO (14){_upstream('close, Expected HELLO command')}")
+        (size,) = struct.unpack("<Q", self._read(8))
+        expected = self.protocol.commands[Command.HELLO].request.header_size
+        if size != expected:
+            raise Close(f"HELLO size {size}, not {expected}{_upstream('close')}")
+        self._read(size)  # the client's caps: a plain-TCP server ignores them
+        self.sock.sendall(encode_reply(self.protocol, Command.HELLO, hello_reply(self.protocol.version)))
+        self.commands += 1
+        if self.config.verbose:
+            log.info("%s: HELLO -> %s", self.name, self.protocol.label)
+
+    def _one_command(self) -> None:
+        header = self._rfile.read(REQUEST_HEADER_SIZE)
+        if len(header) != REQUEST_HEADER_SIZE:
+            if not header:
+                raise PeerGone("client closed the connection")
+            raise PeerGone(f"client closed the connection inside a request header ({len(header)} of 9 bytes)")
+        cmd, size = REQUEST_HEADER.unpack(header)
+        self.commands += 1
+        if cmd == Command.HELLO:
+            raise Close(f"HELLO after the handshake{_upstream('close')}")
+        spec = self.protocol.spec(cmd) if cmd not in self._never else None
+        if spec is None:
+            raise Close(f"unknown command {cmd} in protocol {self.protocol.label}{_upstream('close')}")
+        command = spec.command
+        if self.config.verbose:
+            log.info("%s: %s size=%d", self.name, command.name, size)
+        fixed = self._fixed.get(cmd)
+        if fixed is not None:
+            want, layout = fixed
+            if size != want:
+                raise Close(f"{command.name} size {size}, not {want}{_upstream('close, payload unread')}")
+            self._handlers[command](layout.unpack(self._read(size)) if size else {})
+        elif command is Command.SET_TENSOR:
+            self._set_tensor(spec.request, size)
+        elif command is Command.GRAPH_COMPUTE:
+            self._graph_compute(spec.request, size)
+        else:  # pragma: no cover - every shape of every version is handled above
+            raise Close(f"{command.name}: no handler")
+
+    # ---- shared checks ---------------------------------------------------------------------------------------
+
+    def _device(self, device: int, command: str) -> int:
+        if device >= self.config.devices:
+            raise Close(f"{command}: device {device} >= device count {self.config.devices}{_upstream('close')}")
+        return device
+
+    def _buffer(self, handle: int, command: str) -> Buffer:
+        buf = self.table.get(handle)
+        if buf is None:
+            raise Close(f"{command}: unknown buffer handle {handle:#x}{_upstream('close')}")
+        return buf
+
+    def _tensor(self, t: Mapping[str, Any], command: str, what: str = "tensor") -> _Tensor:
+        """deserialize_tensor: type checks (close), unknown buffer -> null, data must lie inside its buffer."""
+        ttype = t["type"]
+        if ttype >= GGML_TYPE_COUNT:
+            raise Close(f"{command}: {what} type {ttype} is not a ggml type{_upstream('close')}")
+        if TYPES[ttype].removed:
+            raise Close(f"{command}: {what} has removed type {type_name(ttype)}{_upstream('close')}")
+        nbytes = ggml_nbytes(ttype, t["ne"], t["nb"])
+        handle = t["buffer"]
+        buf = self.table.get(handle) if handle else None
+        if buf is not None:
+            d = t["data"]
+            if d < buf.base or d + nbytes > buf.end:
+                raise Close(f"{command}: {what} data [{d:#x}, +{nbytes}) lies outside its buffer "
+                            f"[{buf.base:#x}, +{buf.size}){_upstream('process abort, buffer-range assertion')}")
+        return _Tensor(t, buf, nbytes)
+
+    def _region(self, t: _Tensor, offset: int, n: int, command: str) -> memoryview:
+        """The bytes [data+offset, +n) of a tensor, checked as upstream SET/GET_TENSOR check them, and safely."""
+        if t.buffer is None:
+            raise Close(f"{command}: tensor has no buffer (null or unknown handle){_upstream('close')}")
+        buf = t.buffer
+        start = (t.fields["data"] + offset) & U64_MASK
+        if start < buf.base or start >= buf.end or n > buf.end - start:
+            raise Close(f"{command}: region [{start:#x}, +{n}) outside the buffer [{buf.base:#x}, +{buf.size})"
+                        f"{_upstream('close')}")
+        if n and offset + n > t.nbytes:
+            raise Close(f"{command}: region offset {offset} + {n} bytes runs past the tensor's {t.nbytes} bytes"
+                        f"{_upstream('process abort, tensor out of bounds assertion')}")
+        return buf.slice(start, n)
+
+    # ---- buffers and devices ---------------------------------------------------------------------------------
+
+    def _alloc_buffer(self, f: dict[str, Any]) -> None:
+        device = self._device(f["device"], "ALLOC_BUFFER")
+        buf = self.table.alloc(device, f["size"])
+        if buf is None:
+            log.info("%s: ALLOC_BUFFER of %d bytes on device %d refused (free %d): remote_ptr 0", self.name,
+                     f["size"], device, self.table.devices[device].free)
+            self._reply(Command.ALLOC_BUFFER, {"remote_ptr": 0, "remote_size": 0})
+        else:
+            self._reply(Command.ALLOC_BUFFER, {"remote_ptr": buf.handle, "remote_size": buf.size})
+
+    def _get_alignment(self, f: dict[str, Any]) -> None:
+        self._device(f["device"], "GET_ALIGNMENT")
+        self._reply(Command.GET_ALIGNMENT, {"alignment": self.config.device.alignment})
+
+    def _get_max_size(self, f: dict[str, Any]) -> None:
+        self._device(f["device"], "GET_MAX_SIZE")
+        self._reply(Command.GET_MAX_SIZE, {"max_size": self.config.device.max_size})
+
+    def _get_device_memory(self, f: dict[str, Any]) -> None:
+        dev = self.table.devices[self._device(f["device"], "GET_DEVICE_MEMORY")]
+        self._reply(Command.GET_DEVICE_MEMORY, {"free_mem": dev.free, "total_mem": dev.config.memory})
+
+    def _device_count(self, f: dict[str, Any]) -> None:
+        self._reply(Command.DEVICE_COUNT, {"device_count": self.config.devices})
+
+    def _buffer_get_base(self, f: dict[str, Any]) -> None:
+        buf = self._buffer(f["remote_ptr"], "BUFFER_GET_BASE")
+        self._reply(Command.BUFFER_GET_BASE, {"base_ptr": buf.base})
+
+    def _free_buffer(self, f: dict[str, Any]) -> None:
+        buf = self._buffer(f["remote_ptr"], "FREE_BUFFER")
+        # Upstream 6/7 keeps stored graphs that point into the freed buffer (a use-after-free on RECOMPUTE).
+        for device, graph in list(self.graphs.items()):
+            if buf.handle in graph.buffers:
+                del self.graphs[device]
+                log.info("%s: FREE_BUFFER %#x drops the stored graph of device %d", self.name, buf.handle, device)
+        self.table.free(buf.handle)
+
+    def _buffer_clear(self, f: dict[str, Any]) -> None:
+        buf = self._buffer(f["remote_ptr"], "BUFFER_CLEAR")
+        buf.memory.fill(f["value"])
+
+    # ---- tensor data -----------------------------------------------------------------------------------------
+
+    def _set_tensor(self, payload: Payload, size: int) -> None:
+        head_size = payload.header_size
+        if size < head_size:
+            raise Close(f"SET_TENSOR size {size} below its {head_size}-byte header{_upstream('close')}")
+        if size >= _SIZE_LIMIT:
+            raise Close(f"SET_TENSOR size {size} >= 2^63{_upstream('process abort, uncaught length error')}")
+        f = flat_layout(payload.schema).unpack(self._read(head_size))
+        n = size - head_size
+        t = self._tensor(f["tensor"], "SET_TENSOR")
+        # Checked before a single payload byte is read: nothing is received that does not fit its target.
+        region = self._region(t, f["offset"], n, "SET_TENSOR")
+        if n == 0:
+            return
+        self._read_into(region)
+        rule = self.protocol.cache_rule
+        if self.cache is not None and rule.server_saves(n, f.get(rule.flag_field or "", 0)):
+            self.cache.save(region)
+
+    def _set_tensor_hash(self, f: dict[str, Any]) -> None:
+        # Upstream answers a miss without looking at the tensor at all.
+        n = self.cache.entry_size(f["hash"]) if self.cache is not None else None
+        if n is None:
+            self._reply(Command.SET_TENSOR_HASH, {"result": 0})
+            return
+        t = self._tensor(f["tensor"], "SET_TENSOR_HASH")
+        region = self._region(t, f["offset"], n, "SET_TENSOR_HASH")
+        data = self.cache.load(f["hash"], n) if self.cache is not None else None
+        if data is None:
+            self._reply(Command.SET_TENSOR_HASH, {"result": 0})
+            return
+        region[:] = memoryview(data)
+        self._reply(Command.SET_TENSOR_HASH, {"result": 1})
+
+    def _get_tensor(self, f: dict[str, Any]) -> None:
+        t = self._tensor(f["tensor"], "GET_TENSOR")
+        size = f["size"]
+        region = self._region(t, f["offset"], size, "GET_TENSOR")
+        self._send([REPLY_HEADER.pack(size), region])
+
+    def _memset_tensor(self, f: dict[str, Any]) -> None:
+        t = self._tensor(f["tensor"], "MEMSET_TENSOR")
+        if t.buffer is None:
+            raise Close(f"MEMSET_TENSOR: tensor has no buffer (null or unknown handle){_upstream('close')}")
+        offset, size, nbytes = f["offset"], f["size"], t.nbytes
+        if offset > nbytes or size > nbytes - offset:
+            raise Close(f"MEMSET_TENSOR: region offset {offset} + {size} outside the tensor's {nbytes} bytes"
+                        f"{_upstream('close')}")
+        buf = t.buffer
+        rel = t.fields["data"] - buf.base
+        if rel < 0 or rel > buf.size or offset > buf.size - rel or size > buf.size - rel - offset:
+            raise Close(f"MEMSET_TENSOR: region outside the buffer{_upstream('close')}")
+        if size == 0:
+            return
+        if buf.size == 0:
+            raise Close(f"MEMSET_TENSOR on a zero-size buffer, which has no memset{_upstream('close')}")
+        buf.memory[rel + offset : rel + offset + size] = f["value"]
+
+    def _copy_tensor(self, f: dict[str, Any]) -> None:
+        src = self._tensor(f["src"], "COPY_TENSOR", "src")
+        dst = self._tensor(f["dst"], "COPY_TENSOR", "dst")
+        if src.buffer is None or dst.buffer is None:
+            raise Close(f"COPY_TENSOR: src or dst has no buffer{_upstream('close')}")
+        n = src.nbytes
+        d = dst.fields["data"]
+        if d + n > dst.buffer.end:
+            raise Close(f"COPY_TENSOR: {n} bytes from dst data {d:#x} run past the dst buffer end "
+                        f"{dst.buffer.end:#x}{_upstream('close')}")
+        s_off = src.fields["data"] - src.buffer.base
+        d_off = d - dst.buffer.base
+        # numpy copies overlapping ranges correctly (memmove semantics).
+        np.copyto(dst.buffer.memory[d_off : d_off + n], src.buffer.memory[s_off : s_off + n])
+        self._reply(Command.COPY_TENSOR, {"result": 1})
+
+    def _init_tensor(self, f: dict[str, Any]) -> None:
+        t = self._tensor(f["tensor"], "INIT_TENSOR")
+        if t.buffer is None:
+            # Upstream logs and carries on; the CPU backend has nothing to initialise.
+            log.info("%s: INIT_TENSOR of a tensor without buffer (ignored, as upstream)", self.name)
+
+    def _get_alloc_size(self, f: dict[str, Any]) -> None:
+        self._device(f["device"], "GET_ALLOC_SIZE")
+        t = self._tensor(f["tensor"], "GET_ALLOC_SIZE")
+        for i, s in enumerate(f["srcs"]):
+            # Upstream silently drops a src of an invalid type; data outside its buffer is an abort there.
+            if s["id"] != 0 and s["type"] < GGML_TYPE_COUNT and not TYPES[s["type"]].removed:
+                self._tensor(s, "GET_ALLOC_SIZE", f"srcs[{i}]")
+        # CPU buffer types allocate exactly ggml_nbytes.
+        self._reply(Command.GET_ALLOC_SIZE, {"alloc_size": t.nbytes})
+
+    def _supports_op(self, f: dict[str, Any]) -> None:
+        self._device(f["device"], "GET_DEVICE_SUPPORTS_OP")
+        op = self._tensor(f["op"], "GET_DEVICE_SUPPORTS_OP", "op")
+        srcs = [self._tensor(s, "GET_DEVICE_SUPPORTS_OP", f"srcs[{i}]") if s["id"] else None
+                for i, s in enumerate(f["srcs"])]
+        self._reply(Command.GET_DEVICE_SUPPORTS_OP, {"supported": int(self._executor_supports(op, srcs))})
+
+    # ---- graphs ----------------------------------------------------------------------------------------------
+
+    def _read_growing(self, size: int) -> bytearray:
+        """``size`` bytes, allocated as they arrive rather than as claimed."""
+        buf = bytearray(min(size, _GRAPH_CHUNK))
+        got = 0
+        while got < size:
+            if got == len(buf):
+                buf.extend(bytes(min(len(buf), size - len(buf))))
+            with memoryview(buf) as mv:
+                n = self._rfile.readinto(mv[got:])
+            if not n:
+                raise PeerGone(f"client closed the connection inside a GRAPH_COMPUTE ({got} of {size} bytes)")
+            got += n
+        return buf
+
+    def _graph_compute(self, payload: Payload, size: int) -> None:
+        if size >= _SIZE_LIMIT:
+            raise Close(f"GRAPH_COMPUTE size {size} >= 2^63{_upstream('process abort, uncaught length error')}")
+        if size > self.config.max_graph_bytes:
+            raise Close(f"GRAPH_COMPUTE size {size} above the server's limit {self.config.max_graph_bytes}"
+                        f"{_upstream('allocates the claim')}")
+        body = self._read_growing(size)
+        try:
+            fields, _trailing = decode_payload(payload, memoryview(body), command="GRAPH_COMPUTE")
+        except ProtocolError as exc:
+            raise Close(f"GRAPH_COMPUTE: {exc.message}{_upstream('close')}") from None
+        device = self._device(fields["device"], "GRAPH_COMPUTE")
+        try:
+            graph = build_graph(fields["nodes"], fields["tensors"], self.table.buffers)
+        except GraphError as exc:
+            raise Close(f"GRAPH_COMPUTE: {exc}") from None
+        self._run(graph, "GRAPH_COMPUTE")
+        self.graphs[device] = graph
+
+    def _graph_recompute(self, f: dict[str, Any]) -> None:
+        device = self._device(f["device"], "GRAPH_RECOMPUTE")
+        graph = self.graphs.get(device)
+        if graph is None:
+            raise Close(f"GRAPH_RECOMPUTE: no stored graph for device {device} (none computed, or a buffer it used "
+                        f"was freed){_upstream('close; after FREE_BUFFER a use-after-free')}")
+        self._run(graph, "GRAPH_RECOMPUTE")
+
+    def _load_executor(self, command: str) -> Callable[[list[GraphTensor]], None]:
+        if self._executor is None:
+            try:
+                from ggml_rpc.reference.executor import execute
+            except ImportError as exc:
+                raise Close(f"{command}: graph executor unavailable ({exc})") from None
+            self._executor = execute
+        return self._executor
+
+    def _run(self, graph: BuiltGraph, command: str) -> None:
+        execute = self._load_executor(command)
+        try:
+            execute(graph.nodes)
+        except ExecutorError as exc:
+            raise Close(f"{command}: executor refused the graph: {exc}") from None
+        except Exception as exc:
+            log.debug("%s: executor failure", self.name, exc_info=True)
+            raise Close(f"{command}: executor failed ({type(exc).__name__}: {exc})"
+                        f"{_upstream('process abort on backend failure')}") from None
+
+    def _executor_supports(self, op: _Tensor, srcs: list[_Tensor | None]) -> bool:
+        """Ask the executor whether it runs this op; an executor that cannot say answers no."""
+        try:
+            from ggml_rpc.reference import executor
+        except ImportError:
+            return False
+        supports = getattr(executor, "supports_op", None)
+        if supports is None:
+            return False
+        node = _single_graph_tensor(op)
+        node.src = [_single_graph_tensor(s) if s is not None else None for s in srcs]
+        try:
+            return bool(supports(node))
+        except Exception:
+            log.debug("%s: supports_op failed", self.name, exc_info=True)
+            return False
+
+
+def _single_graph_tensor(t: _Tensor) -> GraphTensor:
+    f = t.fields
+    buf = t.buffer
+    return GraphTensor(
+        id=f["id"],
+        type=f["type"],
+        ne=tuple(f["ne"]),
+        nb=tuple(f["nb"]),
+        op=f["op"],
+        op_params=np.array(f["op_params"], dtype=np.int32),
+        flags=f["flags"],
+        view_offs=f["view_offs"],
+        data=f["data"],
+        name=bytes(f["name"]).split(b"\0", 1)[0].decode("utf-8", "replace"),
+        use_count=f["use_count"],
+        buffer=buf.view() if buf is not None else None,
+        offset=f["data"] - buf.base if buf is not None else 0,
+        nbytes=t.nbytes,
+    )
+
+
+__all__ = ["DEFAULT_MAX_GRAPH_BYTES", "Close", "Connection", "ServerConfig"]
