@@ -60,6 +60,8 @@ class ServerConfig:
     concurrent: bool = False
     verbose: bool = False
     max_graph_bytes: int = DEFAULT_MAX_GRAPH_BYTES
+    #: Runs a rebuilt graph (None: ``ggml_rpc.reference.executor.execute``, imported when first needed).
+    executor: Callable[[list[GraphTensor]], None] | None = None
 
 
 class Close(Exception):
@@ -93,7 +95,6 @@ class Connection:
         cache: HashCache | None,
         *,
         name: str = "conn",
-        executor: Callable[[list[GraphTensor]], None] | None = None,
     ) -> None:
         self.sock = sock
         self.config = config
@@ -103,7 +104,7 @@ class Connection:
         self.table = BufferTable.for_devices(config.devices, config.device)
         self.graphs: dict[int, BuiltGraph] = {}
         self.commands = 0
-        self._executor = executor
+        self._executor = config.executor
         self._rfile = sock.makefile("rb", buffering=1 << 16)
         self._handlers: dict[Command, Callable[[dict[str, Any]], None]] = {
             Command.ALLOC_BUFFER: self._alloc_buffer,

@@ -12,7 +12,7 @@ import itertools
 import logging
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -21,6 +21,7 @@ from ggml_rpc.spec import DEFAULT_HOST, Protocol, parse_version_option
 from .cache import HashCache
 from .connection import Connection, ServerConfig
 from .devices import DeviceConfig
+from .graph import GraphTensor
 
 log = logging.getLogger("ggml_rpc.reference")
 
@@ -142,6 +143,7 @@ def make_config(
     concurrent: bool = False,
     verbose: bool = False,
     max_graph_bytes: int | None = None,
+    executor: Callable[[list[GraphTensor]], None] | None = None,
 ) -> ServerConfig:
     """A ServerConfig from plain options (``proto``: a Protocol or a label such as ``6``, ``7``, ``7.0.1``)."""
     protocol = proto if isinstance(proto, Protocol) else parse_version_option(str(proto))
@@ -153,7 +155,7 @@ def make_config(
         max_size=dev.max_size if max_size is None else max_size,
     )
     config = ServerConfig(protocol=protocol, devices=devices, device=dev, cache_dir=cache_dir,
-                          cache_max_bytes=cache_max_bytes, concurrent=concurrent, verbose=verbose)
+                          cache_max_bytes=cache_max_bytes, concurrent=concurrent, verbose=verbose, executor=executor)
     if max_graph_bytes is not None:
         config = replace(config, max_graph_bytes=max_graph_bytes)
     return config
@@ -166,7 +168,7 @@ def running_server(
     """A reference server on a thread, listening on an ephemeral loopback port until the block ends.
 
     Options are those of :func:`make_config` (devices, mem, alignment, max_size, cache_dir, cache_max_bytes,
-    concurrent, verbose, max_graph_bytes).
+    concurrent, verbose, max_graph_bytes, executor).
     """
     server = Server(make_config(proto, **options), host, port)  # type: ignore[arg-type]
     thread = threading.Thread(target=server.serve_forever, name=f"ggml-rpc-reference:{server.port}", daemon=True)
