@@ -1,0 +1,108 @@
+"""``ggml-rpc replay FILE.pcap [...]``: send the captured client side again and compare the replies."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import tempfile
+from collections.abc import Iterator
+from typing import TextIO
+
+from ggml_rpc.spec import Protocol, parse_version_option
+
+from .capture import CaptureError
+from .cmd_lint import parse_proto
+from .replay import DEFAULT_NMSE, Replayer, ReplayError, ReplayReport, load_captures, source_protocol
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("replay", help="replay captured sessions against a server and compare the replies",
+                       description="Replays the client side of every connection of the captures, in order, against "
+                       "one server, relocating buffer handles and addresses, and compares each reply by class "
+                       "(exact, recorded, computed within an NMSE tolerance). Exit code 1 on any mismatch.")
+    p.add_argument("pcap", nargs="+", help="capture file(s), replayed in the order given")
+    p.add_argument("--server", default=None, metavar="HOST:PORT",
+                   help="target server (default: the embedded reference server of the captures' version, with a "
+                   "fresh hash cache)")
+    p.add_argument("--proto", default="auto", help="version of the captures: auto (from each HELLO reply), 6 or 7")
+    p.add_argument("--as", dest="as_proto", default=None, choices=["6", "7"],
+                   help="rewrite the session for a server of this version")
+    p.add_argument("--nmse", type=float, default=DEFAULT_NMSE, help=f"tolerance for computed reads "
+                   f"(default {DEFAULT_NMSE:g})")
+    p.add_argument("--until-compute", action="store_true",
+                   help="replay each connection only up to its first GRAPH_COMPUTE/RECOMPUTE (servers without a "
+                   "graph executor)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for any one reply")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON ('-': stdout)")
+    p.set_defaults(func=run)
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) to a tuple; UsageError for anything else."""
+    from .cli import UsageError
+
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+@contextlib.contextmanager
+def embedded_server(protocol: Protocol) -> Iterator[tuple[str, int]]:
+    """The reference server of ``protocol`` on an ephemeral loopback port, with a fresh cache directory."""
+    from ggml_rpc.reference import running_server
+
+    with tempfile.TemporaryDirectory(prefix="ggml-rpc-replay-cache-") as cache, \
+            running_server(protocol, cache_dir=cache) as srv:
+        yield srv.host, srv.port
+
+
+def print_report(report: ReplayReport, out: TextIO | None = None) -> None:
+    out = out or sys.stdout
+    c = report.compared
+    out.write(f"replayed {report.connections} connection(s), {report.requests} request(s) "
+              f"({'/'.join(report.source_versions)} as {report.target_version}) against {report.target} "
+              f"in {report.seconds:.2f} s\n")
+    out.write(f"compared: {c['exact']} exact, {c['computed']} computed (worst NMSE {report.worst_nmse:.3g}), "
+              f"{c['close']} expected close(s); {c['recorded']} recorded only\n")
+    for note in report.notes:
+        out.write(f"note: {note}\n")
+    for m in report.mismatches:
+        out.write(f"MISMATCH {m.line()}\n")
+    out.write(f"{len(report.mismatches)} mismatch(es)\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .cli import UsageError
+
+    protocol = parse_proto(args.proto)
+    as_protocol = parse_version_option(args.as_proto) if args.as_proto else None
+    try:
+        captures = load_captures(args.pcap, protocol)
+        source = source_protocol(captures)
+    except (CaptureError, ReplayError) as exc:
+        raise UsageError(str(exc)) from None
+    target = as_protocol or source
+    try:
+        if args.server:
+            host, port = parse_address(args.server)
+            report = Replayer(captures, host, port, as_protocol=as_protocol, nmse_tolerance=args.nmse,
+                              timeout=args.timeout, until_compute=args.until_compute).run()
+        else:
+            with embedded_server(target) as (host, port):
+                report = Replayer(captures, host, port, as_protocol=as_protocol, nmse_tolerance=args.nmse,
+                                  timeout=args.timeout, until_compute=args.until_compute).run()
+                report.target = f"embedded reference server {target.label} ({host}:{port})"
+    except ReplayError as exc:
+        raise UsageError(str(exc)) from None
+    print_report(report)
+    if args.json:
+        text = json.dumps(report.as_dict(), indent=2)
+        if args.json == "-":
+            sys.stdout.write(text + "\n")
+        else:
+            with open(args.json, "w") as fh:
+                fh.write(text + "\n")
+    return 0 if report.ok else 1

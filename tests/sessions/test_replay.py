@@ -1,0 +1,150 @@
+"""replay: relocation, comparison classes, cache state, cross-version rewriting, against the reference server."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+from ggml_rpc.conformance.cli import main
+from ggml_rpc.conformance.pcapwrite import write_session
+from ggml_rpc.conformance.replay import Relocator, load_captures, replay
+from ggml_rpc.reference import running_server
+from ggml_rpc.spec import TENSOR_DTYPE, V6, V7, Command, encode_reply, encode_request, make_tensor
+
+from .conftest import hello
+
+REAL = {"v7-v7-gen-cold.pcap": V7, "v6-v6-gen-cold.pcap": V6, "v7-v7-test-backend-ops.pcap": V7,
+        "v7client-v6server-hello.pcap": V6}
+OTHER = {"6.0.0": V7, "7.0.0": V6}
+
+
+def _executor_available() -> bool:
+    try:
+        return hasattr(importlib.import_module("ggml_rpc.reference.executor"), "execute")
+    except ImportError:
+        return False
+
+
+@pytest.mark.parametrize("rewrite", [False, True], ids=["same-version", "as-other-version"])
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_real_capture_non_compute_parts_replay_clean(real_captures, tmp_path, name, rewrite):
+    proto = REAL[name]
+    target = OTHER[proto.label] if rewrite else proto
+    with running_server(target, cache_dir=str(tmp_path)) as srv:
+        report = replay([real_captures / name], srv.host, srv.port, as_protocol=target if rewrite else None,
+                        until_compute=True)
+    assert report.mismatches == []
+    assert report.compared["exact"] >= 1
+    assert report.target_version == target.label
+
+
+@pytest.mark.parametrize(("name", "graphs", "outputs"), [("v7-v7-test-backend-ops.pcap", 102, 15),
+                                                          ("v7-v7-gen-cold.pcap", 17, 17),
+                                                          ("v6-v6-gen-cold.pcap", 17, 17)])
+def test_every_graph_is_relocated_into_the_target_buffers(real_captures, tmp_path, name, graphs, outputs):
+    """With an executor that computes nothing, the server still accepts every relocated graph (it checks each
+    tensor's data lies inside its buffer) and the only mismatches are the computed reads."""
+    seen = []
+
+    def record(graph):
+        seen.append(len(graph))
+
+    with running_server(REAL[name], cache_dir=str(tmp_path), executor=record) as srv:
+        report = replay([real_captures / name], srv.host, srv.port)
+    assert len(seen) == graphs
+    assert {m.kind for m in report.mismatches} == {"computed"}
+    assert len(report.mismatches) == outputs
+
+
+@pytest.mark.skipif(not _executor_available(), reason="the reference graph executor is not available yet")
+@pytest.mark.parametrize("rewrite", [False, True], ids=["same-version", "as-other-version"])
+@pytest.mark.parametrize("name", ["v7-v7-gen-cold.pcap", "v6-v6-gen-cold.pcap", "v7-v7-test-backend-ops.pcap"])
+def test_real_capture_full_replay_reproduces_the_logits(real_captures, name, rewrite, capsys):
+    args = ["replay", str(real_captures / name)] + (["--as", str(OTHER[REAL[name].label].major)] if rewrite else [])
+    assert main(args) == 0, capsys.readouterr().out
+
+
+def test_replaying_a_cold_capture_twice_expects_the_hit(real_captures):
+    path = str(real_captures / "v7-v7-gen-cold.pcap")
+    assert main(["replay", "--until-compute", path, path]) == 0
+
+
+def test_graph_relocation_is_vectorised_and_matches_per_tensor_relocation():
+    reloc = Relocator()
+    reloc.buffer(0x10, 0x900)
+    reloc.base(0x10, 0x7000, 0x1_0000_0000)
+    reloc.buffer(0x20, 0xA00)  # handle known, base never asked: buffer moves, data stays
+    rng = np.random.default_rng(1)
+    dicts = []
+    for i in range(50):
+        buf = [0, 0x10, 0x20, 0x30][i % 4]
+        data = 0 if i % 5 == 0 else 0x7000 + int(rng.integers(0, 4096))
+        dicts.append(make_tensor(id=i + 1, ne=(4,), buffer=buf, data=data, name=f"t{i}"))
+    from ggml_rpc.spec import tensors_array
+
+    arr = reloc.tensor_array(tensors_array(dicts))
+    for rec, d in zip(arr, dicts, strict=True):
+        want = reloc.tensor(d)
+        assert int(rec["buffer"]) == want["buffer"]
+        assert int(rec["data"]) == want["data"]
+    assert arr.dtype == TENSOR_DTYPE
+    assert int(arr["buffer"][1]) == 0x900 and int(arr["data"][1]) == 0x1_0000_0000 + dicts[1]["data"] - 0x7000
+    assert int(arr["buffer"][3]) == 0x30  # unknown handle untouched
+
+
+def _session(read_back: bytes) -> list:
+    """ALLOC, BASE, SET 16 bytes, GET them back (recorded reply ``read_back``)."""
+    t = make_tensor(id=1, ne=(4,), buffer=0x55, data=0x1000, name="x")
+    data = bytes(range(16))
+    return [*hello(V7),
+            (True, encode_request(V7, Command.ALLOC_BUFFER, {"device": 0, "size": 64})),
+            (False, encode_reply(V7, Command.ALLOC_BUFFER, {"remote_ptr": 0x55, "remote_size": 64})),
+            (True, encode_request(V7, Command.BUFFER_GET_BASE, {"remote_ptr": 0x55})),
+            (False, encode_reply(V7, Command.BUFFER_GET_BASE, {"base_ptr": 0x1000})),
+            (True, encode_request(V7, Command.SET_TENSOR, {"tensor": t, "cache_flag": 0, "offset": 0}, data)),
+            (True, encode_request(V7, Command.GET_TENSOR, {"tensor": t, "offset": 0, "size": 16})),
+            (False, encode_reply(V7, Command.GET_TENSOR, {}, read_back))]
+
+
+def test_a_read_back_that_differs_is_reported_with_its_place(tmp_path, capsys):
+    good, bad = tmp_path / "good.pcap", tmp_path / "bad.pcap"
+    write_session(good, [_session(bytes(range(16)))])
+    write_session(bad, [_session(bytes(range(15)) + b"\xff")])
+    assert main(["replay", str(good)]) == 0
+    capsys.readouterr()
+    json_path = tmp_path / "r.json"
+    assert main(["replay", str(bad), "--json", str(json_path)]) == 1
+    out = capsys.readouterr().out
+    assert "connection 0 message 4 GET_TENSOR [exact]" in out and "first difference at byte 15" in out
+    assert '"ok": false' in json_path.read_text()
+
+
+def test_a_recorded_close_must_be_reproduced(tmp_path):
+    """The recorded server closed on a SET_TENSOR past its buffer (no reply to the probe after it)."""
+    t = make_tensor(id=1, ne=(4,), buffer=0x55, data=0x1000 + 60, name="x")
+    writes = [*_session(bytes(range(16)))[:6],
+              (True, encode_request(V7, Command.SET_TENSOR, {"tensor": t, "cache_flag": 0, "offset": 0},
+                                    bytes(16))),
+              (True, encode_request(V7, Command.DEVICE_COUNT, {}))]
+    path = tmp_path / "close.pcap"
+    write_session(path, [writes])
+    with running_server("7") as srv:
+        report = replay([path], srv.host, srv.port)
+    assert report.mismatches == [] and report.compared["close"] == 1
+
+
+def test_user_mistakes_exit_2(real_captures, tmp_path):
+    path = str(real_captures / "v7client-v6server-hello.pcap")
+    assert main(["replay", path, "--server", "nonsense"]) == 2
+    assert main(["replay", path, str(real_captures / "v7-v7-test-backend-ops.pcap")]) == 2  # mixed versions
+    assert main(["replay", str(tmp_path / "missing.pcap")]) == 2
+
+
+def test_load_refuses_undecodable_captures(tmp_path):
+    path = tmp_path / "junk.pcap"
+    write_session(path, [[(True, b"\x03" + bytes(8))]])
+    from ggml_rpc.conformance.replay import ReplayError
+
+    with pytest.raises(ReplayError, match="does not decode"):
+        load_captures([path])
