@@ -30,6 +30,8 @@ _ENTRY = re.compile(r"^[0-9a-f]{16}$")
 _TEMP_PREFIX = ".tmp-"
 # os.write moves at most about 2 GiB per call on Linux; chunks also keep the loop responsive.
 _WRITE_CHUNK = 64 << 20
+# Indirection so tests can make the disk fill up mid-write without touching os.write for the whole process.
+_write = os.write
 
 
 class HashCache:
@@ -137,7 +139,7 @@ class HashCache:
             try:
                 pos = 0
                 while pos < size:
-                    pos += os.write(fd, view[pos : pos + _WRITE_CHUNK])
+                    pos += _write(fd, view[pos : pos + _WRITE_CHUNK])
                 os.fsync(fd)
             finally:
                 os.close(fd)
