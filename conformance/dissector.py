@@ -1,0 +1,425 @@
+"""A Wireshark Lua dissector generated from the spec tables.
+
+Nothing about a message is written here by hand: :func:`generate` walks the construct Structs of every payload of
+every protocol table (``spec.versions.PROTOCOLS`` or whatever tables it is given) and emits
+
+* one ``ProtoField`` per distinct field (abbreviation ``ggml_rpc.<name>``; fields of a nested Struct such as
+  ``rpc_tensor`` live under ``ggml_rpc.<prefix>.<name>``), with the field's construct doc string as its blurb;
+* a layout table per Struct (kind, size, fixed or ``this.<field>`` count) that one generic Lua walker interprets;
+* one table per protocol version: request and reply layout of each command, the no-reply set, RAW reply lengths;
+* value strings for commands, ggml types, ops, UNARY/GLU sub-ops and tensor flags, and the type geometry
+  (block size, type size) that the ``nbytes`` bounds checks need.
+
+The fixed Lua runtime (:mod:`.dissector_runtime`) does the TCP reassembly, per-conversation state, reply
+pairing, version pick from the HELLO reply and the expert info; it names no command and no field layout.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from construct import Array, Bytes, Construct, FormatField, Renamed, Struct
+from construct.expr import Path
+from ggml_rpc.spec import codec
+from ggml_rpc.spec.enums import NEVER_ON_WIRE, TYPES, Command, GgmlOp, GluOp, TensorFlag, UnaryOp
+from ggml_rpc.spec.facts import DEFAULT_PORT
+from ggml_rpc.spec.messages import GRAPH_MIN_SIZE, Payload, Shape
+from ggml_rpc.spec.tensor import RpcTensor
+from ggml_rpc.spec.versions import PROTOCOLS, Protocol
+
+from .dissector_runtime import RUNTIME
+
+PROTO_NAME = "ggml_rpc"
+
+#: Nested Structs get a field prefix of their own; any other nested Struct is prefixed by its field name.
+STRUCT_PREFIXES: dict[int, str] = {id(RpcTensor): "tensor"}
+
+#: GRAPH_COMPUTE payloads up to this size are reassembled and decoded in full; larger ones show their header.
+GRAPH_REASSEMBLE_MAX = 64 << 20
+
+# Presentation choices (how a value is shown, never where it is): hex for addresses and ids, names for enums.
+HEX_FIELDS = frozenset({"id", "buffer", "src", "view_src", "data", "remote_ptr", "base_ptr", "nodes", "hash"})
+STRING_FIELDS = frozenset({"name"})
+
+_FMT_KINDS = {"B": "u8", "H": "u16", "I": "u32", "L": "u32", "Q": "u64", "b": "i8", "h": "i16", "i": "i32",
+              "l": "i32", "q": "i64"}
+_LUA_FIELD_TYPES = {"u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64", "i8": "int8", "i16": "int16",
+                    "i32": "int32", "i64": "int64", "bytes": "bytes", "string": "string"}
+_SIZES = {"u8": 1, "u16": 2, "u32": 4, "u64": 8, "i8": 1, "i16": 2, "i32": 4, "i64": 8}
+
+
+class GeneratorError(Exception):
+    """The spec holds something the generator cannot express (a field kind it does not know, a name clash)."""
+
+
+def lua_str(text: str) -> str:
+    """A Lua string literal."""
+    out = ['"']
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ord(ch) < 32 or ord(ch) == 127:
+            out.append(f"\\{ord(ch):03d}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def _unwrap(sub: Construct) -> tuple[Construct, str]:
+    """The inner construct of a (possibly doc-annotated) field and its doc string."""
+    doc = ""
+    while isinstance(sub, Renamed):
+        doc = doc or (sub.docs or "")
+        sub = sub.subcon
+    return sub, doc
+
+
+@dataclass
+class _Field:
+    """One ProtoField of the generated dissector."""
+
+    abbr: str
+    label: str
+    kind: str  # a key of _LUA_FIELD_TYPES or "none" (subtree of a nested Struct)
+    doc: str
+    values: str | None = None  # name of a value-string table
+    var: str = ""
+
+
+@dataclass
+class _Elem:
+    """One element of a generated layout table."""
+
+    name: str
+    kind: str  # scalar kind, "bytes", "string" or "struct"
+    size: int  # bytes of one item (for "struct": the Struct's size)
+    field: _Field
+    count: int | None = None
+    count_from: str | None = None
+    layout: int | None = None  # index of the nested layout for "struct"
+    values: str | None = None
+
+
+@dataclass
+class _Layout:
+    index: int
+    size: int | None  # None when it holds a variable-count array
+    elems: list[_Elem] = field(default_factory=list)
+    prefix: str = ""
+    is_tensor: bool = False
+
+
+class _Builder:
+    """Collects fields and layouts while walking the spec's Structs."""
+
+    def __init__(self, value_fields: Mapping[str, str]) -> None:
+        self.fields: dict[str, _Field] = {}
+        self.layouts: list[_Layout] = []
+        self._layout_of: dict[int, int] = {}
+        self.value_fields = value_fields
+        self.payloads: list[_Payload] = []
+        self._payload_of: dict[int, int] = {}
+
+    def payload(self, p: Payload, request: Payload | None = None) -> int:
+        """Index of the PAYLOADS entry for one payload (built once per Payload object)."""
+        key = id(p)
+        if key not in self._payload_of:
+            length_off = None
+            if p.shape is Shape.RAW:
+                if request is None or p.length_from is None:
+                    raise GeneratorError("a RAW reply needs the request field that gives its length")
+                length_off = _offset_of(request.schema, p.length_from)
+            self.payloads.append(_Payload(p.shape.name, self.layout(p.schema, ""), p.header_size, length_off))
+            self._payload_of[key] = len(self.payloads)
+        return self._payload_of[key]
+
+    def add_field(self, abbr: str, label: str, kind: str, doc: str, values: str | None = None) -> _Field:
+        existing = self.fields.get(abbr)
+        if existing is not None:
+            if existing.kind != kind or existing.values != values:
+                raise GeneratorError(f"field {abbr} is declared as {existing.kind} and as {kind}")
+            return existing
+        f = _Field(abbr, label, kind, doc, values, f"F[{len(self.fields) + 1}]")
+        self.fields[abbr] = f
+        return f
+
+    def layout(self, schema: Struct, prefix: str) -> int:
+        """Index of the layout table for ``schema`` (built once per Struct object)."""
+        key = id(schema)
+        if key in self._layout_of:
+            return self._layout_of[key]
+        lay = _Layout(len(self.layouts) + 1, None, prefix=prefix, is_tensor=schema is RpcTensor)
+        self.layouts.append(lay)
+        self._layout_of[key] = lay.index
+        fixed = True
+        for sub in schema.subcons:
+            elem = self._elem(sub, prefix)
+            if elem.count_from is not None:
+                fixed = False
+            lay.elems.append(elem)
+        if fixed:
+            lay.size = schema.sizeof()
+        return lay.index
+
+    def _elem(self, sub: Construct, prefix: str) -> _Elem:
+        name = sub.name
+        if not name:
+            raise GeneratorError("every field of a payload Struct needs a name")
+        inner, doc = _unwrap(sub)
+        count: int | None = None
+        count_from: str | None = None
+        if isinstance(inner, Array):
+            if isinstance(inner.count, int):
+                count = inner.count
+            elif isinstance(inner.count, Path) and vars(inner.count).get("_Path__name") == "this":
+                count_from = vars(inner.count)["_Path__field"]
+            else:
+                raise GeneratorError(f"array {name}: count must be a number or this.<field>")
+            inner, inner_doc = _unwrap(inner.subcon)
+            doc = doc or inner_doc
+        abbr_base = f"{PROTO_NAME}.{prefix + '.' if prefix else ''}{name}"
+        if isinstance(inner, Struct):
+            sub_prefix = STRUCT_PREFIXES.get(id(inner), name)
+            index = self.layout(inner, sub_prefix)
+            # The subtree field describes the Struct itself (its own doc), not one use of it.
+            struct_doc = vars(inner).get("__doc__") or doc
+            f = self.add_field(f"{PROTO_NAME}.{sub_prefix}", sub_prefix, "none", struct_doc)
+            size = self.layouts[index - 1].size
+            if size is None:
+                raise GeneratorError(f"nested Struct {name} must have a fixed size")
+            return _Elem(name, "struct", size, f, count, count_from, index)
+        if isinstance(inner, FormatField):
+            if inner.fmtstr[0] not in "<=":
+                raise GeneratorError(f"field {name}: only little-endian fields are supported")
+            kind = _FMT_KINDS.get(inner.fmtstr[1:])
+            if kind is None:
+                raise GeneratorError(f"field {name}: no Lua field type for format {inner.fmtstr!r}")
+            values = self.value_fields.get(abbr_base)
+            f = self.add_field(abbr_base, name, kind, doc, values)
+            return _Elem(name, kind, _SIZES[kind], f, count, count_from, values=values)
+        if isinstance(inner, Bytes) and isinstance(inner.length, int):
+            kind = "string" if name in STRING_FIELDS else "bytes"
+            f = self.add_field(abbr_base, name, kind, doc)
+            return _Elem(name, kind, inner.length, f, count, count_from)
+        raise GeneratorError(f"field {name}: no dissector rule for {type(inner).__name__}")
+
+
+def _offset_of(schema: Struct, name: str) -> int:
+    """Byte offset of a top-level fixed-size field."""
+    pos = 0
+    for sub in schema.subcons:
+        if sub.name == name:
+            return pos
+        pos += sub.sizeof()
+    raise GeneratorError(f"no field {name} in the Struct")
+
+
+def _value_table(name: str, items: Iterable[tuple[int, str]]) -> str:
+    body = ", ".join(f"[{value}] = {lua_str(label)}" for value, label in items)
+    return f"local {name} = {{ {body} }}"
+
+
+def _enum_items(e: type[enum.Enum]) -> list[tuple[int, str]]:
+    return [(int(m.value), m.name) for m in e]
+
+
+@dataclass(frozen=True)
+class _Payload:
+    shape: str
+    layout: int
+    size: int
+    length_from_off: int | None = None
+
+
+def generate(protocols: Sequence[Protocol] = PROTOCOLS, *, port: int = DEFAULT_PORT,
+             reassemble_bulk: bool = False) -> str:
+    """The Lua source of a dissector for the given protocol tables (oldest first)."""
+    if not protocols:
+        raise GeneratorError("no protocol table given")
+    value_fields = {
+        f"{PROTO_NAME}.tensor.type": "VS_TYPE",
+        f"{PROTO_NAME}.tensor.op": "VS_OP",
+    }
+    b = _Builder(value_fields)
+    # Framing: the request header is (cmd u8, size u64), the reply header (size u64).
+    header_fields = {
+        "cmd": b.add_field(f"{PROTO_NAME}.cmd", "Command", "u8", "request command byte", "VS_CMD"),
+        "len": b.add_field(f"{PROTO_NAME}.len", "Payload length", "u64", "size header: payload bytes that follow"),
+    }
+    tables: list[str] = []
+    hello_reply: Payload | None = None
+    for proto in protocols:
+        rows = []
+        for cmd, spec in proto.commands.items():
+            req = b.payload(spec.request)
+            if spec.has_reply:
+                assert isinstance(spec.reply, Payload)
+                rep = b.payload(spec.reply, request=spec.request)
+                reply_ref = f"PAYLOADS[{rep}]"
+                if cmd is Command.HELLO:
+                    hello_reply = spec.reply
+            else:
+                reply_ref = "nil"
+            rows.append(f"    [{int(cmd)}] = {{ name = {lua_str(cmd.name)}, request = PAYLOADS[{req}], "
+                        f"reply = {reply_ref}, doc = {lua_str(spec.doc)} }},")
+        label = proto.label
+        tables.append(
+            f"PROTOCOLS[#PROTOCOLS + 1] = {{ label = {lua_str(label)}, major = {proto.version[0]}, "
+            f"minor = {proto.version[1]}, patch = {proto.version[2]}, commands = {{\n" + "\n".join(rows) + "\n} }"
+        )
+    if hello_reply is None:
+        raise GeneratorError("the tables have no HELLO reply: the version cannot be learnt")
+    hello_req = protocols[0].commands[Command.HELLO].request
+
+    extra = {
+        "dir": b.add_field(f"{PROTO_NAME}.dir", "Direction", "string", "request or reply"),
+        "index": b.add_field(f"{PROTO_NAME}.index", "Request index", "u32",
+                             "position of the request in its connection (a reply carries its request's index)"),
+        "version": b.add_field(f"{PROTO_NAME}.version", "Protocol version", "string",
+                               "version table used (from the HELLO reply)"),
+        "violations": b.add_field(f"{PROTO_NAME}.violations", "Spec violations", "u32",
+                                  "number of spec violations found in this message"),
+        "data_len": b.add_field(f"{PROTO_NAME}.data_len", "Bulk data length", "u64",
+                                "bytes of bulk data carried by this message (shown as a length, not a dump)"),
+        "data_here": b.add_field(f"{PROTO_NAME}.data_in_segment", "Bulk data in this segment", "u32",
+                                 "bulk data bytes of this message present in this segment"),
+        "cont": b.add_field(f"{PROTO_NAME}.continuation", "Continuation bytes", "u32",
+                            "bulk data of a message that started in an earlier segment"),
+        "cont_left": b.add_field(f"{PROTO_NAME}.continuation_left", "Bulk bytes still to come", "u64",
+                                 "bulk data bytes of that message after this segment"),
+        "trailing": b.add_field(f"{PROTO_NAME}.trailing", "Trailing bytes", "u32",
+                                "bytes after the last decoded field of a message"),
+        "ignored": b.add_field(f"{PROTO_NAME}.ignored", "Undecoded bytes", "u32",
+                               "bytes after a violation that ends the session (the peer closes or aborts)"),
+        "shape": b.add_field(f"{PROTO_NAME}.tensor.shape", "shape", "string", "type and ne of the tensor"),
+        "nbytes": b.add_field(f"{PROTO_NAME}.tensor.nbytes", "nbytes", "u64",
+                              "bytes the tensor spans (ggml_nbytes, strides as sent)"),
+        "unary": b.add_field(f"{PROTO_NAME}.tensor.unary_op", "unary op", "i32", "op_params[0] of a UNARY node",
+                             "VS_UNARY"),
+        "glu": b.add_field(f"{PROTO_NAME}.tensor.glu_op", "glu op", "i32", "op_params[0] of a GLU node", "VS_GLU"),
+    }
+    flag_fields = [
+        (flag, b.add_field(f"{PROTO_NAME}.tensor.flags.{flag.name.lower()}", flag.name, "flag",
+                           f"tensor flag {flag.name}"))
+        for flag in TensorFlag
+    ]
+
+    lines: list[str] = []
+    add = lines.append
+    versions = ", ".join(p.label for p in protocols)
+    add(f"-- ggml RPC dissector for Wireshark / tshark, protocol versions {versions}.")
+    add("-- GENERATED by `ggml-rpc dissector` from the ggml-rpc-kit spec tables: do not edit, regenerate.")
+    add("-- Install: copy into ~/.local/lib/wireshark/plugins/ (Wireshark's personal Lua plugins folder).")
+    add("")
+    add(f"local P = Proto({lua_str(PROTO_NAME)}, {lua_str('ggml RPC (llama.cpp rpc-server)')})")
+    add("")
+    add("-- value strings")
+    add(_value_table("VS_CMD", _enum_items(Command)))
+    add(_value_table("VS_TYPE", [(t.id, t.name) for t in TYPES.values()]))
+    add(_value_table("VS_OP", _enum_items(GgmlOp)))
+    add(_value_table("VS_UNARY", _enum_items(UnaryOp)))
+    add(_value_table("VS_GLU", _enum_items(GluOp)))
+    add("-- ggml type geometry: block size (elements) and bytes per block; block 0 = removed type")
+    add("local TYPES = { " + ", ".join(f"[{t.id}] = {{ blck = {t.blck}, size = {t.size} }}" for t in TYPES.values())
+        + " }")
+    add(f"local TYPE_COUNT = {len(TYPES)}")
+    add("")
+    add("-- fields")
+    add("local F = {}")
+    for f in b.fields.values():
+        add(f"{f.var} = {_protofield(f)}")
+    add("local FLAG_FIELDS = { " + ", ".join(f"{{ {int(flag)}, {f.var} }}" for flag, f in flag_fields) + " }")
+    add("local HF = { " + ", ".join(f"{k} = {f.var}" for k, f in {**header_fields, **extra}.items()) + " }")
+    add("-- (P.fields is assigned once, by the runtime, after it adds its own fields)")
+    add("")
+    add("-- layouts: one per Struct of the spec, in declaration order")
+    add("local LAYOUTS = {}")
+    for lay in b.layouts:
+        elems = []
+        for e in lay.elems:
+            parts = [f"name = {lua_str(e.name)}", f"kind = {lua_str(e.kind)}", f"size = {e.size}",
+                     f"pf = {e.field.var}"]
+            if e.count is not None:
+                parts.append(f"count = {e.count}")
+            if e.count_from is not None:
+                parts.append(f"count_from = {lua_str(e.count_from)}")
+            if e.layout is not None:
+                parts.append(f"layout = {e.layout}")
+            if e.values is not None:
+                parts.append(f"values = {e.values}")
+            if e.kind == "u64" and e.name in HEX_FIELDS:
+                parts.append("hex = true")
+            elems.append("    { " + ", ".join(parts) + " },")
+        size = "nil" if lay.size is None else str(lay.size)
+        add(f"LAYOUTS[{lay.index}] = {{ size = {size}, prefix = {lua_str(lay.prefix)}, "
+            f"is_tensor = {str(lay.is_tensor).lower()}, elems = {{\n" + "\n".join(elems) + "\n} }")
+    add("")
+    add("-- payloads: shape, layout, size of the fixed part")
+    add("local PAYLOADS = {}")
+    for index, p in enumerate(b.payloads, 1):
+        length = "nil" if p.length_from_off is None else str(p.length_from_off)
+        add(f"PAYLOADS[{index}] = {{ shape = {lua_str(p.shape)}, layout = LAYOUTS[{p.layout}], size = {p.size}, "
+            f"length_from_off = {length} }}")
+    add("")
+    add("-- one table per protocol version, oldest first")
+    add("local PROTOCOLS = {}")
+    lines.extend(tables)
+    add("")
+    add("local C = {")
+    add(f"  PORT = {port},")
+    add(f"  HELLO = {int(Command.HELLO)},")
+    add(f"  HELLO_SIZE = {hello_req.header_size},")
+    add(f"  HELLO_MAJOR_OFF = {_offset_of(hello_reply.schema, 'major')},")
+    add(f"  HELLO_MINOR_OFF = {_offset_of(hello_reply.schema, 'minor')},")
+    add(f"  HELLO_PATCH_OFF = {_offset_of(hello_reply.schema, 'patch')},")
+    add(f"  REQ_HDR = {codec.REQUEST_HEADER_SIZE},")
+    add(f"  REP_HDR = {codec.REPLY_HEADER_SIZE},")
+    add(f"  MAX_PAYLOAD = {codec.DEFAULT_MAX_PAYLOAD},")
+    add(f"  GRAPH_MIN = {GRAPH_MIN_SIZE},")
+    add(f"  REASSEMBLE_BULK = {str(reassemble_bulk).lower()},")
+    add(f"  GRAPH_REASSEMBLE_MAX = {GRAPH_REASSEMBLE_MAX},")
+    add(f"  UNARY_OP = {int(GgmlOp.UNARY)},")  # type: ignore[attr-defined]
+    add(f"  GLU_OP = {int(GgmlOp.GLU)},")  # type: ignore[attr-defined]
+    add("  NEVER_ON_WIRE = { " + ", ".join(f"[{int(c)}] = true" for c in sorted(NEVER_ON_WIRE)) + " },")
+    add("}")
+    add("")
+    lines.append(RUNTIME)
+    return "\n".join(lines) + "\n"
+
+
+def _protofield(f: _Field) -> str:
+    abbr, label, doc = lua_str(f.abbr), lua_str(f.label), lua_str(f.doc)
+    if f.kind == "none":
+        return f"ProtoField.none({abbr}, {label}, {doc})"
+    if f.kind == "flag":
+        return f"ProtoField.bool({abbr}, {label}, base.NONE, nil, nil, {doc})"
+    if f.kind in ("bytes", "string"):
+        return f"ProtoField.{_LUA_FIELD_TYPES[f.kind]}({abbr}, {label}, base.NONE, {doc})" if f.kind == "bytes" \
+            else f"ProtoField.string({abbr}, {label}, base.UNICODE, {doc})"
+    short = f.abbr.rsplit(".", 1)[-1]
+    # Wireshark shows signed integers in decimal only.
+    base = "base.HEX" if short in HEX_FIELDS and f.kind.startswith("u") else "base.DEC"
+    values = f.values or "nil"
+    return f"ProtoField.{_LUA_FIELD_TYPES[f.kind]}({abbr}, {label}, {base}, {values}, nil, {doc})"
+
+
+def describe_fields(source: str) -> list[str]:
+    """The field abbreviations a generated dissector declares (for docs and tests)."""
+    out = []
+    for line in source.splitlines():
+        if line.startswith("F[") and "ProtoField." in line:
+            out.append(line.split('("', 1)[1].split('"', 1)[0])
+    return out
+
+
+def summary(protocols: Sequence[Protocol] = PROTOCOLS) -> dict[str, Any]:
+    """Counts of what a generated dissector covers."""
+    fields = describe_fields(generate(protocols))
+    return {"versions": [p.label for p in protocols], "fields": len(fields),
+            "commands": sorted({c.name for p in protocols for c in p.commands})}
