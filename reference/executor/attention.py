@@ -1,0 +1,123 @@
+"""FLASH_ATTN_EXT: softmax(scale * Q K^T [softcapped] + slope * mask) V, per head, with K/V heads broadcast.
+
+ggml's CPU backend (the one-query-at-a-time path) converts Q to K's vec-dot type, walks the KV positions in
+order with an online softmax, and for an F16 V keeps the running weighted sum in F16 (rounded after every
+step); positions whose mask is -inf are skipped.  That recurrence is reproduced here, vectorised over all query
+rows and heads; for 64 or more query rows with F16/F32 K and V ggml takes its tiled path, which accumulates in
+float32 without converting Q, and so does this code.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from ggml_rpc.spec import GgmlOp
+
+from ..graph import GraphTensor
+from .core import READABLE, kernel, need_types, params_f32, read, src, write
+from .memory import F16, F32, Memory, node_error
+from .softmax import alibi_slopes, broadcast_mask
+from .types import VEC_DOT_TYPE, through_type
+
+_TILE_ROWS = 64
+
+
+@kernel(GgmlOp.FLASH_ATTN_EXT, src=READABLE, dst=(F32,), note="K/V F32, F16, BF16 or quantised; mask, softcap, sinks")
+def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
+    q_t, k_t, v_t = src(node, 0), src(node, 1), src(node, 2)
+    mask_t, sinks_t = node.src[3], node.src[4]
+    need_types(node, q_t, (F32,), "Q")
+    need_types(node, k_t, READABLE, "K")
+    need_types(node, v_t, READABLE, "V")
+    dk, n_q, n_head, n_seq = (int(x) for x in q_t.ne)
+    dk1, n_kv, n_head_kv, k3 = (int(x) for x in k_t.ne)
+    dv, n_kv1, n_head_v, v3 = (int(x) for x in v_t.ne)
+    if dk != dk1 or n_kv != n_kv1 or n_head_kv != n_head_v or k3 != v3:
+        raise node_error(node, "Q, K and V shapes do not fit together")
+    if n_head_kv == 0 or k3 == 0 or n_head % n_head_kv or n_seq % k3:
+        raise node_error(node, "Q heads/sequences must be whole multiples of K/V's")
+    if tuple(node.ne) != (dv, n_head, n_q, n_seq) or node.type != F32:
+        raise node_error(node, "result must be F32 [V.ne0, Q.ne2, Q.ne1, Q.ne3]")
+    p = params_f32(node)
+    scale, max_bias, softcap = np.float32(p[0]), float(p[1]), np.float32(p[2])
+    if softcap != 0:
+        scale = np.float32(scale / softcap)
+
+    q = read(mem, q_t)  # (n_seq, n_head, n_q, dk)
+    k = read(mem, k_t)  # (k3, n_head_kv, n_kv, dk)
+    v = read(mem, v_t)  # (k3, n_head_kv, n_kv, dv)
+    tiled = n_q >= _TILE_ROWS and k_t.type == v_t.type and k_t.type in (F32, F16)
+    if not tiled and k_t.type != F32:
+        q = through_type(VEC_DOT_TYPE.get(k_t.type, F32), np.ascontiguousarray(q))
+    rh, rs = n_head // n_head_kv, n_seq // k3
+    k = np.repeat(np.repeat(k, rh, axis=1), rs, axis=0)
+    v = np.repeat(np.repeat(v, rh, axis=1), rs, axis=0)
+    scores = np.matmul(q, k.swapaxes(-1, -2)) * scale  # (n_seq, n_head, n_q, n_kv)
+    if softcap != 0:
+        scores = softcap * np.tanh(scores)
+    if mask_t is not None:
+        need_types(node, mask_t, (F16, F32), "mask")
+        mask = broadcast_mask(node, mask_t, read(mem, mask_t), n_q, n_head, n_seq, n_kv)
+        if max_bias > 0:
+            mask = alibi_slopes(n_head, max_bias)[None, :, None, None] * mask
+        scores = scores + mask
+    sinks = None
+    if sinks_t is not None:
+        need_types(node, sinks_t, (F32,), "sinks")
+        if sinks_t.ne[0] < n_head:
+            raise node_error(node, "sinks need one value per head")
+        sinks = read(mem, sinks_t).reshape(-1)[:n_head][None, :, None]
+    if v_t.type == F16 and not tiled:
+        out = _online_f16(scores, v, sinks)
+    else:
+        out = _softmax_v(scores, v, sinks)
+    # Result layout is [dv, head, query, seq]: swap head and query.
+    write(mem, node, out.swapaxes(1, 2))
+
+
+def _softmax_v(scores: np.ndarray, v: np.ndarray, sinks: np.ndarray | None) -> np.ndarray:
+    mx = scores.max(axis=-1)
+    if sinks is not None:
+        mx = np.maximum(mx, sinks)
+    mx = np.where(np.isneginf(mx), np.float32(0), mx)
+    w = np.exp(scores - mx[..., None])
+    total = w.sum(axis=-1, dtype=np.float32)
+    if sinks is not None:
+        total = total + np.exp(sinks - mx)
+    out = np.matmul(w, v)
+    inv = np.divide(np.float32(1), total, out=np.zeros_like(total), where=total != 0)
+    return (out * inv[..., None]).astype(np.float32)
+
+
+def _online_f16(scores: np.ndarray, v: np.ndarray, sinks: np.ndarray | None) -> np.ndarray:
+    """ggml's one-chunk recurrence with an F16 accumulator, stepping over KV positions, all rows at once."""
+    lead = scores.shape[:-1]
+    n_kv = scores.shape[-1]
+    acc = np.zeros((*lead, v.shape[-1]), dtype=np.float16)
+    big_m = np.full(lead, -np.inf, dtype=np.float32)
+    total = np.zeros(lead, dtype=np.float32)
+    live = ~np.isneginf(scores)
+    for ic in range(n_kv):
+        use = live[..., ic]
+        if not use.any():
+            continue
+        s = scores[..., ic]
+        new_max = use & (s > big_m)
+        with np.errstate(invalid="ignore", over="ignore"):
+            ms = np.where(new_max, np.exp(big_m - s), np.float32(1)).astype(np.float32)
+            vs = np.where(new_max | ~use, np.float32(1), np.exp(s - big_m)).astype(np.float32)
+        vs = np.where(use, vs, np.float32(0))
+        big_m = np.where(new_max, s, big_m)
+        scaled = np.where(new_max[..., None], (acc.astype(np.float32) * ms[..., None]).astype(np.float16), acc)
+        row = v[..., ic, :][..., None, :]  # (seq, head, 1, dv)
+        updated = (scaled.astype(np.float32) + row * vs[..., None]).astype(np.float16)
+        acc = np.where(use[..., None], updated, acc)
+        total = np.where(use, total * ms + vs, total)
+    out = acc.astype(np.float32)
+    if sinks is not None:
+        sink_max = sinks > big_m
+        ms = np.where(sink_max, np.exp(big_m - sinks), np.float32(1))
+        vs = np.where(sink_max, np.float32(1), np.exp(sinks - big_m))
+        out = out * ms[..., None]
+        total = total * ms + vs
+    inv = np.divide(np.float32(1), total, out=np.zeros_like(total), where=total != 0)
+    return (out * inv[..., None]).astype(np.float32)

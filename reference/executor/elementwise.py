@@ -1,0 +1,288 @@
+"""Element-wise ops: the binary arithmetic ops with ggml's repeat-broadcast, SCALE, the math ops, every UNARY and
+GLU sub-op, CLAMP, LEAKY_RELU, FILL and ADD_ID.
+
+Values are computed in float32 and converted to the result's type on the way out, as ggml's CPU backend does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from ggml_rpc.spec import GgmlOp, GluOp, UnaryOp
+
+from ..graph import GraphTensor
+from .core import (
+    FLOATS,
+    READABLE,
+    WRITABLE,
+    can_repeat,
+    declare,
+    kernel,
+    need_types,
+    params_f32,
+    params_i32,
+    read,
+    read_index,
+    same_shape,
+    src,
+    tile_to,
+    write,
+)
+from .memory import F32, Memory, node_error
+
+_SQRT_2_OVER_PI = np.float32(0.7978845608028654)
+_GELU_COEF_A = np.float32(0.044715)
+_GELU_QUICK_COEF = np.float32(-1.702)
+_INV_SQRT2 = np.float32(0.7071067811865476)
+
+
+def _f16_round(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).astype(np.float32)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """erf in float64 (Abramowitz & Stegun 7.1.26, |error| < 1.5e-7: below float32 resolution of GELU's output)."""
+    x64 = np.asarray(x, dtype=np.float64)
+    s = np.sign(x64)
+    a = np.abs(x64)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return s * (1.0 - poly * np.exp(-a * a))
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """ggml's GELU (tanh form) for float32: via an f16 table inside (-10, 10), x itself above, 0 below."""
+    h = _f16_round(x)
+    y = np.float32(0.5) * h * (1 + np.tanh(_SQRT_2_OVER_PI * h * (1 + _GELU_COEF_A * h * h)))
+    y = _f16_round(y.astype(np.float32))
+    return np.where(x <= -10, np.float32(0), np.where(x >= 10, x, y)).astype(np.float32)
+
+
+def gelu_quick(x: np.ndarray) -> np.ndarray:
+    """ggml's quick GELU, x * sigmoid(1.702 x), through its f16 table."""
+    h = _f16_round(x)
+    y = h * (1 / (1 + np.exp(_GELU_QUICK_COEF * h)))
+    return _f16_round(y.astype(np.float32))
+
+
+def gelu_erf(x: np.ndarray) -> np.ndarray:
+    return (0.5 * x * (1.0 + erf(x * _INV_SQRT2))).astype(np.float32)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (np.float32(1) + np.exp(-x))
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return np.float32(1) / (np.float32(1) + np.exp(-x))
+
+
+def _round_away(x: np.ndarray) -> np.ndarray:
+    return np.where(x >= 0, np.floor(x + np.float32(0.5)), np.ceil(x - np.float32(0.5)))
+
+
+def _xielu(x: np.ndarray, node: GraphTensor) -> np.ndarray:
+    p = params_f32(node)
+    alpha_n, alpha_p, beta, eps = p[1], p[2], p[3], p[4]
+    pos = alpha_p * x * x + beta * x
+    neg = (np.expm1(np.minimum(x, eps)) - x) * alpha_n + beta * x
+    return np.where(x > 0, pos, neg)
+
+
+_UNARY: dict[int, Callable[[np.ndarray], np.ndarray]] = {
+    UnaryOp.ABS: np.abs,
+    UnaryOp.SGN: np.sign,
+    UnaryOp.NEG: np.negative,
+    UnaryOp.STEP: lambda x: (x > 0).astype(np.float32),
+    UnaryOp.TANH: np.tanh,
+    UnaryOp.ELU: lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0))),
+    UnaryOp.RELU: lambda x: np.maximum(x, np.float32(0)),
+    UnaryOp.SIGMOID: _sigmoid,
+    UnaryOp.GELU: gelu,
+    UnaryOp.GELU_QUICK: gelu_quick,
+    UnaryOp.SILU: silu,
+    UnaryOp.HARDSWISH: lambda x: x * np.clip((x + np.float32(3)) / np.float32(6), 0, 1),
+    UnaryOp.HARDSIGMOID: lambda x: np.clip((x + np.float32(3)) / np.float32(6), 0, 1),
+    UnaryOp.EXP: np.exp,
+    UnaryOp.EXPM1: np.expm1,
+    UnaryOp.SOFTPLUS: lambda x: np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20)))),
+    UnaryOp.GELU_ERF: gelu_erf,
+    UnaryOp.FLOOR: np.floor,
+    UnaryOp.CEIL: np.ceil,
+    UnaryOp.ROUND: _round_away,
+    UnaryOp.TRUNC: np.trunc,
+}
+
+for _u in UnaryOp:
+    declare(f"UNARY/{_u.name}", src=FLOATS, dst=FLOATS)
+
+
+# ---- binary arithmetic ---------------------------------------------------------------------------------------------
+
+
+def _binary(node: GraphTensor, mem: Memory, ufunc: np.ufunc) -> None:
+    a_t, b_t = src(node, 0), src(node, 1)
+    need_types(node, a_t, READABLE, "source 0")
+    need_types(node, b_t, READABLE, "source 1")
+    same_shape(node, a_t)
+    if not can_repeat(b_t, a_t):
+        raise node_error(node, "source 1 cannot be repeated to the shape of source 0")
+    if node.type == F32 and a_t.type == F32 and b_t.type == F32:
+        # The hot path: no conversion, the ufunc writes straight into the node's memory.
+        out = mem.raw(node)
+        a = mem.raw(a_t)
+        b = mem.raw(b_t)
+        ufunc(a, tile_to(b, a.shape), out=out)
+        return
+    a = read(mem, a_t)
+    write(mem, node, ufunc(a, tile_to(read(mem, b_t), a.shape)))
+
+
+def _register_binary(op: GgmlOp, ufunc: np.ufunc) -> None:
+    kernel(op, src=READABLE, dst=WRITABLE)(lambda node, mem: _binary(node, mem, ufunc))
+
+
+_register_binary(GgmlOp.ADD, np.add)
+_register_binary(GgmlOp.SUB, np.subtract)
+_register_binary(GgmlOp.MUL, np.multiply)
+_register_binary(GgmlOp.DIV, np.divide)
+
+
+@kernel(GgmlOp.ADD1, src=READABLE, dst=WRITABLE)
+def _add1(node: GraphTensor, mem: Memory) -> None:
+    a_t, b_t = src(node, 0), src(node, 1)
+    same_shape(node, a_t)
+    if b_t.ne[0] * b_t.ne[1] * b_t.ne[2] * b_t.ne[3] != 1:
+        raise node_error(node, "source 1 must be a scalar")
+    write(mem, node, read(mem, a_t) + read(mem, b_t).reshape(()))
+
+
+@kernel(GgmlOp.ADD_ID, src=FLOATS, dst=(F32,))
+def _add_id(node: GraphTensor, mem: Memory) -> None:
+    # dst[:, i1, i2] = a[:, i1, i2] + b[:, ids[i1, i2]]
+    a_t, b_t, ids_t = src(node, 0), src(node, 1), src(node, 2)
+    same_shape(node, a_t)
+    if b_t.ne[0] != a_t.ne[0] or tuple(ids_t.ne[:2]) != tuple(a_t.ne[1:3]) or a_t.ne[3] != 1:
+        raise node_error(node, "shapes do not fit ADD_ID (a [n, e, t], b [n, experts], ids [e, t])")
+    ids = read_index(mem, node, ids_t, int(b_t.ne[1]), "expert id")[0, 0]  # (t, e)
+    b = read(mem, b_t)[0, 0]  # (experts, n)
+    a = read(mem, a_t)[0]  # (t, e, n)
+    write(mem, node, (a + b[ids])[None])
+
+
+@kernel(GgmlOp.SCALE, src=FLOATS, dst=FLOATS)
+def _scale(node: GraphTensor, mem: Memory) -> None:
+    a_t = src(node, 0)
+    same_shape(node, a_t)
+    p = params_f32(node)
+    s, b = p[0], p[1]
+    x = read(mem, a_t)
+    write(mem, node, x * s + b if b != 0 else x * s)
+
+
+def _math(op: GgmlOp, fn: Callable[[np.ndarray], np.ndarray]) -> None:
+    def run(node: GraphTensor, mem: Memory) -> None:
+        a_t = src(node, 0)
+        need_types(node, a_t, READABLE, "source 0")
+        same_shape(node, a_t)
+        write(mem, node, fn(read(mem, a_t)))
+
+    kernel(op, src=FLOATS, dst=FLOATS)(run)
+
+
+_math(GgmlOp.SQR, np.square)
+_math(GgmlOp.SQRT, np.sqrt)
+_math(GgmlOp.LOG, np.log)
+_math(GgmlOp.SIN, np.sin)
+_math(GgmlOp.COS, np.cos)
+
+
+@kernel(GgmlOp.CLAMP, src=FLOATS, dst=FLOATS)
+def _clamp(node: GraphTensor, mem: Memory) -> None:
+    a_t = src(node, 0)
+    same_shape(node, a_t)
+    p = params_f32(node)
+    write(mem, node, np.minimum(np.maximum(read(mem, a_t), p[0]), p[1]))
+
+
+@kernel(GgmlOp.LEAKY_RELU, src=FLOATS, dst=FLOATS)
+def _leaky_relu(node: GraphTensor, mem: Memory) -> None:
+    a_t = src(node, 0)
+    same_shape(node, a_t)
+    slope = params_f32(node)[0]
+    x = read(mem, a_t)
+    write(mem, node, np.maximum(x, 0) + slope * np.minimum(x, 0))
+
+
+@kernel(GgmlOp.FILL, src=(), dst=FLOATS)
+def _fill(node: GraphTensor, mem: Memory) -> None:
+    write(mem, node, params_f32(node)[0])
+
+
+@kernel(GgmlOp.UNARY, src=FLOATS, dst=FLOATS, note="see the UNARY/ rows")
+def _unary(node: GraphTensor, mem: Memory) -> None:
+    a_t = src(node, 0)
+    need_types(node, a_t, FLOATS, "source 0")
+    same_shape(node, a_t)
+    sub = int(params_i32(node)[0])
+    if sub == UnaryOp.XIELU:
+        write(mem, node, _xielu(read(mem, a_t), node))
+        return
+    fn = _UNARY.get(sub)
+    if fn is None:
+        raise node_error(node, f"UNARY sub-op {sub} is not supported")
+    if node.type == F32 and a_t.type == F32 and isinstance(fn, np.ufunc):
+        fn(mem.raw(a_t), out=mem.raw(node))
+        return
+    write(mem, node, fn(read(mem, a_t)))
+
+
+# ---- GLU ---------------------------------------------------------------------------------------------------------
+
+
+def _swiglu_oai(a: np.ndarray, b: np.ndarray, node: GraphTensor) -> np.ndarray:
+    p = params_f32(node)
+    alpha, limit = p[2], p[3]
+    x = np.minimum(a, limit)
+    y = np.clip(b, -limit, limit)
+    return x / (np.float32(1) + np.exp(alpha * -x)) * (y + np.float32(1))
+
+
+_GLU: dict[int, Callable[[np.ndarray], np.ndarray]] = {
+    GluOp.REGLU: lambda x: np.maximum(x, np.float32(0)),
+    GluOp.GEGLU: gelu,
+    GluOp.SWIGLU: silu,
+    GluOp.GEGLU_ERF: gelu_erf,
+    GluOp.GEGLU_QUICK: gelu_quick,
+}
+
+for _g in GluOp:
+    declare(f"GLU/{_g.name}", src=FLOATS, dst=FLOATS)
+
+
+@kernel(GgmlOp.GLU, src=FLOATS, dst=FLOATS, note="see the GLU/ rows")
+def _glu(node: GraphTensor, mem: Memory) -> None:
+    a_t = src(node, 0)
+    need_types(node, a_t, FLOATS, "source 0")
+    p = params_i32(node)
+    sub, swapped = int(p[0]), int(p[1])
+    b_t = node.src[1]
+    nc = int(node.ne[0])
+    if b_t is None:
+        if tuple(a_t.ne[1:]) != tuple(node.ne[1:]) or a_t.ne[0] != 2 * nc:
+            raise node_error(node, "fused GLU needs source 0 of twice the result's width")
+        x = read(mem, a_t)
+        a, b = (x[..., nc:], x[..., :nc]) if swapped else (x[..., :nc], x[..., nc:])
+    else:
+        need_types(node, b_t, FLOATS, "source 1")
+        same_shape(node, a_t)
+        same_shape(node, b_t, "source 1")
+        a, b = read(mem, a_t), read(mem, b_t)
+    if sub == GluOp.SWIGLU_OAI:
+        write(mem, node, _swiglu_oai(a, b, node))
+        return
+    fn = _GLU.get(sub)
+    if fn is None:
+        raise node_error(node, f"GLU sub-op {sub} is not supported")
+    write(mem, node, fn(a) * b)

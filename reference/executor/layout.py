@@ -1,0 +1,142 @@
+"""Ops that move or rearrange values: CPY, DUP, CONT, CONCAT, REPEAT, ACC, SET, PAD.
+
+ACC and SET place a window described by byte strides from op_params inside the result; those strides are signed
+peer input, so the whole window is checked against the result's own bytes before anything is written.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from ggml_rpc.spec import GgmlOp
+
+from ..graph import GraphTensor
+from .core import FLOATS, READABLE, WRITABLE, kernel, need_types, nelements, params_i32, read, src, write
+from .memory import F32, PLAIN_DTYPES, Memory, extent, node_error, shape4
+
+
+def _copy(node: GraphTensor, mem: Memory) -> None:
+    a_t = src(node, 0)
+    if nelements(a_t) != nelements(node):
+        raise node_error(node, "source and result hold different numbers of elements")
+    if a_t.type == node.type and (node.type in PLAIN_DTYPES or tuple(a_t.ne) == tuple(node.ne)):
+        # Same type: a plain element (or block) copy in ggml's row-major order, no conversion.
+        raw_a = mem.raw(a_t)
+        raw_d = mem.raw(node)
+        np.copyto(raw_d, raw_a.reshape(raw_d.shape))
+        return
+    need_types(node, a_t, READABLE, "source 0")
+    if node.type not in WRITABLE:
+        raise node_error(node, "result type cannot be written")
+    write(mem, node, read(mem, a_t).reshape(shape4(node)))
+
+
+for _op in (GgmlOp.CPY, GgmlOp.DUP, GgmlOp.CONT):
+    kernel(_op, src=READABLE, dst=WRITABLE, note="same-type copies move bytes")(_copy)
+
+
+@kernel(GgmlOp.CONCAT, src=FLOATS, dst=FLOATS)
+def _concat(node: GraphTensor, mem: Memory) -> None:
+    a_t, b_t = src(node, 0), src(node, 1)
+    dim = int(params_i32(node)[0])
+    if not 0 <= dim < 4:
+        raise node_error(node, f"concat dimension {dim} is not 0..3")
+    for d in range(4):
+        want = a_t.ne[d] + b_t.ne[d] if d == dim else a_t.ne[d]
+        if node.ne[d] != want or (d != dim and b_t.ne[d] != a_t.ne[d]):
+            raise node_error(node, f"shapes do not concatenate along dimension {dim}")
+    axis = 3 - dim
+    if a_t.type == b_t.type == node.type and node.type in PLAIN_DTYPES:
+        np.copyto(mem.raw(node), np.concatenate((mem.raw(a_t), mem.raw(b_t)), axis=axis))
+        return
+    need_types(node, a_t, FLOATS, "source 0")
+    need_types(node, b_t, FLOATS, "source 1")
+    write(mem, node, np.concatenate((read(mem, a_t), read(mem, b_t)), axis=axis))
+
+
+@kernel(GgmlOp.REPEAT, src=FLOATS, dst=FLOATS)
+def _repeat(node: GraphTensor, mem: Memory) -> None:
+    a_t = src(node, 0)
+    if any(a <= 0 or d % a for a, d in zip(a_t.ne, node.ne, strict=True)):
+        raise node_error(node, "result dims must be whole multiples of the source's")
+    reps = tuple(d // a for a, d in zip(shape4(a_t), shape4(node), strict=True))
+    if a_t.type == node.type and node.type in PLAIN_DTYPES:
+        np.copyto(mem.raw(node), np.tile(mem.raw(a_t), reps))
+        return
+    write(mem, node, np.tile(read(mem, a_t), reps))
+
+
+def _window(node: GraphTensor, b_t: GraphTensor) -> tuple[int, tuple[int, int, int, int]]:
+    """Offset and element strides of the ACC/SET window, checked to stay inside the result's memory."""
+    p = params_i32(node)
+    nb1, nb2, nb3, offset = (int(x) for x in p[:4])
+    esize = 4
+    ne = [int(n) for n in b_t.ne]
+    strides = (esize, nb1, nb2, nb3)
+    if offset < 0 or any(s % esize for s in strides) or offset % esize:
+        raise node_error(node, "window offset/strides must be non-negative multiples of the element size")
+    if any(n == 0 for n in ne):
+        return offset, (0, 0, 0, 0)
+    # Every corner of the window must land inside the result: with signed strides the extremes are at corners.
+    lo = hi = offset
+    for n, s in zip(ne, strides, strict=True):
+        reach = (n - 1) * s
+        lo += min(0, reach)
+        hi += max(0, reach)
+    if lo < 0 or hi + esize > extent(node):
+        raise node_error(node, f"window bytes [{lo}, {hi + esize}) leave the result's {extent(node)} bytes")
+    return offset, strides
+
+
+def _acc_set(node: GraphTensor, mem: Memory, add: bool) -> None:
+    a_t, b_t = src(node, 0), src(node, 1)
+    for t, role in ((a_t, "source 0"), (b_t, "source 1"), (node, "result")):
+        if t.type != F32:
+            raise node_error(node, f"{role} must be F32")
+    if tuple(a_t.ne) != tuple(node.ne):
+        raise node_error(node, "source 0 shape differs from the result's")
+    nbd = node.nb
+    contiguous = nbd[1] == 4 * node.ne[0] and nbd[2] == nbd[1] * node.ne[1] and nbd[3] == nbd[2] * node.ne[2]
+    if nbd[0] != 4 or not contiguous:
+        raise node_error(node, "result must be contiguous")
+    offset, strides = _window(node, b_t)
+    inplace = int(params_i32(node)[4]) != 0
+    out = mem.raw(node)
+    if not inplace:
+        np.copyto(out, mem.raw(a_t))
+    if nelements(b_t) == 0:
+        return
+    flat = out.reshape(-1)  # contiguous result: element index = byte offset / 4
+    ne = [int(n) for n in b_t.ne]
+    el = [s // 4 for s in strides]
+    idx = (
+        offset // 4
+        + np.arange(ne[3])[:, None, None, None] * el[3]
+        + np.arange(ne[2])[None, :, None, None] * el[2]
+        + np.arange(ne[1])[None, None, :, None] * el[1]
+        + np.arange(ne[0])[None, None, None, :] * el[0]
+    )
+    vals = read(mem, b_t)
+    if add:
+        flat[idx] = flat[idx] + vals
+    else:
+        flat[idx] = vals
+
+
+kernel(GgmlOp.ACC, src=(F32,), dst=(F32,))(lambda node, mem: _acc_set(node, mem, True))
+kernel(GgmlOp.SET, src=(F32,), dst=(F32,))(lambda node, mem: _acc_set(node, mem, False))
+
+
+@kernel(GgmlOp.PAD, src=FLOATS, dst=FLOATS)
+def _pad(node: GraphTensor, mem: Memory) -> None:
+    a_t = src(node, 0)
+    p = [int(x) for x in params_i32(node)[:8]]
+    lp, rp = p[0::2], p[1::2]
+    if any(x < 0 for x in p):
+        raise node_error(node, "negative padding")
+    for d in range(4):
+        if node.ne[d] != a_t.ne[d] + lp[d] + rp[d]:
+            raise node_error(node, f"result dim {d} is not source + left + right padding")
+    out = np.zeros(shape4(node), dtype=np.float32)
+    sl = tuple(slice(lp[d], lp[d] + int(a_t.ne[d])) for d in (3, 2, 1, 0))
+    out[sl] = read(mem, a_t)
+    write(mem, node, out)

@@ -1,0 +1,107 @@
+"""MUL_MAT, MUL_MAT_ID and OUT_PROD.
+
+ggml's CPU backend converts src1 to the weight type's vec-dot type (Q8_0, Q8_1, Q8_K, F16, BF16 or F32) before
+the dot products; doing the same conversion here makes quantised results agree with ggml's within its own test
+tolerances.  The products themselves are float32 BLAS calls on the dequantised weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from ggml_rpc.spec import TYPES, GgmlOp, type_name
+
+from ..graph import GraphTensor
+from .core import FLOATS, READABLE, kernel, need_types, read, read_index, src, write
+from .memory import F32, Memory, node_error
+from .types import VEC_DOT_TYPE, through_type
+
+
+def _as_vec_dot(node: GraphTensor, weight_type: int, b: np.ndarray) -> np.ndarray:
+    vt = VEC_DOT_TYPE.get(weight_type)
+    if vt is None:
+        raise node_error(node, f"no dot product for weights of type {type_name(weight_type)}")
+    if vt != F32 and b.shape[-1] % TYPES[vt].blck:
+        raise node_error(node, f"row length {b.shape[-1]} is not a multiple of the {type_name(vt)} block size")
+    return through_type(vt, np.ascontiguousarray(b, dtype=np.float32))
+
+
+@kernel(GgmlOp.MUL_MAT, src=READABLE, dst=(F32,), note="src1 F32/F16/BF16; broadcast over dims 2 and 3")
+def _mul_mat(node: GraphTensor, mem: Memory) -> None:
+    # dst[i0, i1, i2, i3] = sum_k src0[k, i0, i2 / r2, i3 / r3] * src1[k, i1, i2, i3]
+    a_t, b_t = src(node, 0), src(node, 1)
+    need_types(node, a_t, READABLE, "source 0")
+    need_types(node, b_t, FLOATS, "source 1")
+    k, m, ne02, ne03 = (int(n) for n in a_t.ne)
+    k1, n, ne12, ne13 = (int(x) for x in b_t.ne)
+    if k != k1 or ne02 == 0 or ne03 == 0 or ne12 % ne02 or ne13 % ne03:
+        raise node_error(node, "sources do not multiply (ne0 must match, src1 dims 2/3 multiples of src0's)")
+    if tuple(node.ne) != (m, n, ne12, ne13) or node.type != F32:
+        raise node_error(node, "result must be F32 [src0.ne1, src1.ne1, src1.ne2, src1.ne3]")
+    a = read(mem, a_t)  # (ne03, ne02, m, k)
+    b = read(mem, b_t)  # (ne13, ne12, n, k)
+    if a_t.type != F32:
+        b = _as_vec_dot(node, a_t.type, b)
+    r2, r3 = ne12 // ne02, ne13 // ne03
+    if r2 > 1:
+        a = np.repeat(a, r2, axis=1)
+    if r3 > 1:
+        a = np.repeat(a, r3, axis=0)
+    out = mem.raw(node)
+    if out.size == 0:
+        return
+    if out.flags.c_contiguous:
+        np.matmul(b, a.swapaxes(-1, -2), out=out)
+    else:
+        np.copyto(out, np.matmul(b, a.swapaxes(-1, -2)))
+
+
+@kernel(GgmlOp.MUL_MAT_ID, src=READABLE, dst=(F32,), note="expert ids I32, range-checked")
+def _mul_mat_id(node: GraphTensor, mem: Memory) -> None:
+    # dst[:, e, t] = as[:, :, ids[e, t]] @ b[:, e % ne11, t]
+    as_t, b_t, ids_t = src(node, 0), src(node, 1), src(node, 2)
+    need_types(node, as_t, READABLE, "source 0")
+    need_types(node, b_t, FLOATS, "source 1")
+    k, m, n_as, ne03 = (int(x) for x in as_t.ne)
+    k1, ne11, ne12, ne13 = (int(x) for x in b_t.ne)
+    n_used, n_tok = int(ids_t.ne[0]), int(ids_t.ne[1])
+    if k != k1 or ne03 != 1 or ne13 != 1 or ne12 != n_tok or ne11 not in (1, n_used):
+        raise node_error(node, "shapes do not fit MUL_MAT_ID (as [k, m, experts], b [k, used or 1, t], ids [used, t])")
+    if tuple(node.ne) != (m, n_used, n_tok, 1) or node.type != F32:
+        raise node_error(node, "result must be F32 [as.ne1, ids.ne0, ids.ne1, 1]")
+    ids = read_index(mem, node, ids_t, n_as, "expert id")[0, 0]  # (tokens, used)
+    b = read(mem, b_t)[0]  # (tokens, ne11, k)
+    if as_t.type != F32:
+        b = _as_vec_dot(node, as_t.type, b)
+    out = np.zeros((n_tok, n_used, m), dtype=np.float32)
+    for e in np.unique(ids):
+        t_idx, u_idx = np.nonzero(ids == e)
+        w = read(mem, _expert(as_t, int(e)))[0, 0]  # only the experts in use are read
+        out[t_idx, u_idx] = b[t_idx, u_idx % ne11] @ w.T
+    write(mem, node, out[None])
+
+
+def _expert(as_t: GraphTensor, e: int) -> GraphTensor:
+    """A GraphTensor for expert ``e`` (one dim-2 slice) of ``as_t``: its memory lies inside ``as_t``'s."""
+    return GraphTensor(
+        id=as_t.id, type=as_t.type, ne=(as_t.ne[0], as_t.ne[1], 1, 1), nb=as_t.nb, op=0,
+        op_params=as_t.op_params, flags=0, name=f"{as_t.name}[{e}]", buffer=as_t.buffer,
+        offset=as_t.offset + e * int(as_t.nb[2]),
+    )
+
+
+@kernel(GgmlOp.OUT_PROD, src=READABLE, dst=(F32,))
+def _out_prod(node: GraphTensor, mem: Memory) -> None:
+    # dst[i0, i1, i2, i3] = sum_k src0[i0, k, i2 / r2, i3 / r3] * src1[i1, k, i2, i3]
+    a_t, b_t = src(node, 0), src(node, 1)
+    need_types(node, b_t, FLOATS, "source 1")
+    m, k, ne02, ne03 = (int(x) for x in a_t.ne)
+    n, k1, ne12, ne13 = (int(x) for x in b_t.ne)
+    ne2, ne3 = int(node.ne[2]), int(node.ne[3])
+    if k != k1 or ne02 == 0 or ne03 == 0 or ne2 % ne02 or ne3 % ne03 or ne12 != ne2 or ne13 != ne3:
+        raise node_error(node, "sources do not fit OUT_PROD")
+    if tuple(node.ne[:2]) != (m, n):
+        raise node_error(node, "result must be [src0.ne0, src1.ne0, ...]")
+    a = read(mem, a_t)  # (ne03, ne02, k, m)
+    b = read(mem, b_t)  # (ne3, ne2, k, n)
+    a = np.repeat(np.repeat(a, ne2 // ne02, axis=1), ne3 // ne03, axis=0)
+    write(mem, node, np.matmul(b.swapaxes(-1, -2), a))

@@ -1,0 +1,128 @@
+"""Strided numpy views over server buffer memory, checked before anything is touched.
+
+A tensor of a plain type (F32, F16, BF16, I8..I64, F64) is seen as an array of shape ``(ne3, ne2, ne1, ne0)``
+whose strides are the tensor's ``nb`` (reversed): no copy, so writes land in the buffer and views of the same
+bytes see them.  A quantised tensor is seen as raw blocks, shape ``(ne3, ne2, ne1, ne0 / blck, type_size)`` of
+uint8.  Every view is bounds-checked against its buffer with the tensor's real extent (computed from ``ne`` and
+``nb`` here, not from the size the client claims), so a dimension of size 1 with a wild stride cannot escape.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from ggml_rpc.spec import TYPES, GgmlType, op_name, type_name
+
+from ..graph import ExecutorError, GraphTensor
+
+F32 = int(GgmlType.F32)
+F16 = int(GgmlType.F16)
+BF16 = int(GgmlType.BF16)
+I8 = int(GgmlType.I8)
+I16 = int(GgmlType.I16)
+I32 = int(GgmlType.I32)
+I64 = int(GgmlType.I64)
+F64 = int(GgmlType.F64)
+
+#: Plain (one element per block) types and the numpy dtype their bytes are read with; BF16 is read as raw u16.
+PLAIN_DTYPES: dict[int, np.dtype] = {
+    F32: np.dtype("<f4"),
+    F16: np.dtype("<f2"),
+    BF16: np.dtype("<u2"),
+    I8: np.dtype("i1"),
+    I16: np.dtype("<i2"),
+    I32: np.dtype("<i4"),
+    I64: np.dtype("<i8"),
+    F64: np.dtype("<f8"),
+}
+FLOAT_TYPES = frozenset({F32, F16, BF16})
+INT_TYPES = frozenset({I8, I16, I32, I64})
+
+
+def describe(t: GraphTensor | None) -> str:
+    """``name TYPE[ne0,ne1,ne2,ne3]`` for error messages."""
+    if t is None:
+        return "<missing>"
+    ne = ",".join(str(int(n)) for n in t.ne)
+    label = t.name or f"id={t.id:#x}"
+    return f"{label} {type_name(t.type)}[{ne}]"
+
+
+def node_error(node: GraphTensor, why: str) -> ExecutorError:
+    """An ExecutorError naming the op, the node and its sources (types and shapes) and the reason."""
+    srcs = ", ".join(describe(s) for s in node.src if s is not None)
+    return ExecutorError(f"{op_name(node.op)}: {why} (dst {describe(node)}; src {srcs or 'none'})")
+
+
+def extent(t: GraphTensor) -> int:
+    """Bytes from the tensor's first byte to one past its last, as its ne/nb really reach (0 when empty)."""
+    ne = t.ne
+    if ne[0] <= 0 or ne[1] <= 0 or ne[2] <= 0 or ne[3] <= 0:
+        return 0
+    info = TYPES.get(t.type)
+    if info is None or info.blck == 0:
+        raise ExecutorError(f"tensor {describe(t)}: unknown or removed type {t.type}")
+    nb = t.nb
+    span = (ne[1] - 1) * nb[1] + (ne[2] - 1) * nb[2] + (ne[3] - 1) * nb[3]
+    if info.blck == 1:
+        return span + (ne[0] - 1) * nb[0] + info.size
+    if ne[0] % info.blck:
+        raise ExecutorError(f"tensor {describe(t)}: ne0 is not a multiple of the block size {info.blck}")
+    if nb[0] != info.size:
+        raise ExecutorError(f"tensor {describe(t)}: nb0 {nb[0]} is not the block size in bytes {info.size}")
+    return span + (ne[0] // info.blck) * info.size
+
+
+class Memory:
+    """Views of the tensors of one graph run, built once per tensor (a source used by many nodes costs one view)."""
+
+    __slots__ = ("_bases", "_views")
+
+    def __init__(self) -> None:
+        self._views: dict[GraphTensor, np.ndarray] = {}
+        self._bases: dict[int, np.ndarray] = {}
+
+    def _base(self, t: GraphTensor) -> np.ndarray:
+        buf = t.buffer
+        if buf is None:
+            raise ExecutorError(f"tensor {describe(t)} has no server memory (no buffer)")
+        key = id(buf)
+        base = self._bases.get(key)
+        if base is None:
+            base = np.frombuffer(buf, dtype=np.uint8)
+            self._bases[key] = base
+        return base
+
+    def raw(self, t: GraphTensor) -> np.ndarray:
+        """The tensor's bytes as a strided array (plain types: typed; quantised: uint8 blocks)."""
+        v = self._views.get(t)
+        if v is not None:
+            return v
+        base = self._base(t)
+        size = extent(t)
+        off = t.offset
+        if off < 0 or off + size > base.size:
+            raise ExecutorError(
+                f"tensor {describe(t)}: bytes [{off}, {off + size}) fall outside its buffer of {base.size} bytes"
+            )
+        ne, nb = t.ne, t.nb
+        dt = PLAIN_DTYPES.get(t.type)
+        if dt is not None:
+            if size == 0:
+                v = np.zeros((ne[3], ne[2], ne[1], ne[0]), dtype=dt)
+            else:
+                v = np.ndarray((ne[3], ne[2], ne[1], ne[0]), dt, base, off, (nb[3], nb[2], nb[1], nb[0]))
+        else:
+            info = TYPES[t.type]
+            shape = (ne[3], ne[2], ne[1], ne[0] // info.blck, info.size)
+            if size == 0:
+                v = np.zeros(shape, dtype=np.uint8)
+            else:
+                v = np.ndarray(shape, np.uint8, base, off, (nb[3], nb[2], nb[1], info.size, 1))
+        self._views[t] = v
+        return v
+
+
+def shape4(t: GraphTensor) -> tuple[int, int, int, int]:
+    """The numpy shape of a tensor: ``(ne3, ne2, ne1, ne0)``."""
+    ne = t.ne
+    return (ne[3], ne[2], ne[1], ne[0])

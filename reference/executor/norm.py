@@ -1,0 +1,65 @@
+"""Row normalisations: NORM, RMS_NORM, L2_NORM and GROUP_NORM (sums in double, as ggml does)."""
+
+from __future__ import annotations
+
+import numpy as np
+from ggml_rpc.spec import GgmlOp
+
+from ..graph import GraphTensor
+from .core import FLOATS, kernel, need_types, params_f32, params_i32, read, same_shape, src, write
+from .memory import F32, Memory, node_error
+
+
+def _input(node: GraphTensor, mem: Memory) -> np.ndarray:
+    a_t = src(node, 0)
+    need_types(node, a_t, FLOATS, "source 0")
+    same_shape(node, a_t)
+    return read(mem, a_t)
+
+
+@kernel(GgmlOp.RMS_NORM, src=FLOATS, dst=(F32,))
+def _rms_norm(node: GraphTensor, mem: Memory) -> None:
+    x = _input(node, mem)
+    eps = params_f32(node)[0]
+    mean = np.square(x, dtype=np.float64).sum(axis=-1, keepdims=True) / max(x.shape[-1], 1)
+    scale = (np.float32(1) / np.sqrt(mean.astype(np.float32) + eps)).astype(np.float32)
+    write(mem, node, x * scale)
+
+
+@kernel(GgmlOp.NORM, src=FLOATS, dst=(F32,))
+def _norm(node: GraphTensor, mem: Memory) -> None:
+    x = _input(node, mem)
+    eps = params_f32(node)[0]
+    n = max(x.shape[-1], 1)
+    mean = (x.sum(axis=-1, keepdims=True, dtype=np.float64) / n).astype(np.float32)
+    centred = x - mean
+    var = (np.square(centred, dtype=np.float64).sum(axis=-1, keepdims=True) / n).astype(np.float32)
+    write(mem, node, centred * (np.float32(1) / np.sqrt(var + eps)))
+
+
+@kernel(GgmlOp.L2_NORM, src=FLOATS, dst=(F32,))
+def _l2_norm(node: GraphTensor, mem: Memory) -> None:
+    x = _input(node, mem)
+    eps = params_f32(node)[0]
+    norm = np.sqrt(np.square(x, dtype=np.float64).sum(axis=-1, keepdims=True)).astype(np.float32)
+    write(mem, node, x * (np.float32(1) / np.maximum(norm, eps)))
+
+
+@kernel(GgmlOp.GROUP_NORM, src=FLOATS, dst=(F32,))
+def _group_norm(node: GraphTensor, mem: Memory) -> None:
+    x = _input(node, mem)  # (ne3, ne2 channels, ne1, ne0)
+    n_groups = int(params_i32(node)[0])
+    eps = params_f32(node)[1]
+    channels = x.shape[1]
+    if n_groups <= 0:
+        raise node_error(node, f"group count {n_groups} must be positive")
+    per = (channels + n_groups - 1) // n_groups  # ggml's group size: the last group may be shorter
+    out = np.empty_like(x)
+    for start in range(0, channels, per):
+        g = x[:, start : start + per]
+        n = g[0].size or 1
+        mean = (g.sum(axis=(1, 2, 3), keepdims=True, dtype=np.float64) / n).astype(np.float32)
+        c = g - mean
+        var = (np.square(c, dtype=np.float64).sum(axis=(1, 2, 3), keepdims=True) / n).astype(np.float32)
+        out[:, start : start + per] = c * (np.float32(1) / np.sqrt(var + eps))
+    write(mem, node, out)

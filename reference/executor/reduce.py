@@ -1,0 +1,81 @@
+"""Reductions and orderings along rows: SUM, SUM_ROWS, MEAN, ARGMAX, ARGSORT, TOP_K, CUMSUM."""
+
+from __future__ import annotations
+
+import numpy as np
+from ggml_rpc.spec import GgmlOp
+
+from ..graph import GraphTensor
+from .core import FLOATS, kernel, need_types, nelements, params_i32, read, src, write
+from .memory import F32, I32, Memory, node_error
+
+
+def _input(node: GraphTensor, mem: Memory) -> np.ndarray:
+    a_t = src(node, 0)
+    need_types(node, a_t, FLOATS, "source 0")
+    return read(mem, a_t)
+
+
+def _rows_shape(node: GraphTensor, width: int) -> None:
+    a_t = src(node, 0)
+    if tuple(node.ne) != (width, *tuple(a_t.ne[1:])):
+        raise node_error(node, f"result must be [{width}, src.ne1, src.ne2, src.ne3]")
+
+
+@kernel(GgmlOp.SUM, src=FLOATS, dst=FLOATS)
+def _sum(node: GraphTensor, mem: Memory) -> None:
+    if nelements(node) != 1:
+        raise node_error(node, "result must be a scalar")
+    write(mem, node, np.float32(_input(node, mem).sum(dtype=np.float64)))
+
+
+@kernel(GgmlOp.SUM_ROWS, src=FLOATS, dst=FLOATS)
+def _sum_rows(node: GraphTensor, mem: Memory) -> None:
+    _rows_shape(node, 1)
+    write(mem, node, _input(node, mem).sum(axis=-1, keepdims=True, dtype=np.float64).astype(np.float32))
+
+
+@kernel(GgmlOp.MEAN, src=FLOATS, dst=FLOATS)
+def _mean(node: GraphTensor, mem: Memory) -> None:
+    _rows_shape(node, 1)
+    write(mem, node, _input(node, mem).mean(axis=-1, keepdims=True, dtype=np.float64).astype(np.float32))
+
+
+@kernel(GgmlOp.ARGMAX, src=(F32,), dst=(I32,))
+def _argmax(node: GraphTensor, mem: Memory) -> None:
+    a_t = src(node, 0)
+    need_types(node, a_t, (F32,), "source 0")
+    if node.type != I32 or tuple(node.ne) != (a_t.ne[1], 1, 1, 1) or a_t.ne[2] != 1 or a_t.ne[3] != 1:
+        raise node_error(node, "ARGMAX takes a matrix and gives I32 [rows]")
+    x = read(mem, a_t)[0, 0]
+    write(mem, node, np.argmax(x, axis=-1).astype(np.int32)[None, None, None, :])
+
+
+@kernel(GgmlOp.ARGSORT, src=(F32,), dst=(I32,), note="ascending or descending")
+def _argsort(node: GraphTensor, mem: Memory) -> None:
+    a_t = src(node, 0)
+    need_types(node, a_t, (F32,), "source 0")
+    if node.type != I32 or tuple(node.ne) != tuple(a_t.ne):
+        raise node_error(node, "ARGSORT gives I32 of the source's shape")
+    order = int(params_i32(node)[0])
+    x = read(mem, a_t)
+    idx = np.argsort(-x if order == 1 else x, axis=-1, kind="stable")
+    write(mem, node, idx.astype(np.int32))
+
+
+@kernel(GgmlOp.TOP_K, src=(F32,), dst=(I32,), note="indices of the k largest, largest first")
+def _top_k(node: GraphTensor, mem: Memory) -> None:
+    a_t = src(node, 0)
+    need_types(node, a_t, (F32,), "source 0")
+    k = int(node.ne[0])
+    if node.type != I32 or k > a_t.ne[0] or tuple(node.ne[1:]) != tuple(a_t.ne[1:]):
+        raise node_error(node, "TOP_K gives I32 [k <= ne0, src.ne1, src.ne2, src.ne3]")
+    x = read(mem, a_t)
+    idx = np.argsort(-x, axis=-1, kind="stable")[..., :k]
+    write(mem, node, idx.astype(np.int32))
+
+
+@kernel(GgmlOp.CUMSUM, src=FLOATS, dst=FLOATS)
+def _cumsum(node: GraphTensor, mem: Memory) -> None:
+    _rows_shape(node, int(src(node, 0).ne[0]))
+    write(mem, node, np.cumsum(_input(node, mem), axis=-1, dtype=np.float32))

@@ -1,0 +1,76 @@
+"""SOFT_MAX (scale, mask, ALiBi slopes, attention sinks) and DIAG_MASK_INF."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from ggml_rpc.spec import GgmlOp
+
+from ..graph import GraphTensor
+from .core import FLOATS, kernel, need_types, params_f32, params_i32, read, same_shape, src, write
+from .memory import F16, F32, Memory, node_error
+
+
+def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
+    """Per-head ALiBi slope (all 1 when max_bias is 0), as float32 of shape (n_head,)."""
+    if max_bias <= 0:
+        return np.ones(n_head, dtype=np.float32)
+    n_head_log2 = 1 << math.floor(math.log2(n_head)) if n_head > 0 else 1
+    m0 = np.float32(2.0) ** np.float32(-max_bias / n_head_log2)
+    m1 = np.float32(2.0) ** np.float32(-max_bias / 2.0 / n_head_log2)
+    h = np.arange(n_head)
+    return np.where(
+        h < n_head_log2, m0 ** (h + 1).astype(np.float32), m1 ** (2 * (h - n_head_log2) + 1).astype(np.float32)
+    ).astype(np.float32)
+
+
+def broadcast_mask(node: GraphTensor, mask_t: GraphTensor, mask: np.ndarray, rows: int, heads: int, seqs: int,
+                   cols: int) -> np.ndarray:
+    """The mask rows a (seqs, heads, rows, cols) score array reads: dims 2/3 broadcast by modulo, rows must exist."""
+    m3, m2, m1, m0 = mask.shape
+    if m0 < cols or m1 < rows or m2 == 0 or m3 == 0 or heads % m2 or seqs % m3:
+        raise node_error(node, "mask is too small for (or does not broadcast to) the scores")
+    mask = mask[:, :, :rows, :cols]
+    return np.tile(mask, (seqs // m3, heads // m2, 1, 1))
+
+
+@kernel(GgmlOp.SOFT_MAX, src=FLOATS, dst=(F32,), note="mask F16/F32, ALiBi, sinks")
+def _soft_max(node: GraphTensor, mem: Memory) -> None:
+    a_t = src(node, 0)
+    need_types(node, a_t, FLOATS, "source 0")
+    same_shape(node, a_t)
+    p = params_f32(node)
+    scale, max_bias = p[0], float(p[1])
+    x = read(mem, a_t) * scale
+    n3, n2, n1, n0 = x.shape
+    mask_t = node.src[1]
+    if mask_t is not None:
+        need_types(node, mask_t, (F16, F32), "mask")
+        mask = broadcast_mask(node, mask_t, read(mem, mask_t), n1, n2, n3, n0)
+        slopes = alibi_slopes(n2, max_bias)[None, :, None, None]
+        x = x + (slopes * mask if max_bias > 0 else mask)
+    sinks_t = node.src[2]
+    mx = x.max(axis=-1, keepdims=True)
+    if sinks_t is not None:
+        need_types(node, sinks_t, (F32,), "sinks")
+        if sinks_t.ne[0] < n2:
+            raise node_error(node, "sinks need one value per head")
+        sinks = read(mem, sinks_t).reshape(-1)[:n2][None, :, None, None]
+        mx = np.maximum(mx, sinks)
+    e = np.exp(x - mx)
+    total = e.sum(axis=-1, keepdims=True, dtype=np.float64)
+    if sinks_t is not None:
+        total = total + np.exp(sinks - mx)
+    write(mem, node, e * (1.0 / total).astype(np.float32))
+
+
+@kernel(GgmlOp.DIAG_MASK_INF, src=FLOATS, dst=FLOATS)
+def _diag_mask_inf(node: GraphTensor, mem: Memory) -> None:
+    a_t = src(node, 0)
+    same_shape(node, a_t)
+    n_past = int(params_i32(node)[0])
+    x = read(mem, a_t)
+    cols = np.arange(x.shape[-1])[None, :]
+    rows = np.arange(x.shape[-2])[:, None]
+    write(mem, node, np.where(cols > n_past + rows, np.float32(-np.inf), x))
