@@ -1,0 +1,229 @@
+"""What check functions share: the registry decorator, buffer/tensor builders, and the close/no-reply probes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ggml_rpc.spec import Command, GgmlType, Protocol, encode_request, make_tensor
+from ggml_rpc.spec.codec import REPLY_HEADER, REQUEST_HEADER
+
+from ..client import ConnectionClosed, RpcClient
+from ..harness import Category, Check, CheckFailed, Context, Level, hexdump
+
+#: Every check in definition order; the catalogue module freezes it.
+REGISTRY: list[Check] = []
+
+BOTH = (6, 7)
+I8 = int(GgmlType.I8)
+F32 = int(GgmlType.F32)
+
+
+def check(
+    id: str,
+    title: str,
+    category: Category,
+    *,
+    level: Level = Level.MUST,
+    majors: tuple[int, ...] = BOTH,
+    section: Command | str,
+    survive: Level | None = None,
+    min_version: tuple[int, int, int] | None = None,
+    max_version: tuple[int, int, int] | None = None,
+    any_version: bool = False,
+) -> Callable[[Callable[[Context], str | None]], Callable[[Context], str | None]]:
+    """Declare a check: the decorated function becomes the check's body."""
+
+    def deco(func: Callable[[Context], str | None]) -> Callable[[Context], str | None]:
+        if any(c.id == id for c in REGISTRY):
+            raise ValueError(f"duplicate check id {id}")
+        surv = survive or (Level.SHOULD if category is Category.FRAMING else Level.MUST)
+        REGISTRY.append(
+            Check(id, title, category, level, majors, section, func, surv, min_version, max_version, any_version)
+        )
+        return func
+
+    return deco
+
+
+def fail(message: str, *, sent: str | None = None, expected: str | None = None, got: str | None = None,
+         level: Level | None = None) -> CheckFailed:
+    return CheckFailed(message, sent=sent, expected=expected, got=got, level=level)
+
+
+def nonce(n: int) -> bytes:
+    """Unique bytes: payloads differ on every run, so a cache filled by an earlier run never answers for this one."""
+    return os.urandom(n)
+
+
+# ---- buffers and tensors ----------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Buf:
+    """A server buffer allocated for a check."""
+
+    client: RpcClient
+    handle: int
+    base: int
+    size: int
+
+    def tensor(self, offset: int, n: int, *, id: int = 0x1000, type: int = I8, data: int | None = None) -> dict:
+        """A 1-D tensor of ``n`` bytes (I8 elements) at ``base + offset`` of this buffer."""
+        return make_tensor(id=id or 0x1000, type=type, ne=(n,), buffer=self.handle,
+                           data=self.base + offset if data is None else data)
+
+    def f32(self, offset: int, ne: tuple[int, ...], *, id: int) -> dict:
+        return make_tensor(id=id, type=F32, ne=ne, buffer=self.handle, data=self.base + offset)
+
+
+def alloc(client: RpcClient, size: int, device: int = 0) -> Buf:
+    """ALLOC_BUFFER + BUFFER_GET_BASE; fails the check if the server cannot give ``size`` bytes."""
+    handle, got = client.alloc_buffer(device, size)
+    if handle == 0 or got < size:
+        raise fail(f"ALLOC_BUFFER of {size} bytes was refused", expected=f"handle != 0, remote_size >= {size}",
+                   got=f"handle {handle:#x}, remote_size {got}")
+    base = client.buffer_get_base(handle)
+    return Buf(client, handle, base, got)
+
+
+def session(ctx: Context, size: int = 4096) -> Buf:
+    """A fresh connection with one buffer of ``size`` bytes."""
+    return alloc(ctx.connect(), size)
+
+
+def read_back(buf: Buf, offset: int, n: int) -> bytes:
+    return bytes(buf.client.get_tensor(buf.tensor(0, buf.size), offset, n)) if n else b""
+
+
+def expect_bytes(step: str, got: bytes, want: bytes) -> None:
+    if got != want:
+        first = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
+        lo = max(0, first - 8)
+        raise fail(f"{step}: data differs from byte {first}", expected=hexdump(want[lo:lo + 32], 32),
+                   got=hexdump(got[lo:lo + 32], 32))
+
+
+# ---- raw requests and probes ------------------------------------------------------------------------------------
+
+
+def raw_request(command: int, payload: bytes, size: int | None = None) -> bytes:
+    """A request whose size header may lie (``size``) about its payload."""
+    return REQUEST_HEADER.pack(command, len(payload) if size is None else size) + payload
+
+
+def request_bytes(protocol: Protocol, command: Command, fields: dict | None = None, data: bytes | None = None) -> bytes:
+    return encode_request(protocol, command, fields, data)
+
+
+#: DEVICE_COUNT: the probe sent after a request that should have closed the connection.  A server that wrongly
+#: kept the connection open answers it at once, so the check does not have to wait for a timeout.
+PROBE = raw_request(Command.DEVICE_COUNT, b"")
+
+
+def _drain(sock: socket.socket, first_timeout: float) -> tuple[bytes, bool]:
+    """Read until EOF/reset (closed=True) or until the peer falls silent (closed=False)."""
+    got = bytearray()
+    sock.settimeout(first_timeout)
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, BrokenPipeError):
+            return bytes(got), True
+        except TimeoutError:
+            return bytes(got), False
+        except OSError:
+            return bytes(got), True
+        if not chunk:
+            return bytes(got), True
+        got += chunk
+        sock.settimeout(0.2)  # the peer answered: collect what follows, briefly
+
+
+def expect_close(ctx: Context, client: RpcClient, sent: bytes, rule: str, *, probe: bool = True) -> None:
+    """The request ``sent`` (already sent) must make the server close without a single reply byte."""
+    if probe:
+        try:
+            client.send_raw(PROBE)
+        except ConnectionClosed:
+            pass
+        except OSError:
+            pass
+    got, closed = _drain(client.sock, ctx.timeout)
+    sent_hex = hexdump(sent, 48)
+    if got:
+        raise fail(f"{rule}: the server answered instead of closing", sent=sent_hex,
+                   expected="connection closed, no reply bytes", got=hexdump(got) + ("" if closed else " (still open)"))
+    if not closed:
+        raise fail(f"{rule}: the connection stayed open (no close within {ctx.timeout:g} s)", sent=sent_hex,
+                   expected="connection closed, no reply bytes", got="connection open, silent")
+    ctx.note(rule, sent=sent_hex, expected="close", got="closed, no reply bytes")
+
+
+def send_and_expect_close(ctx: Context, client: RpcClient, sent: bytes, rule: str) -> None:
+    try:
+        client.send_raw(sent)
+    except ConnectionClosed:
+        pass
+    expect_close(ctx, client, sent, rule)
+
+
+def bad_on_fresh(ctx: Context, build: Callable[[Buf], bytes], rule: str, size: int = 4096) -> None:
+    """New connection and buffer, then the bad request ``build(buf)`` must close the connection."""
+    buf = session(ctx, size)
+    send_and_expect_close(ctx, buf.client, build(buf), rule)
+
+
+def expect_open(ctx: Context, client: RpcClient, sent: bytes, rule: str) -> None:
+    """After ``sent``, the connection must still answer the next command, and nothing else may arrive first."""
+    try:
+        client.send_raw(PROBE)
+        header = bytearray(8)
+        client._recv_into(memoryview(header))
+    except ConnectionClosed as exc:
+        raise fail(f"{rule}: the server closed the connection", sent=hexdump(sent, 48),
+                   expected="connection open", got=str(exc)) from None
+    (size,) = REPLY_HEADER.unpack(header)
+    if size != 4:
+        raise fail(f"{rule}: unexpected bytes before the next reply", sent=hexdump(sent, 48),
+                   expected="DEVICE_COUNT reply header 04 00 00 00 00 00 00 00", got=hexdump(header))
+    body = bytearray(4)
+    client._recv_into(memoryview(body))
+
+
+def recv_upto(sock: socket.socket, n: int, timeout: float) -> bytes:
+    """Up to ``n`` bytes: fewer only if the peer closes or falls silent for ``timeout``."""
+    got = bytearray()
+    sock.settimeout(timeout)
+    while len(got) < n:
+        try:
+            chunk = sock.recv(n - len(got))
+        except (TimeoutError, OSError):
+            break
+        if not chunk:
+            break
+        got += chunk
+    return bytes(got)
+
+
+def expect_silence_then_reply(ctx: Context, client: RpcClient, sent: bytes, what: str) -> None:
+    """A no-reply command ``sent`` must produce no bytes: the next reply-bearing command's reply comes first."""
+    client.send_raw(PROBE)
+    got = recv_upto(client.sock, 12, ctx.timeout)
+    want = REPLY_HEADER.pack(4)
+    if len(got) != 12 or got[:8] != want:
+        raise fail(f"{what} has no reply, but other bytes arrived where the next command's reply belongs",
+                   sent=hexdump(sent, 48), expected="only the DEVICE_COUNT reply: " + hexdump(want) + " + 4 bytes",
+                   got=hexdump(got))
+    client.sock.settimeout(ctx.timeout)
+
+
+def u32(v: int) -> bytes:
+    return struct.pack("<I", v)
+
+
+def u64(v: int) -> bytes:
+    return struct.pack("<Q", v)

@@ -1,0 +1,274 @@
+"""Compute: one small graph per op family, the server's outputs compared with the kit's reference executor.
+
+Inputs are uploaded with SET_TENSOR and mirrored locally; the same GRAPH_COMPUTE tensors are rebuilt and run by
+:mod:`ggml_rpc.reference.executor` on the mirror; outputs are compared by normalised mean squared error (the
+measure llama.cpp's backend tests use).  A server that closes the connection on a graph declines the op: the
+check reports "unsupported", not a failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from ggml_rpc.reference.executor import execute
+from ggml_rpc.reference.graph import ExecutorError, build_graph
+from ggml_rpc.spec import Command, GgmlOp, GgmlType, TensorFlag, UnaryOp, make_tensor, tensor_nbytes, tensors_array
+from ggml_rpc.spec.tensor import GGML_MAX_SRC
+
+from ..client import ConnectionClosed
+from ..harness import Category, Context, Unsupported
+from ._support import alloc, fail
+from ._support import check as _check
+
+CO = Category.COMPUTE
+F32, F16, I32 = int(GgmlType.F32), int(GgmlType.F16), int(GgmlType.I32)
+_DTYPES = {F32: np.dtype("<f4"), F16: np.dtype("<f2"), I32: np.dtype("<i4")}
+_ALIGN = 64
+
+#: NMSE limits: exact-ish f32 element-wise math, reductions and transcendental approximations, f16 storage.
+NMSE_EXACT = 1e-7
+NMSE_MATH = 1e-5
+NMSE_MATMUL = 5e-4
+
+
+def op_params(*values: float | int) -> list[int]:
+    """op_params as 16 raw i32: ints as they are, floats as their f32 bit pattern."""
+    out = []
+    for v in values:
+        if isinstance(v, float):
+            out.append(int(np.array([v], dtype=np.float32).view(np.int32)[0]))
+        else:
+            out.append(int(v))
+    return out
+
+
+def nmse(got: np.ndarray, want: np.ndarray) -> float:
+    got = got.astype(np.float64).ravel()
+    want = want.astype(np.float64).ravel()
+    if not np.all(np.isfinite(got)) and np.all(np.isfinite(want)):
+        return float("inf")
+    denom = float(np.sum(want * want))
+    err = float(np.sum((got - want) ** 2))
+    return err / denom if denom > 0 else err
+
+
+@dataclass(slots=True)
+class _Mirror:
+    """The local copy of the server buffer the reference executor runs on (same handle and base)."""
+
+    base: int
+    size: int
+    memory: np.ndarray
+
+
+class GraphBuilder:
+    """Builds a graph inside one server buffer while mirroring every byte locally."""
+
+    def __init__(self, ctx: Context, size: int = 1 << 16) -> None:
+        self.ctx = ctx
+        self.client = ctx.connect()
+        self.buf = alloc(self.client, size)
+        self.mirror = _Mirror(self.buf.base, self.buf.size, np.zeros(self.buf.size, dtype=np.uint8))
+        self.tensors: list[dict] = []
+        self.nodes: list[int] = []
+        self._offset = 0
+        self._id = 0x10
+        self.ops: list[str] = []
+
+    def _place(self, type_id: int, ne: Sequence[int]) -> dict:
+        self._id += 1
+        off = -(-self._offset // _ALIGN) * _ALIGN
+        t = make_tensor(id=self._id, type=type_id, ne=tuple(ne), buffer=self.buf.handle, data=self.buf.base + off)
+        n = tensor_nbytes(t)
+        if off + n > self.buf.size:
+            raise ValueError("graph does not fit its buffer")
+        self._offset = off + n
+        return t
+
+    def input(self, type_id: int, ne: Sequence[int], values: np.ndarray) -> dict:
+        t = self._place(type_id, ne)
+        raw = np.ascontiguousarray(values, dtype=_DTYPES[type_id]).tobytes()
+        off = t["data"] - self.buf.base
+        self.mirror.memory[off : off + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+        self.client.set_tensor(t, 0, raw)
+        self.tensors.append(t)
+        return t
+
+    def op(self, op: GgmlOp, srcs: Sequence[dict], ne: Sequence[int], *, type_id: int = F32,
+           params: Sequence[int] = ()) -> dict:
+        t = self._place(type_id, ne)
+        ids = [s["id"] for s in srcs]
+        t.update(op=int(op), src=ids + [0] * (GGML_MAX_SRC - len(ids)), flags=int(TensorFlag.COMPUTE),
+                 op_params=list(params) + [0] * (16 - len(params)))
+        self.tensors.append(t)
+        self.nodes.append(t["id"])
+        self.ops.append(op.name)
+        return t
+
+    def view(self, op: GgmlOp, of: dict, ne: Sequence[int], nb: Sequence[int]) -> dict:
+        """A node that only re-describes ``of``'s memory (TRANSPOSE, PERMUTE, VIEW, RESHAPE)."""
+        self._id += 1
+        t = make_tensor(id=self._id, type=of["type"], ne=tuple(ne), nb=tuple(nb), buffer=of["buffer"],
+                        data=of["data"], op=int(op), src=[of["id"]], view_src=of["id"])
+        self.tensors.append(t)
+        self.nodes.append(t["id"])
+        return t
+
+    def compare(self, outputs: Sequence[dict], limit: float, what: str) -> str:
+        """Compute on the server and locally; every output must agree within ``limit`` NMSE."""
+        ops = ", ".join(dict.fromkeys(self.ops))
+        try:
+            self.client.graph_compute(0, self.nodes, self.tensors)
+            got = [bytes(self.client.get_tensor(t, 0, tensor_nbytes(t))) for t in outputs]
+        except ConnectionClosed:
+            raise Unsupported(f"the server closed the connection on a GRAPH_COMPUTE of {ops} (op declined)") from None
+        return self._judge(outputs, got, limit, what)
+
+    def reference(self) -> None:
+        graph = build_graph(np.asarray(self.nodes, dtype=np.uint64), tensors_array(self.tensors),
+                            {self.buf.handle: self.mirror})
+        execute(graph.nodes)
+
+    def local(self, t: dict) -> np.ndarray:
+        off = t["data"] - self.buf.base
+        return self.mirror.memory[off : off + tensor_nbytes(t)].view(_DTYPES[t["type"]])
+
+    def _judge(self, outputs: Sequence[dict], got: Sequence[bytes], limit: float, what: str) -> str:
+        try:
+            self.reference()
+        except ExecutorError as exc:  # the kit's own executor refusing its own graph is a kit bug
+            raise RuntimeError(f"reference executor refused the check's graph: {exc}") from exc
+        worst = 0.0
+        for t, raw in zip(outputs, got, strict=True):
+            want = self.local(t)
+            have = np.frombuffer(raw, dtype=_DTYPES[t["type"]])
+            err = nmse(have, want)
+            worst = max(worst, err)
+            if not err <= limit:
+                name = GgmlOp(t["op"]).name
+                raise fail(f"{what}: {name} output differs from the reference executor (NMSE {err:.3g} > {limit:g})",
+                           expected=np.array2string(want[:8], precision=5), got=np.array2string(have[:8], precision=5))
+        return f"worst NMSE {worst:.2g} (limit {limit:g})"
+
+
+def _rng() -> np.random.Generator:
+    return np.random.default_rng()
+
+
+@_check("COMPUTE-001", "binary ops ADD, SUB, MUL, DIV (with row broadcast) match the reference", CO,
+        section=Command.GRAPH_COMPUTE)
+def binary(ctx: Context) -> str:
+    g, r = GraphBuilder(ctx), _rng()
+    a = g.input(F32, (16, 4), r.standard_normal((4, 16)))
+    b = g.input(F32, (16, 4), r.standard_normal((4, 16)))
+    row = g.input(F32, (16, 1), r.uniform(0.5, 2.0, (1, 16)))
+    outs = [g.op(GgmlOp.ADD, [a, b], (16, 4)), g.op(GgmlOp.SUB, [a, b], (16, 4)),
+            g.op(GgmlOp.MUL, [a, row], (16, 4)), g.op(GgmlOp.DIV, [a, row], (16, 4))]
+    return g.compare(outs, NMSE_EXACT, "binary ops")
+
+
+@_check("COMPUTE-002", "unary math (SQR, SQRT, SIN, COS, SCALE) matches the reference", CO,
+        section=Command.GRAPH_COMPUTE)
+def math(ctx: Context) -> str:
+    g, r = GraphBuilder(ctx), _rng()
+    x = g.input(F32, (32, 2), r.uniform(0.1, 3.0, (2, 32)))
+    outs = [g.op(GgmlOp.SQR, [x], (32, 2)), g.op(GgmlOp.SQRT, [x], (32, 2)), g.op(GgmlOp.SIN, [x], (32, 2)),
+            g.op(GgmlOp.COS, [x], (32, 2)), g.op(GgmlOp.SCALE, [x], (32, 2), params=op_params(0.75, 0.0))]
+    return g.compare(outs, NMSE_MATH, "math ops")
+
+
+@_check("COMPUTE-003", "UNARY activations (NEG, RELU, GELU, SILU, TANH, SIGMOID, EXP) match the reference", CO,
+        section=Command.GRAPH_COMPUTE)
+def unary(ctx: Context) -> str:
+    g, r = GraphBuilder(ctx), _rng()
+    x = g.input(F32, (32, 2), r.standard_normal((2, 32)))
+    outs = [g.op(GgmlOp.UNARY, [x], (32, 2), params=[int(u)])
+            for u in (UnaryOp.NEG, UnaryOp.RELU, UnaryOp.GELU, UnaryOp.SILU, UnaryOp.TANH, UnaryOp.SIGMOID,
+                      UnaryOp.EXP)]
+    return g.compare(outs, NMSE_MATH, "unary ops")
+
+
+@_check("COMPUTE-004", "MUL_MAT (f32 x f32 and f16 x f32) matches the reference", CO, section=Command.GRAPH_COMPUTE)
+def mul_mat(ctx: Context) -> str:
+    g, r = GraphBuilder(ctx), _rng()
+    w = g.input(F32, (32, 8), r.standard_normal((8, 32)))
+    wh = g.input(F16, (32, 8), r.standard_normal((8, 32)))
+    x = g.input(F32, (32, 3), r.standard_normal((3, 32)))
+    outs = [g.op(GgmlOp.MUL_MAT, [w, x], (8, 3)), g.op(GgmlOp.MUL_MAT, [wh, x], (8, 3))]
+    return g.compare(outs, NMSE_MATMUL, "matrix multiplication")
+
+
+@_check("COMPUTE-005", "RMS_NORM and NORM match the reference", CO, section=Command.GRAPH_COMPUTE)
+def norms(ctx: Context) -> str:
+    g, r = GraphBuilder(ctx), _rng()
+    x = g.input(F32, (64, 3), r.standard_normal((3, 64)) * 3 + 1)
+    outs = [g.op(GgmlOp.RMS_NORM, [x], (64, 3), params=op_params(1e-6)),
+            g.op(GgmlOp.NORM, [x], (64, 3), params=op_params(1e-5))]
+    return g.compare(outs, NMSE_MATH, "normalisation")
+
+
+@_check("COMPUTE-006", "SOFT_MAX (with scale) matches the reference", CO, section=Command.GRAPH_COMPUTE)
+def soft_max(ctx: Context) -> str:
+    g, r = GraphBuilder(ctx), _rng()
+    x = g.input(F32, (32, 4), r.standard_normal((4, 32)) * 4)
+    outs = [g.op(GgmlOp.SOFT_MAX, [x], (32, 4), params=op_params(0.5, 0.0))]
+    return g.compare(outs, NMSE_MATH, "soft_max")
+
+
+@_check("COMPUTE-007", "ROPE (normal and NeoX modes) matches the reference", CO, section=Command.GRAPH_COMPUTE)
+def rope(ctx: Context) -> str:
+    g, r = GraphBuilder(ctx), _rng()
+    x = g.input(F32, (16, 2, 3), r.standard_normal((3, 2, 16)))
+    pos = g.input(I32, (3,), np.array([0, 5, 17]))
+    outs = []
+    for mode in (0, 2):
+        params = op_params(0, 16, mode, 0, 4096, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
+        outs.append(g.op(GgmlOp.ROPE, [x, pos], (16, 2, 3), params=params))
+    return g.compare(outs, NMSE_MATH, "rope")
+
+
+@_check("COMPUTE-008", "GET_ROWS gathers the indexed rows", CO, section=Command.GRAPH_COMPUTE)
+def get_rows(ctx: Context) -> str:
+    g, r = GraphBuilder(ctx), _rng()
+    table = g.input(F32, (8, 6), r.standard_normal((6, 8)))
+    idx = g.input(I32, (3,), np.array([4, 0, 5]))
+    outs = [g.op(GgmlOp.GET_ROWS, [table, idx], (8, 3))]
+    return g.compare(outs, NMSE_EXACT, "get_rows")
+
+
+@_check("COMPUTE-009", "layout: CONT of a TRANSPOSE view, and CPY f32 -> f16", CO, section=Command.GRAPH_COMPUTE)
+def layout(ctx: Context) -> str:
+    g, r = GraphBuilder(ctx), _rng()
+    a = g.input(F32, (8, 4), r.standard_normal((4, 8)))
+    at = g.view(GgmlOp.TRANSPOSE, a, (4, 8), (a["nb"][1], a["nb"][0], a["nb"][2], a["nb"][3]))
+    cont = g.op(GgmlOp.CONT, [at], (4, 8))
+    half = g._place(F16, (8, 4))
+    half.update(op=int(GgmlOp.CPY), src=[a["id"], half["id"]] + [0] * (GGML_MAX_SRC - 2),
+                flags=int(TensorFlag.COMPUTE))
+    g.tensors.append(half)
+    g.nodes.append(half["id"])
+    g.ops.append("CPY")
+    return g.compare([cont, half], NMSE_MATH, "layout ops")
+
+
+@_check("COMPUTE-010", "GRAPH_RECOMPUTE re-runs the stored graph on the tensors' current data", CO,
+        section=Command.GRAPH_RECOMPUTE)
+def recompute(ctx: Context) -> str:
+    g, r = GraphBuilder(ctx), _rng()
+    a = g.input(F32, (16,), r.standard_normal(16))
+    b = g.input(F32, (16,), r.standard_normal(16))
+    out = g.op(GgmlOp.ADD, [a, b], (16,))
+    first = g.compare([out], NMSE_EXACT, "first GRAPH_COMPUTE")
+    new_a = r.standard_normal(16).astype(np.float32)
+    g.client.set_tensor(a, 0, new_a.tobytes())
+    off = a["data"] - g.buf.base
+    g.mirror.memory[off : off + 64] = np.frombuffer(new_a.tobytes(), dtype=np.uint8)
+    try:
+        g.client.graph_recompute(0)
+        got = bytes(g.client.get_tensor(out, 0, 64))
+    except ConnectionClosed:
+        raise fail("the server closed the connection on GRAPH_RECOMPUTE after a successful GRAPH_COMPUTE",
+                   expected="the stored graph re-run", got="connection closed") from None
+    return g._judge([out], [got], NMSE_EXACT, "GRAPH_RECOMPUTE with new input data") + f"; {first}"
