@@ -267,6 +267,17 @@ def check_request(req: Request) -> None:
                                 field=f"nodes[{i}]", offset=base + 8 + 8 * i)
 
 
+_HEADER_SIZES: dict[Payload, int] = {}
+
+
+def _header_size(payload: Payload) -> int:
+    """``payload.header_size``, memoised: construct computes a Struct's size by walking it on every call."""
+    size = _HEADER_SIZES.get(payload)
+    if size is None:
+        size = _HEADER_SIZES[payload] = payload.header_size
+    return size
+
+
 # ---- stream decoders -------------------------------------------------------------------------------------------
 
 
@@ -395,11 +406,12 @@ class RequestDecoder:
             raise UnknownCommand(f"command id {cmd} does not exist in protocol {protocol.label}", command=name,
                                  field="cmd", offset=off)
         req = spec.request
-        if req.shape is Shape.FIXED and size != req.header_size:
-            raise SizeMismatch(f"size {size}, but {name} is always {req.header_size} bytes", command=name,
+        header_size = _header_size(req)
+        if req.shape is Shape.FIXED and size != header_size:
+            raise SizeMismatch(f"size {size}, but {name} is always {header_size} bytes", command=name,
                                field="size", offset=off + 1)
-        if req.shape in (Shape.HEADER_DATA, Shape.GRAPH) and size < req.header_size:
-            minimum = req.header_size if req.shape is Shape.HEADER_DATA else GRAPH_MIN_SIZE
+        if req.shape in (Shape.HEADER_DATA, Shape.GRAPH) and size < header_size:
+            minimum = header_size if req.shape is Shape.HEADER_DATA else GRAPH_MIN_SIZE
             raise SizeMismatch(f"size {size} is below the minimum {minimum}", command=name, field="size",
                                offset=off + 1)
         if size > self.max_payload:
@@ -469,7 +481,7 @@ class ReplyDecoder:
         if spec.reply.shape is Shape.RAW:
             expected = int(request.fields[spec.reply.length_from or "size"])
         else:
-            expected = spec.reply.header_size
+            expected = _header_size(spec.reply)
         self._pending.append((request, spec.reply, expected))
         return True
 
