@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
-from ggml_rpc.spec import GGML_TYPE_COUNT, NATIVE_CALLBACK_OPS, TYPES, ggml_nbytes, op_name, tensor_name, type_name
+from ggml_rpc.spec import GGML_TYPE_COUNT, NATIVE_CALLBACK_OPS, TYPES, ggml_nbytes, op_name, type_name
 
 
 @dataclass(slots=True, eq=False)
@@ -100,6 +100,15 @@ def _nbytes(types: np.ndarray, ne32: np.ndarray, nb32: np.ndarray) -> list[int]:
     return out
 
 
+def _resolve(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Row index of the first tensor carrying each wanted id, -1 where no tensor does."""
+    uniq, first = np.unique(ids, return_index=True)
+    if len(uniq) == 0:
+        return np.full(len(wanted), -1, dtype=np.intp)
+    pos = np.minimum(np.searchsorted(uniq, wanted), len(uniq) - 1)
+    return np.where(uniq[pos] == wanted, first[pos], -1)
+
+
 def build_graph(node_ids: np.ndarray, tensors: np.ndarray, buffers: Mapping[int, BufferLike]) -> BuiltGraph:
     """Rebuild a GRAPH_COMPUTE graph as upstream does, refusing (GraphError) what upstream crashes on.
 
@@ -107,113 +116,114 @@ def build_graph(node_ids: np.ndarray, tensors: np.ndarray, buffers: Mapping[int,
     handles to buffers.  Only tensors reachable from the nodes (through ``src`` and ``view_src``) are built and
     validated, as upstream does.  Duplicate ids: the first tensor with an id wins.  Cycles terminate (every id is
     built once and referenced afterwards); the walk is iterative, so chain depth is bounded only by the graph.
+    References are resolved for the whole array at once (numpy), so per-tensor Python work stays small.
     """
-    ids = tensors["id"].tolist()
-    n = len(ids)
-    index = dict(zip(reversed(ids), range(n - 1, -1, -1), strict=True))  # first occurrence wins
-    src_rows = tensors["src"].tolist()
-    view_srcs = tensors["view_src"].tolist()
-    node_list = node_ids.tolist()
+    n = len(tensors)
+    ids = tensors["id"]
+    nodes_u64 = np.asarray(node_ids, dtype=np.uint64)
+    # Every reference (10 src slots and view_src, slot 10) as an edge row -> target row.
+    refs = np.concatenate([tensors["src"], tensors["view_src"][:, None]], axis=1) if n else np.zeros((0, 11), "<u8")
+    e_row, e_slot = np.nonzero(refs)
+    e_id = refs[e_row, e_slot]
+    both = _resolve(ids, np.concatenate([nodes_u64, e_id]))
+    node_rows = both[: len(nodes_u64)]
+    e_tgt = both[len(nodes_u64) :]
 
-    # 1. Which tensors the nodes reach, each once.
+    zero = np.flatnonzero(nodes_u64 == 0)
+    missing = np.flatnonzero(node_rows < 0)
+    if len(zero) and (not len(missing) or zero[0] <= missing[0]):
+        raise GraphError(f"node {int(zero[0])} has id 0 (a null node; upstream dereferences it)")
+    if len(missing):
+        k = int(missing[0])
+        raise GraphError(f"node {k} id {int(nodes_u64[k]):#x} is not among the graph's tensors")
+
+    # 1. Which rows the nodes reach, each once (iterative walk over the edge list).
+    starts = np.searchsorted(e_row, np.arange(n + 1)).tolist()
+    tgt = e_tgt.tolist()
+    reached = bytearray(n)
     order: list[int] = []
-    seen: set[int] = set()
-    for k, nid in enumerate(node_list):
-        if nid == 0:
-            raise GraphError(f"node {k} has id 0 (a null node; upstream dereferences it)")
-        if nid not in index:
-            raise GraphError(f"node {k} id {nid:#x} is not among the graph's tensors")
-        if nid in seen:
+    stack = node_rows.tolist()[::-1]
+    while stack:
+        i = stack.pop()
+        if reached[i]:
             continue
-        stack = [nid]
-        while stack:
-            tid = stack.pop()
-            if tid in seen:
-                continue
-            i = index[tid]
-            seen.add(tid)
-            order.append(i)
-            for ref in (*src_rows[i], view_srcs[i]):
-                if ref and ref not in seen:
-                    if ref not in index:
-                        raise GraphError(f"tensor {tid:#x} refers to id {ref:#x}, which is not among the tensors")
-                    stack.append(ref)
+        reached[i] = 1
+        order.append(i)
+        for j in range(starts[i], starts[i + 1]):
+            r = tgt[j]
+            if r < 0:
+                raise GraphError(f"tensor {int(ids[i]):#x} refers to id {int(e_id[j]):#x}, which is not among the "
+                                 "tensors")
+            if not reached[r]:
+                stack.append(r)
 
-    # 2. Validate and build them.
+    # 2. Validate the reached rows, vectorised.
     sel = np.array(order, dtype=np.intp)
     rows = tensors[sel]
     types = rows["type"]
     bad = np.flatnonzero(types >= GGML_TYPE_COUNT)
     if len(bad):
         k = int(bad[0])
-        raise GraphError(f"tensor {ids[order[k]]:#x} has type {int(types[k])}, not a ggml type")
+        raise GraphError(f"tensor {int(rows['id'][k]):#x} has type {int(types[k])}, not a ggml type")
     removed = np.flatnonzero(_BLCK[types] == 0)
     if len(removed):
         k = int(removed[0])
-        raise GraphError(f"tensor {ids[order[k]]:#x} has removed type {type_name(int(types[k]))}")
-    ops = rows["op"].tolist()
+        raise GraphError(f"tensor {int(rows['id'][k]):#x} has removed type {type_name(int(types[k]))}")
     nbytes = _nbytes(types, rows["ne"], rows["nb"])
-    type_l = types.tolist()
-    ne_l = rows["ne"].tolist()
-    nb_l = rows["nb"].tolist()
-    flags_l = rows["flags"].tolist()
-    bufs_l = rows["buffer"].tolist()
+    handles = rows["buffer"]
     data_l = rows["data"].tolist()
+    mem_l: list[memoryview | None] = [None] * len(order)
+    off_l = [0] * len(order)
+    used: set[int] = set()
+    for handle in np.unique(handles).tolist():
+        where = np.flatnonzero(handles == handle).tolist()
+        buf = buffers.get(handle) if handle else None
+        if buf is None:
+            for k in where:
+                if data_l[k] != 0:
+                    raise GraphError(f"tensor {int(rows['id'][k]):#x} has no buffer but data {data_l[k]:#x} "
+                                     "(invalid data pointer)")
+            continue
+        base, end = buf.base, buf.base + buf.size
+        mem = memoryview(buf.memory)
+        for k in where:
+            d = data_l[k]
+            if d < base or d + nbytes[k] > end:
+                raise GraphError(f"tensor {int(rows['id'][k]):#x} data [{d:#x}, +{nbytes[k]}) lies outside its "
+                                 f"buffer [{base:#x}, +{buf.size})")
+            mem_l[k] = mem
+            off_l[k] = d - base
+        used.add(handle)
+
+    # 3. Build the objects, then link references.
+    id_l = rows["id"].tolist()
+    type_l = types.tolist()
+    ne_l = [tuple(x) for x in rows["ne"].tolist()]
+    nb_l = [tuple(x) for x in rows["nb"].tolist()]
+    op_l = rows["op"].tolist()
+    flags_l = rows["flags"].tolist()
     voffs_l = rows["view_offs"].tolist()
-    names_l = rows["name"].tolist()
     use_l = rows["use_count"].tolist()
     op_params = np.ascontiguousarray(rows["op_params"])
-
-    built: dict[int, GraphTensor] = {}
-    used: set[int] = set()
-    views: dict[int, memoryview] = {}
-    for k, i in enumerate(order):
-        tid = ids[i]
-        handle = bufs_l[k]
-        buf = buffers.get(handle) if handle else None
-        data = data_l[k]
-        size = nbytes[k]
-        mem = None
-        offset = 0
-        if buf is None:
-            if data != 0:
-                raise GraphError(f"tensor {tid:#x} has no buffer but data {data:#x} (invalid data pointer)")
+    names = [raw.split(b"\0", 1)[0].decode("utf-8", "replace") if raw else "" for raw in rows["name"].tolist()]
+    built: list[GraphTensor] = [
+        GraphTensor(id_l[k], type_l[k], ne_l[k], nb_l[k], op_l[k], op_params[k], flags_l[k], [None] * 10, None,
+                    voffs_l[k], data_l[k], names[k], use_l[k], mem_l[k], off_l[k], nbytes[k])
+        for k in range(len(order))
+    ]
+    by_row = dict(zip(order, built, strict=True))
+    slots = e_slot.tolist()
+    e_rows = e_row.tolist()
+    for j, row in enumerate(e_rows):
+        t = by_row.get(row)
+        if t is None:
+            continue  # an unreached tensor's references were never followed
+        if slots[j] == 10:
+            t.view_src = by_row[tgt[j]]
         else:
-            if data < buf.base or data + size > buf.base + buf.size:
-                raise GraphError(f"tensor {tid:#x} data [{data:#x}, +{size}) lies outside its buffer "
-                                 f"[{buf.base:#x}, +{buf.size})")
-            mem = views.get(handle)
-            if mem is None:
-                mem = views[handle] = memoryview(buf.memory)
-            offset = data - buf.base
-            used.add(handle)
-        built[tid] = GraphTensor(
-            id=tid,
-            type=type_l[k],
-            ne=tuple(ne_l[k]),
-            nb=tuple(nb_l[k]),
-            op=ops[k],
-            op_params=op_params[k],
-            flags=flags_l[k],
-            view_offs=voffs_l[k],
-            data=data,
-            name=tensor_name(names_l[k]),
-            use_count=use_l[k],
-            buffer=mem,
-            offset=offset,
-            nbytes=size,
-        )
+            t.src[slots[j]] = by_row[tgt[j]]
 
-    # 3. Resolve references (every referenced id was reached in step 1).
-    for i in order:
-        t = built[ids[i]]
-        refs = src_rows[i]
-        if any(refs):
-            t.src = [built[r] if r else None for r in refs]
-        if view_srcs[i]:
-            t.view_src = built[view_srcs[i]]
-
-    nodes = [built[nid] for nid in node_list]
+    nodes = [by_row[r] for r in node_rows.tolist()]
     for k, t in enumerate(nodes):
         if t.op in NATIVE_CALLBACK_OPS:
             raise GraphError(f"node {k} ({t.name or hex(t.id)}) is a {op_name(t.op)} op, whose op_params hold "
