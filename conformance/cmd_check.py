@@ -1,0 +1,135 @@
+"""``ggml-rpc check``: run the conformance catalogue against a live server (or the embedded reference server)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ggml_rpc.spec import V7, Protocol, parse_version_option
+from rich.console import Console
+
+from .harness import (
+    Category,
+    EmbeddedTarget,
+    ExternalTarget,
+    Runner,
+    SpawnedTarget,
+    Target,
+    TargetError,
+    parse_address,
+    select,
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "check",
+        help="run the conformance suite against a server (default: the embedded reference server)",
+        description="Run the conformance checks against a live ggml RPC server. Without --server or --spawn the "
+        "embedded reference server is started on an ephemeral loopback port (protocol 7 with a temporary cache "
+        "directory; --proto 6 starts a protocol 6 one). Exit code 0: no MUST rule failed (--strict: no SHOULD "
+        "either); 1: some did; 2: usage error or unreachable server.",
+    )
+    p.add_argument("--server", metavar="HOST:PORT", help="address of the server under test")
+    p.add_argument("--spawn", metavar="CMD", help="start the server under test with CMD ({port} is replaced by a "
+                   "free port); it is restarted after a check kills it, and the death is reported")
+    p.add_argument("--proto", default="auto", help="auto (learn from HELLO), 6, 7 or 7.0.1: the version expected "
+                   "(and, without --server/--spawn, the one the embedded server speaks)")
+    p.add_argument("--checks", metavar="PATTERN", help="comma-separated shell patterns on check IDs or categories "
+                   "(e.g. 'HELLO-*,cache-v7')")
+    p.add_argument("--strict", action="store_true", help="SHOULD failures fail the run too")
+    p.add_argument("--cache-dir", metavar="DIR", help="the server's cache directory: enables white-box cache checks "
+                   "and makes a missing cache a failure")
+    p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    p.add_argument("--junit", metavar="FILE", help="write the results as JUnit XML")
+    p.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
+                   help="how long to wait for an answer or a close (default 5)")
+    p.add_argument("--list", action="store_true", help="print the catalogue and exit")
+    p.set_defaults(func=run)
+
+
+def _protocol(text: str) -> Protocol | None:
+    from .cli import UsageError
+
+    if text == "auto":
+        return None
+    try:
+        return parse_version_option(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _target(args: argparse.Namespace, proto: Protocol | None) -> Target:
+    from .cli import UsageError
+
+    cache_dir = Path(args.cache_dir) if args.cache_dir else None
+    if cache_dir is not None and not cache_dir.is_dir() and (args.server or args.spawn):
+        raise UsageError(f"--cache-dir {args.cache_dir}: not a directory")
+    address = None
+    if args.server:
+        try:
+            address = parse_address(args.server)
+        except ValueError as exc:
+            raise UsageError(f"--server: {exc}") from None
+    if args.spawn:
+        target = SpawnedTarget(args.spawn, cache_dir=cache_dir)
+        if address is not None:
+            target.host, target.port = address
+        elif "{port}" not in args.spawn:
+            raise UsageError("--spawn CMD needs a {port} placeholder or --server HOST:PORT")
+        return target
+    if address is not None:
+        return ExternalTarget(*address, cache_dir=cache_dir)
+    if cache_dir is not None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    return EmbeddedTarget(proto or V7, cache_dir)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ggml_rpc.conformance.checks import CATALOGUE
+
+    from . import report
+    from .cli import UsageError
+    from .report_files import write_json, write_junit
+
+    console = Console(highlight=False)
+    checks = select(CATALOGUE, args.checks)
+    if not checks:
+        raise UsageError(f"--checks {args.checks!r} matches no check (see --list)")
+    if args.list:
+        console.print(report.catalogue_table(checks))
+        console.print(f"{len(checks)} checks")
+        return 0
+    if args.timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    proto = _protocol(args.proto)
+    target = _target(args, proto)
+    runner = Runner(target, expect=proto, timeout=args.timeout)
+    try:
+        runner.start()
+    except TargetError as exc:
+        runner.stop()
+        raise UsageError(str(exc)) from None
+    try:
+        report.header(console, target.description, target.address, runner.info)
+        totals: dict[Category, int] = {}
+        for c in checks:
+            totals[c.category] = totals.get(c.category, 0) + 1
+        progress = report.Progress(console, totals)
+        try:
+            runner.run(checks, progress.update)
+        finally:
+            progress.close()
+    finally:
+        runner.stop()
+    console.print(report.results_table(runner.results))
+    report.failure_details(console, runner.results)
+    console.print(report.summary_line(runner, args.strict))
+    try:
+        if args.json:
+            write_json(runner, args.json, args.strict)
+        if args.junit:
+            write_junit(runner, args.junit)
+    except OSError as exc:
+        raise UsageError(f"cannot write the report: {exc.strerror or exc}: {exc.filename}") from None
+    return runner.exit_code(args.strict)

@@ -1,0 +1,144 @@
+"""Terminal report of a conformance run: one live progress line per group, then the final table.
+
+Built on rich: on a terminal the current group's line updates in place; elsewhere (CI logs, pipes) each group
+prints one plain line when it completes.  Failures are listed after the table with their evidence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from .harness import Category, Check, Level, Outcome, Result, Runner, ServerInfo, iter_groups
+
+STYLE = {
+    Outcome.PASS: "green",
+    Outcome.FAIL: "bold red",
+    Outcome.ERROR: "bold magenta",
+    Outcome.SKIP: "yellow",
+    Outcome.UNSUPPORTED: "cyan",
+    Outcome.NOT_RUN: "dim",
+}
+
+
+def outcome_label(r: Result) -> str:
+    if r.failed and r.failed_level is Level.SHOULD:
+        return f"{r.outcome.value} (SHOULD)"
+    return r.outcome.value
+
+
+def _counts(results: Sequence[Result]) -> str:
+    parts = []
+    for o in Outcome:
+        n = sum(1 for r in results if r.outcome is o)
+        if n:
+            parts.append(f"{n} {o.value}")
+    return ", ".join(parts) or "nothing run"
+
+
+class Progress:
+    """The live per-group line; call :meth:`update` with every result, :meth:`close` at the end."""
+
+    def __init__(self, console: Console, total: dict[Category, int]) -> None:
+        self.console = console
+        self.total = total
+        self.group: Category | None = None
+        self.results: list[Result] = []
+        self.live: Live | None = None
+
+    def _line(self, done: bool) -> Text:
+        assert self.group is not None
+        n, total = len(self.results), self.total.get(self.group, 0)
+        mark = "✓" if done and not any(r.failed for r in self.results) else ("✗" if done else "…")
+        text = Text(f"{mark} {self.group.value:<10} {n:>3}/{total:<3} ")
+        text.append(_counts(self.results), style="red" if any(r.failed for r in self.results) else "")
+        return text
+
+    def _finish_group(self) -> None:
+        if self.group is None:
+            return
+        if self.live is not None:
+            self.live.update(self._line(True))
+            self.live.stop()
+            self.live = None
+        else:
+            self.console.print(self._line(True))
+
+    def update(self, result: Result) -> None:
+        cat = result.check.category
+        if cat is not self.group:
+            self._finish_group()
+            self.group, self.results = cat, []
+            if self.console.is_terminal:
+                self.live = Live(self._line(False), console=self.console, transient=False, auto_refresh=False)
+                self.live.start()
+        self.results.append(result)
+        if self.live is not None:
+            self.live.update(self._line(False), refresh=True)
+
+    def close(self) -> None:
+        self._finish_group()
+        self.group = None
+
+
+def header(console: Console, target_description: str, address: str, info: ServerInfo) -> None:
+    console.print(f"[bold]ggml-rpc check[/bold] {target_description} ({address}): HELLO {info.version_label} → "
+                  f"[bold]{info.verdict}[/bold]" + (f", {info.device_count} device(s)" if info.device_count else ""))
+
+
+def results_table(results: Sequence[Result]) -> Table:
+    table = Table(show_lines=False, header_style="bold", expand=False)
+    table.add_column("ID", no_wrap=True)
+    table.add_column("level", no_wrap=True)
+    table.add_column("outcome", no_wrap=True)
+    table.add_column("rule / why")
+    for cat, group in iter_groups(results):
+        table.add_row(Text(cat.value, style="bold"), "", "", "")
+        for r in group:
+            why = r.check.title
+            if r.outcome is not Outcome.PASS and r.message:
+                why += f"\n[{r.outcome.value}] {r.message}"
+            table.add_row(r.check.id, r.check.level.value, Text(outcome_label(r), style=STYLE[r.outcome]),
+                          Text(why))
+    return table
+
+
+def failure_details(console: Console, results: Sequence[Result]) -> None:
+    failed = [r for r in results if r.failed]
+    for r in failed:
+        console.print(Text(f"\n{r.check.id} {outcome_label(r).upper()}: {r.message}", style=STYLE[r.outcome]))
+        console.print(f"  rule: {r.check.title} ({r.check.level.value}) — {r.spec}")
+        for e in r.evidence:
+            console.print(f"  - {e.step}")
+            for label, value in (("sent", e.sent), ("expected", e.expected), ("got", e.got)):
+                if value:
+                    console.print(f"      {label:<8} {value}", markup=False, highlight=False)
+        if r.server_death and r.server_death.get("log_tail"):
+            console.print("  server log (last lines):")
+            for line in r.server_death["log_tail"][-10:]:
+                console.print(f"      {line}", markup=False, highlight=False)
+
+
+def summary_line(runner: Runner, strict: bool) -> Text:
+    s = runner.summary()
+    code = runner.exit_code(strict)
+    text = Text(f"\n{s['total']} checks: {s['pass']} pass, {s['fail']} fail, {s['error']} error, {s['skip']} skip, "
+                f"{s['unsupported']} unsupported, {s['not run']} not run — MUST failures {s['must_failures']}, "
+                f"SHOULD failures {s['should_failures']}")
+    text.append("  → " + ("conformant" if code == 0 else "NOT conformant") + (" (strict)" if strict else ""),
+                style="bold green" if code == 0 else "bold red")
+    return text
+
+
+def catalogue_table(checks: Sequence[Check]) -> Table:
+    """``--list``: the catalogue as a table."""
+    table = Table(header_style="bold")
+    for col in ("ID", "level", "versions", "category", "title", "spec"):
+        table.add_column(col, no_wrap=col in ("ID", "level", "versions", "category"))
+    for c in checks:
+        table.add_row(c.id, c.level.value, c.versions_label, c.category.value, c.title, c.spec_link(None))
+    return table
