@@ -122,6 +122,16 @@ for _u in UnaryOp:
 
 
 def _binary(node: GraphTensor, mem: Memory, ufunc: np.ufunc) -> None:
+    a_t, b_t = node.src[0], node.src[1]
+    if a_t is not None and b_t is not None and node.type == F32 and a_t.type == F32 and b_t.type == F32:
+        # The hot path (per-node overhead matters for long graphs): same-shape F32, the ufunc writes straight
+        # into the node's memory.
+        out = mem.raw(node)
+        a = mem.raw(a_t)
+        b = mem.raw(b_t)
+        if out.shape == a.shape == b.shape:
+            ufunc(a, b, out=out)
+            return
     a_t, b_t = src(node, 0), src(node, 1)
     need_types(node, a_t, READABLE, "source 0")
     need_types(node, b_t, READABLE, "source 1")
@@ -129,11 +139,8 @@ def _binary(node: GraphTensor, mem: Memory, ufunc: np.ufunc) -> None:
     if not can_repeat(b_t, a_t):
         raise node_error(node, "source 1 cannot be repeated to the shape of source 0")
     if node.type == F32 and a_t.type == F32 and b_t.type == F32:
-        # The hot path: no conversion, the ufunc writes straight into the node's memory.
-        out = mem.raw(node)
         a = mem.raw(a_t)
-        b = mem.raw(b_t)
-        ufunc(a, tile_to(b, a.shape), out=out)
+        ufunc(a, tile_to(mem.raw(b_t), a.shape), out=mem.raw(node))
         return
     a = read(mem, a_t)
     write(mem, node, ufunc(a, tile_to(read(mem, b_t), a.shape)))

@@ -97,15 +97,23 @@ class Memory:
         v = self._views.get(t)
         if v is not None:
             return v
-        base = self._base(t)
-        size = extent(t)
+        return self._build(t)
+
+    def _build(self, t: GraphTensor) -> np.ndarray:
+        base = self._bases.get(id(t.buffer))
+        if base is None:
+            base = self._base(t)
+        ne, nb = t.ne, t.nb
+        dt = PLAIN_DTYPES.get(t.type)
+        if dt is not None and ne[0] > 0 and ne[1] > 0 and ne[2] > 0 and ne[3] > 0:
+            size = (ne[0] - 1) * nb[0] + (ne[1] - 1) * nb[1] + (ne[2] - 1) * nb[2] + (ne[3] - 1) * nb[3] + dt.itemsize
+        else:
+            size = extent(t)
         off = t.offset
         if off < 0 or off + size > base.size:
             raise ExecutorError(
                 f"tensor {describe(t)}: bytes [{off}, {off + size}) fall outside its buffer of {base.size} bytes"
             )
-        ne, nb = t.ne, t.nb
-        dt = PLAIN_DTYPES.get(t.type)
         if dt is not None:
             if size == 0:
                 v = np.zeros((ne[3], ne[2], ne[1], ne[0]), dtype=dt)

@@ -44,7 +44,10 @@ def _half(b: np.ndarray, at: int) -> np.ndarray:
 
 def _low_high(qs: np.ndarray) -> np.ndarray:
     """Nibbles of 16 bytes per block in ggml's order: the 16 low nibbles, then the 16 high ones: (n, 32) uint8."""
-    return np.concatenate((qs & 0x0F, qs >> 4), axis=1)
+    q = np.empty((qs.shape[0], 32), dtype=np.uint8)
+    np.bitwise_and(qs, 0x0F, out=q[:, :16])
+    np.right_shift(qs, 4, out=q[:, 16:])
+    return q
 
 
 def round_away(v: np.ndarray) -> np.ndarray:
@@ -86,8 +89,9 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
 
 
 def _dq_q4_0(b: np.ndarray) -> np.ndarray:
-    q = _low_high(b[:, 2:18]).astype(np.int8) - np.int8(8)
-    return q * _half(b, 0)
+    q = _low_high(b[:, 2:18]).view(np.int8)
+    q -= 8
+    return np.multiply(q, _half(b, 0), dtype=np.float32)
 
 
 def _dq_q4_1(b: np.ndarray) -> np.ndarray:
@@ -133,10 +137,6 @@ _Q23_BYTE = 32 * (_E // 128) + _E % 32
 _Q23_SHIFT = (2 * ((_E % 128) // 32)).astype(np.uint8)
 _Q3_HBIT = (4 * (_E // 128) + (_E % 128) // 32).astype(np.uint8)
 _Q3_HBYTE = _E % 32
-# Q4_K / Q5_K: chunk c = e // 64 holds 32 low nibbles then 32 high nibbles of qs[32c : 32c + 32].
-_Q45_BYTE = 32 * (_E // 64) + _E % 32
-_Q45_SHIFT = (4 * ((_E % 64) // 32)).astype(np.uint8)
-_Q5_HBIT = (_E // 32).astype(np.uint8)
 # Q6_K: half n = e // 128, quarter g = (e % 128) // 32, l = e % 32.
 _Q6_N, _Q6_G, _Q6_L = _E // 128, (_E % 128) // 32, _E % 32
 _Q6_LBYTE = 64 * _Q6_N + _Q6_L + 32 * (_Q6_G % 2)
@@ -177,19 +177,36 @@ def _dq_q3_k(b: np.ndarray) -> np.ndarray:
     return q * np.repeat(scales * _half(b, 108), 16, axis=1)
 
 
-def _dq_q4_k(b: np.ndarray) -> np.ndarray:
+def _nibble_chunks(qs: np.ndarray) -> np.ndarray:
+    """Q4_K/Q5_K: 128 bytes as 4 chunks of 32 low nibbles then 32 high nibbles: (n, 8, 32) uint8."""
+    n = qs.shape[0]
+    chunks = qs.reshape(n, 4, 1, 32)
+    q = np.empty((n, 4, 2, 32), dtype=np.uint8)
+    np.bitwise_and(chunks[:, :, 0], 0x0F, out=q[:, :, 0])
+    np.right_shift(chunks[:, :, 0], 4, out=q[:, :, 1])
+    return q.reshape(n, 8, 32)
+
+
+def _scaled_sub_blocks(q: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Q4_K/Q5_K: ``d * scale_j * q - dmin * min_j`` over the 8 sub-blocks of 32: (n, 256) float32."""
     sc, mn = _k_scales_6bit(b[:, 4:16])
-    q = (b[:, 16:144][:, _Q45_BYTE] >> _Q45_SHIFT) & 0x0F
-    d, dmin = _half(b, 0), _half(b, 2)
-    return q * np.repeat(sc * d, 32, axis=1) - np.repeat(mn * dmin, 32, axis=1)
+    scale = (sc * _half(b, 0))[:, :, None]
+    offset = (mn * _half(b, 2))[:, :, None]
+    out = np.multiply(q, scale, dtype=np.float32)
+    out -= offset
+    return out.reshape(q.shape[0], 256)
+
+
+def _dq_q4_k(b: np.ndarray) -> np.ndarray:
+    return _scaled_sub_blocks(_nibble_chunks(np.ascontiguousarray(b[:, 16:144])), b)
 
 
 def _dq_q5_k(b: np.ndarray) -> np.ndarray:
-    sc, mn = _k_scales_6bit(b[:, 4:16])
-    q = (b[:, 48:176][:, _Q45_BYTE] >> _Q45_SHIFT) & 0x0F
-    q = q | (((b[:, 16:48][:, _E % 32] >> _Q5_HBIT) & 1) << 4)
-    d, dmin = _half(b, 0), _half(b, 2)
-    return q * np.repeat(sc * d, 32, axis=1) - np.repeat(mn * dmin, 32, axis=1)
+    q = _nibble_chunks(np.ascontiguousarray(b[:, 48:176]))
+    # Sub-block j takes bit j of each of the 32 qh bytes as its fifth bit.
+    high = (b[:, 16:48][:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
+    q |= high << 4
+    return _scaled_sub_blocks(q, b)
 
 
 def _dq_q6_k(b: np.ndarray) -> np.ndarray:
