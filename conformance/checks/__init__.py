@@ -1,18 +1,24 @@
 """The conformance catalogue: every check, as data, in run order.
 
 ``CATALOGUE`` is what ``ggml-rpc check --list`` prints; ``by_id`` finds one check.  The checks live in one module
-per category; importing them registers them in the order below.
+per category and register themselves when imported.  Imports are absolute so that a test runner importing this
+folder under another name (pytest's rootdir-based names) still shares one registry.
 """
 
 from __future__ import annotations
 
-from ..harness import Category, Check
-from . import cache, compute, data, framing, handshake, isolation
-from ._support import REGISTRY
+import ggml_rpc.conformance.checks.cache
+import ggml_rpc.conformance.checks.compute
+import ggml_rpc.conformance.checks.data
+import ggml_rpc.conformance.checks.framing
+import ggml_rpc.conformance.checks.handshake
+import ggml_rpc.conformance.checks.isolation
+from ggml_rpc.conformance.checks._support import REGISTRY
+from ggml_rpc.conformance.harness import Category, Check
 
 _ORDER = {cat: i for i, cat in enumerate(Category)}
-#: Every check, grouped by category (in :class:`Category` order), in definition order within a group.
-CATALOGUE: tuple[Check, ...] = tuple(sorted(REGISTRY, key=lambda c: _ORDER[c.category]))
+#: Every check, grouped by category (in :class:`Category` order), by ID within a group.
+CATALOGUE: tuple[Check, ...] = tuple(sorted(REGISTRY, key=lambda c: (_ORDER[c.category], c.id)))
 _BY_ID = {c.id: c for c in CATALOGUE}
 
 

@@ -8,11 +8,10 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ggml_rpc.conformance.client import ConnectionClosed, RpcClient
+from ggml_rpc.conformance.harness import Category, Check, CheckFailed, Context, Level, hexdump
 from ggml_rpc.spec import Command, GgmlType, Protocol, encode_request, make_tensor
 from ggml_rpc.spec.codec import REPLY_HEADER, REQUEST_HEADER
-
-from ..client import ConnectionClosed, RpcClient
-from ..harness import Category, Check, CheckFailed, Context, Level, hexdump
 
 #: Every check in definition order; the catalogue module freezes it.
 REGISTRY: list[Check] = []

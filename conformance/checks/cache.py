@@ -12,13 +12,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ggml_rpc.conformance.checks._support import (
+    Buf,
+    alloc,
+    expect_bytes,
+    fail,
+    nonce,
+    read_back,
+    request_bytes,
+    send_and_expect_close,
+)
+from ggml_rpc.conformance.checks._support import check as _check
+from ggml_rpc.conformance.client import RpcClient
+from ggml_rpc.conformance.harness import Category, CheckFailed, Context, Skipped, hexdump
 from ggml_rpc.spec import HASH_THRESHOLD, cache_file_name, fnv1a64
 from ggml_rpc.spec import Command as C
-
-from ..client import RpcClient
-from ..harness import Category, CheckFailed, Context, Skipped, hexdump
-from ._support import Buf, alloc, expect_bytes, fail, nonce, read_back, request_bytes, send_and_expect_close
-from ._support import check as _check
 
 V6C = Category.CACHE_V6
 V7C = Category.CACHE_V7

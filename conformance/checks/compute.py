@@ -12,15 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from ggml_rpc.conformance.checks._support import alloc, fail
+from ggml_rpc.conformance.checks._support import check as _check
+from ggml_rpc.conformance.client import ConnectionClosed
+from ggml_rpc.conformance.harness import Category, Context, Unsupported
 from ggml_rpc.reference.executor import execute
 from ggml_rpc.reference.graph import ExecutorError, build_graph
 from ggml_rpc.spec import Command, GgmlOp, GgmlType, TensorFlag, UnaryOp, make_tensor, tensor_nbytes, tensors_array
 from ggml_rpc.spec.tensor import GGML_MAX_SRC
-
-from ..client import ConnectionClosed
-from ..harness import Category, Context, Unsupported
-from ._support import alloc, fail
-from ._support import check as _check
 
 CO = Category.COMPUTE
 F32, F16, I32 = int(GgmlType.F32), int(GgmlType.F16), int(GgmlType.I32)

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from ggml_rpc.spec import Command as C
-from ggml_rpc.spec import make_tensor
-
-from ..harness import Category, Context, Level, hexdump
-from ._support import (
+from ggml_rpc.conformance.checks._support import (
     F32,
     Buf,
     alloc,
@@ -20,8 +16,11 @@ from ._support import (
     send_and_expect_close,
     session,
 )
-from ._support import check as _check
-from .framing import add_graph, graph_bytes
+from ggml_rpc.conformance.checks._support import check as _check
+from ggml_rpc.conformance.checks.framing import add_graph, graph_bytes
+from ggml_rpc.conformance.harness import Category, Context, Level, hexdump
+from ggml_rpc.spec import Command as C
+from ggml_rpc.spec import make_tensor
 
 DA = Category.DATA
 

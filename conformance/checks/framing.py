@@ -9,13 +9,7 @@ from __future__ import annotations
 
 import struct
 
-from ggml_rpc.spec import Command as C
-from ggml_rpc.spec import GgmlOp, TensorFlag, make_tensor, null_tensor
-from ggml_rpc.spec.codec import TENSOR_LAYOUT
-from ggml_rpc.spec.tensor import GGML_MAX_SRC
-
-from ..harness import Category, Context, Level
-from ._support import (
+from ggml_rpc.conformance.checks._support import (
     Buf,
     bad_on_fresh,
     expect_close,
@@ -27,7 +21,12 @@ from ._support import (
     u32,
     u64,
 )
-from ._support import check as _check
+from ggml_rpc.conformance.checks._support import check as _check
+from ggml_rpc.conformance.harness import Category, Context, Level
+from ggml_rpc.spec import Command as C
+from ggml_rpc.spec import GgmlOp, TensorFlag, make_tensor, null_tensor
+from ggml_rpc.spec.codec import TENSOR_LAYOUT
+from ggml_rpc.spec.tensor import GGML_MAX_SRC
 
 FR = Category.FRAMING
 

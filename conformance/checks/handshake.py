@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from ggml_rpc.conformance.checks._support import (
+    PROBE,
+    expect_close,
+    fail,
+    raw_request,
+    recv_upto,
+    send_and_expect_close,
+)
+from ggml_rpc.conformance.checks._support import check as _check
+from ggml_rpc.conformance.harness import Category, Context, Level, Unsupported, hexdump
 from ggml_rpc.spec import CONN_CAPS_SIZE, V6, Command, encode_request
 from ggml_rpc.spec.codec import REPLY_HEADER
-
-from ..harness import Category, Context, Level, Unsupported, hexdump
-from ._support import PROBE, expect_close, fail, raw_request, recv_upto, send_and_expect_close
-from ._support import check as _check
 
 HS = Category.HANDSHAKE
 HELLO_REQUEST = encode_request(V6, Command.HELLO, {"conn_caps": bytes(CONN_CAPS_SIZE)})

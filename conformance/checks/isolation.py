@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import socket
 
+from ggml_rpc.conformance.checks._support import I8, alloc, nonce, request_bytes, send_and_expect_close
+from ggml_rpc.conformance.checks._support import check as _check
+from ggml_rpc.conformance.client import ConnectionClosed, RpcClient
+from ggml_rpc.conformance.harness import Category, Context, Skipped
 from ggml_rpc.spec import Command as C
 from ggml_rpc.spec import make_tensor
-
-from ..client import ConnectionClosed, RpcClient
-from ..harness import Category, Context, Skipped
-from ._support import I8, alloc, nonce, request_bytes, send_and_expect_close
-from ._support import check as _check
 
 ISO = Category.ISOLATION
 
