@@ -279,6 +279,8 @@ def generate(protocols: Sequence[Protocol] = PROTOCOLS, *, port: int = DEFAULT_P
 
     extra = {
         "dir": b.add_field(f"{PROTO_NAME}.dir", "Direction", "string", "request or reply"),
+        "pdu": b.add_field(f"{PROTO_NAME}.pdu", "Message", "string",
+                           "one line per message: direction, command, request index, payload length, violations"),
         "index": b.add_field(f"{PROTO_NAME}.index", "Request index", "u32",
                              "position of the request in its connection (a reply carries its request's index)"),
         "version": b.add_field(f"{PROTO_NAME}.version", "Protocol version", "string",

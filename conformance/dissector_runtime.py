@@ -29,7 +29,6 @@ F[#F + 1] = REP_FRAME
 F[#F + 1] = CONT_FRAME
 P.fields = F
 
-local f_stream = Field.new("tcp.stream")
 local f_seq = Field.new("tcp.seq")
 local f_len = Field.new("tcp.len")
 local skip_bytes
@@ -37,9 +36,12 @@ local skip_bytes
 local convs = {}    -- tcp.stream -> state built on the first pass
 local results = {}  -- frame/call key -> what the first pass found in that tvb
 
+local seen_pairs = {}  -- connections the heuristic has looked at
+
 function P.init()
   convs = {}
   results = {}
+  seen_pairs = {}
 end
 
 local function cmd_name(cmd)
@@ -80,9 +82,17 @@ local function new_conv(key)
   }
 end
 
+-- Field extractors (tcp.stream, tcp.seq) only work when a tree is built, which the first pass may not do: the
+-- conversation is therefore keyed by its two endpoints.
+local function conv_key(pinfo)
+  local a = tostring(pinfo.src) .. ":" .. tostring(pinfo.src_port)
+  local b = tostring(pinfo.dst) .. ":" .. tostring(pinfo.dst_port)
+  if a < b then return a .. "|" .. b end
+  return b .. "|" .. a
+end
+
 local function conv_of(pinfo)
-  local s = f_stream()
-  local key = s and tostring(s.value) or "?"
+  local key = conv_key(pinfo)
   local c = convs[key]
   if c == nil then
     c = new_conv(key)
@@ -417,6 +427,9 @@ local function walk_struct(ctx, e, tvb, pos, tree, label)
       sub:add(HF.shape, tvb(pos, lay.size), shape_of(vals)):set_generated()
       local n = TYPES[vals.type] ~= nil and TYPES[vals.type].blck ~= 0 and nbytes(vals) or nil
       if n ~= nil then sub:add(HF.nbytes, tvb(pos, lay.size), n):set_generated() end
+      -- names of the UNARY / GLU sub-ops carried in op_params[0]
+      if vals.op == C.UNARY_OP then sub:add(HF.unary, tvb(pos, lay.size), vals.op_params[1]):set_generated() end
+      if vals.op == C.GLU_OP then sub:add(HF.glu, tvb(pos, lay.size), vals.op_params[1]):set_generated() end
     end
   else
     sub:set_text(label)
@@ -481,12 +494,6 @@ walk = function(ctx, lay, tvb, pos, tree, vals)
   return pos
 end
 
-local function sub_ops(tree, t, tvb, pos)
-  -- names of UNARY / GLU sub-ops carried in op_params[0]
-  if t.op == C.UNARY_OP then tree:add(HF.unary, tvb(pos, 0), t.op_params[1]):set_generated() end
-  if t.op == C.GLU_OP then tree:add(HF.glu, tvb(pos, 0), t.op_params[1]):set_generated() end
-end
-
 -- Semantic rules that hold whatever the server state (the codec's check_request), by field names.
 local function check_request(ctx, item, vals, it)
   local t = vals.tensor
@@ -538,6 +545,19 @@ local function check_request(ctx, item, vals, it)
   end
 end
 
+-- One line per message with a fixed shape, so that field extraction (tshark -T fields) stays aligned even when a
+-- message lacks some fields: "<dir> <command> <index> <payload length> <violations>" ("?" when unknown).
+local function add_pdu_line(item, tvb, it, dir, name, ctx)
+  local size = it.size
+  if size == nil then
+    local hdr = it.kind == "req" and 1 or 0
+    size = tostring(tvb(it.off + hdr, 8):le_uint64())
+  end
+  local line = dir .. " " .. name .. " " .. (it.index ~= nil and tostring(it.index) or "?") .. " " .. tostring(size)
+    .. " " .. ctx.violations
+  item:add(HF.pdu, tvb(it.off, 0), line):set_generated()
+end
+
 local function render_message(c, it, tvb, pinfo, tree, info)
   local is_req = it.kind == "req"
   local hdr = is_req and C.REQ_HDR or C.REP_HDR
@@ -570,6 +590,7 @@ local function render_message(c, it, tvb, pinfo, tree, info)
     violation(ctx, item, it.error)
     info[#info + 1] = summary .. " [violation]"
     item:add(HF.violations, tvb(it.off, 0), ctx.violations):set_generated()
+    add_pdu_line(item, tvb, it, dir, name, ctx)
     return
   end
   local proto = protocol_by_label(it.version)
@@ -595,9 +616,6 @@ local function render_message(c, it, tvb, pinfo, tree, info)
     item:add(HF.data_here, tvb(bpos, it.bulk_here), it.bulk_here)
   end
   if is_req then check_request(ctx, item, vals, it) end
-  for _, v in pairs(vals) do
-    if type(v) == "table" and v.op_params ~= nil then sub_ops(item, v, tvb, it.off) end
-  end
   if it.no_reply then item:add_proto_expert_info(E.chat, name .. " has no reply") end
   if vals.cache_flag ~= nil and vals.cache_flag ~= 0 then
     item:add_proto_expert_info(E.note, "cache_flag set: a server with a cache saves this payload")
@@ -610,6 +628,7 @@ local function render_message(c, it, tvb, pinfo, tree, info)
     end
   end
   item:add(HF.violations, tvb(it.off, 0), ctx.violations):set_generated()
+  add_pdu_line(item, tvb, it, dir, name, ctx)
   -- Info column
   local t = vals.tensor
   if t ~= nil and t.type ~= nil then summary = summary .. " " .. tensor_label(t) end
@@ -684,10 +703,19 @@ local function hello_prefix(tvb)
 end
 
 local function heuristic(tvb, pinfo, tree)
+  local key = conv_key(pinfo)
+  local first = not seen_pairs[key]
+  seen_pairs[key] = true
   if not hello_prefix(tvb) then return false end
+  -- Only the first bytes of a connection: tcp.seq when the tree has it, else the first segment seen on it.
   local seq = f_seq()
-  if seq ~= nil and seq.value ~= 1 then return false end
-  if tvb:len() < C.REQ_HDR and seq == nil then return false end
+  if seq ~= nil then
+    if seq.value ~= 1 then return false end
+  elseif not first then
+    return false
+  end
+  local c = convs[key]
+  if c ~= nil and c.req.hello then return false end
   pinfo.conversation = P
   P.dissector(tvb, pinfo, tree)
   return true
