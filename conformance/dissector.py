@@ -154,7 +154,7 @@ class _Builder:
         key = id(schema)
         if key in self._layout_of:
             return self._layout_of[key]
-        lay = _Layout(len(self.layouts) + 1, None, prefix=prefix, is_tensor=schema is RpcTensor)
+        lay = _Layout(len(self.layouts) + 1, None, prefix=prefix, is_tensor=_tensor_like(schema))
         self.layouts.append(lay)
         self._layout_of[key] = lay.index
         fixed = True
@@ -208,6 +208,14 @@ class _Builder:
             f = self.add_field(abbr_base, name, kind, doc)
             return _Elem(name, kind, inner.length, f, count, count_from)
         raise GeneratorError(f"field {name}: no dissector rule for {type(inner).__name__}")
+
+
+#: Fields that make a Struct a tensor description: shown with its name, shape, nbytes and sub-op names.
+TENSOR_FIELDS = frozenset({"id", "type", "ne", "nb", "op", "op_params", "name"})
+
+
+def _tensor_like(schema: Struct) -> bool:
+    return TENSOR_FIELDS <= {sub.name for sub in schema.subcons}
 
 
 def _offset_of(schema: Struct, name: str) -> int:

@@ -288,3 +288,26 @@ def test_reply_for_an_unknown_port_needs_the_heuristic(lua, tmp_path):
     got = dissected(run_tshark(lua, pcap))
     assert_same_as_decode(pcap, got)
     assert [m[1] for m in got[40000]][:2] == ["HELLO", "HELLO"]
+
+
+def test_a_field_added_to_the_spec_is_decoded_by_tshark(tmp_path):
+    """Generate from a modified SET_TENSOR Struct, encode with it, and tshark shows the new field's value."""
+    from construct import Int16ul, Struct
+    from ggml_rpc.spec import V6, Payload, Shape
+    from ggml_rpc.spec.messages import NO_REPLY, SET_TENSOR_V7_REQ
+    from ggml_rpc.spec.versions import CommandSpec
+
+    subs = SET_TENSOR_V7_REQ.schema.subcons
+    changed = Payload(Shape.HEADER_DATA, Struct(*subs[:2], "priority" / Int16ul * "new", *subs[2:]), "x")
+    v7x = V6.derive((7, 0, 0), replace={Command.SET_TENSOR: CommandSpec(Command.SET_TENSOR, changed, NO_REPLY, "x")})
+    lua = tmp_path / "changed.lua"
+    lua.write_text(generate([V6, v7x]))
+    t = make_tensor(id=0x30, ne=(64,), buffer=0xB0, data=0x2000, name="w")
+    steps = [
+        (Command.HELLO, {"conn_caps": b"\0" * 24}, None, hello_reply((7, 0, 0)), None),
+        (Command.SET_TENSOR, {"tensor": t, "cache_flag": 0, "priority": 513, "offset": 0}, b"\7" * 256, None, None),
+    ]
+    pcap = _session(tmp_path / "changed.pcap", v7x, steps)
+    rows = run_tshark(lua, pcap, fields=("ggml_rpc.priority", "ggml_rpc.data_len", "ggml_rpc.offset"),
+                      display_filter="ggml_rpc.priority")
+    assert [r[2:5] for r in rows] == [["513", "256", "0"]]
