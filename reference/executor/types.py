@@ -349,6 +349,37 @@ def _q_q8_k(x: np.ndarray) -> np.ndarray:
     return out
 
 
+_IQ4NL_F = IQ4NL_LEVELS.astype(np.float32)
+
+
+def nearest_level(v: np.ndarray) -> np.ndarray:
+    """Index of the IQ4_NL level nearest to each value (the lower one only when strictly nearer)."""
+    upper = np.clip(np.searchsorted(_IQ4NL_F, v, side="right"), 1, 15)
+    lower = upper - 1
+    pick_lower = (v - _IQ4NL_F[lower]) < (_IQ4NL_F[upper] - v)
+    idx = np.where(pick_lower, lower, upper)
+    idx = np.where(v <= _IQ4NL_F[0], 0, idx)
+    return np.where(v >= _IQ4NL_F[15], 15, idx).astype(np.uint8)
+
+
+def _q_iq4_nl(x: np.ndarray) -> np.ndarray:
+    # Reference quantiser: d0 = max / -127 picks the levels, then d is the x^2-weighted least-squares scale.
+    mx = _signed_absmax(x)
+    live = np.abs(mx) >= 1e-15
+    d0 = np.where(live, mx / np.float32(-127), np.float32(1))
+    levels = nearest_level(x * (np.float32(1) / d0))
+    q = _IQ4NL_F[levels]
+    w = x * x
+    sumqx = np.cumsum(w * q * x, axis=1, dtype=np.float32)[:, -1:]  # sequential sums, as the scalar loop adds
+    sumq2 = np.cumsum(w * q * q, axis=1, dtype=np.float32)[:, -1:]
+    d = np.where(live, sumqx / np.where(sumq2 == 0, np.float32(1), sumq2), np.float32(0))
+    levels = np.where(live, levels, 0).astype(np.uint8)
+    out = np.empty((x.shape[0], 18), dtype=np.uint8)
+    out[:, 0:2] = _to_half_bytes(d.astype(np.float32))
+    out[:, 2:18] = _pack_nibbles(levels)
+    return out
+
+
 QUANT: dict[int, Callable[[np.ndarray], np.ndarray]] = {
     Q4_0: _q_q4_0,
     Q4_1: _q_q4_1,
@@ -357,6 +388,7 @@ QUANT: dict[int, Callable[[np.ndarray], np.ndarray]] = {
     Q8_0: _q_q8_0,
     Q8_1: _q_q8_1,
     Q8_K: _q_q8_k,
+    IQ4_NL: _q_iq4_nl,
 }
 
 
