@@ -19,7 +19,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from construct import Array, Bytes, Construct, FormatField, Renamed, Struct
 from construct.expr import Path
@@ -426,10 +425,3 @@ def describe_fields(source: str) -> list[str]:
         if line.startswith("F[") and "ProtoField." in line:
             out.append(line.split('("', 1)[1].split('"', 1)[0])
     return out
-
-
-def summary(protocols: Sequence[Protocol] = PROTOCOLS) -> dict[str, Any]:
-    """Counts of what a generated dissector covers."""
-    fields = describe_fields(generate(protocols))
-    return {"versions": [p.label for p in protocols], "fields": len(fields),
-            "commands": sorted({c.name for p in protocols for c in p.commands})}

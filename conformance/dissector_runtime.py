@@ -445,7 +445,7 @@ walk = function(ctx, lay, tvb, pos, tree, vals)
     if e.count_from ~= nil then count = vals[e.count_from] end
     if count == nil then
       if pos + e.size > limit then
-        violation(ctx, tree, "payload ends inside field " .. e.name)
+        if not ctx.partial then violation(ctx, tree, "payload ends inside field " .. e.name) end
         return nil
       end
       local r = tvb(pos, e.size)
@@ -463,6 +463,7 @@ walk = function(ctx, lay, tvb, pos, tree, vals)
     else
       local total = count * e.size
       if pos + total > limit then
+        if ctx.partial then return nil end
         violation(ctx, tree, e.name .. ": " .. count .. " items need " .. total .. " bytes, the payload has "
           .. math.max(0, limit - pos))
         return nil
@@ -602,6 +603,7 @@ local function render_message(c, it, tvb, pinfo, tree, info)
   if payload.shape ~= "RAW" then
     if it.graph_partial then
       ctx.limit = pos + payload.size
+      ctx.partial = true
       item:add_proto_expert_info(E.note, "graph of " .. it.size .. " bytes: too large to decode, header shown")
     end
     local lay = payload.layout
