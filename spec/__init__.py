@@ -42,6 +42,7 @@ from .enums import (
     type_name,
 )
 from .errors import (
+    EncodeError,
     HandshakeError,
     ProtocolError,
     SizeLimitExceeded,

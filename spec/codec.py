@@ -22,6 +22,7 @@ import numpy as np
 
 from .enums import GGML_TYPE_COUNT, NEVER_ON_WIRE, TYPES, Command, command_name
 from .errors import (
+    EncodeError,
     HandshakeError,
     ProtocolError,
     SizeLimitExceeded,
@@ -128,6 +129,17 @@ def encode_payload(payload: Payload, fields: Mapping[str, Any] | None, data: Buf
     return parts
 
 
+def _encode_checked(
+    payload: Payload, fields: Mapping[str, Any] | None, data: Buffer | None, command: Command | int
+) -> list[Buffer]:
+    """encode_payload with a typed error naming the command for values that do not fit their fields."""
+    try:
+        return encode_payload(payload, fields, data)
+    except (struct.error, OverflowError, KeyError, TypeError, ValueError) as exc:
+        missing = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise EncodeError(f"cannot encode: {missing}", command=command_name(command)) from exc
+
+
 def _parts_size(parts: Sequence[Buffer]) -> int:
     return sum(memoryview(p).nbytes for p in parts)
 
@@ -139,7 +151,7 @@ def request_parts(
     spec = protocol.spec(command)
     if spec is None:
         raise UnknownCommand(f"not a command of protocol {protocol.label}", command=command_name(command))
-    body = encode_payload(spec.request, fields, data)
+    body = _encode_checked(spec.request, fields, data, command)
     return [REQUEST_HEADER.pack(int(command), _parts_size(body)), *body]
 
 
@@ -159,7 +171,7 @@ def reply_parts(
     if spec is None or not spec.has_reply:
         raise ProtocolError(f"has no reply in protocol {protocol.label}", command=command_name(command))
     assert isinstance(spec.reply, Payload)
-    body = encode_payload(spec.reply, fields, data)
+    body = _encode_checked(spec.reply, fields, data, command)
     return [REPLY_HEADER.pack(_parts_size(body)), *body]
 
 
@@ -167,7 +179,8 @@ def encode_reply(
     protocol: Protocol, command: Command | int, fields: Mapping[str, Any] | None = None, data: Buffer | None = None
 ) -> bytes:
     """The bytes of one reply (size header and payload)."""
-    return b"".join(bytes(p) if isinstance(p, memoryview) else p for p in reply_parts(protocol, command, fields, data))
+    parts = reply_parts(protocol, command, fields, data)
+    return b"".join(bytes(p) if isinstance(p, memoryview) else p for p in parts)
 
 
 def decode_payload(payload: Payload, buf: memoryview, *, command: str, base: int = 0) -> tuple[dict, memoryview | None]:
@@ -329,7 +342,37 @@ class _Stream:
         return view
 
 
-class RequestDecoder:
+class _StreamDecoder:
+    """What both directions share: the pending bytes, the stream offset and the feed loop."""
+
+    def __init__(self, protocol: Protocol | None, max_payload: int) -> None:
+        self.protocol = protocol
+        self.max_payload = max_payload
+        self._stream = _Stream()
+        self._index = 0
+
+    @property
+    def offset(self) -> int:
+        """Stream offset of the next undecoded byte."""
+        return self._stream.consumed
+
+    def receive_data(self, data: Buffer) -> None:
+        """Queue bytes (kept by reference: do not reuse the buffer afterwards)."""
+        self._stream.add(data)
+
+    def next_message(self) -> Any:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def feed(self, data: Buffer) -> list:
+        """Add bytes and return every message they complete."""
+        self.receive_data(data)
+        out = []
+        while (msg := self.next_message()) is not None:
+            out.append(msg)
+        return out
+
+
+class RequestDecoder(_StreamDecoder):
     """Client -> server bytes to :class:`Request` messages.
 
     ``protocol`` may be None until the HELLO reply names it (auto-detection): only HELLO decodes until then.
@@ -344,33 +387,14 @@ class RequestDecoder:
         validate: bool = True,
         expect_hello: bool = True,
     ) -> None:
-        self.protocol = protocol
-        self.max_payload = max_payload
+        super().__init__(protocol, max_payload)
         self.validate = validate
-        self._stream = _Stream()
         self._hello_seen = not expect_hello
-        self._index = 0
         self._header: tuple[int, int, int] | None = None  # (cmd, size, offset) of a message in progress
-
-    @property
-    def offset(self) -> int:
-        """Stream offset of the next undecoded byte."""
-        return self._stream.consumed
 
     @property
     def in_message(self) -> bool:
         return self._header is not None or self._stream.pending > 0
-
-    def receive_data(self, data: Buffer) -> None:
-        self._stream.add(data)
-
-    def feed(self, data: Buffer) -> list[Request]:
-        """Add bytes and return every request they complete."""
-        self.receive_data(data)
-        out = []
-        while (msg := self.next_message()) is not None:
-            out.append(msg)
-        return out
 
     def finish(self) -> None:
         """Declare the end of the stream: raises Truncated if it stopped inside a message."""
@@ -450,20 +474,13 @@ class RequestDecoder:
         return req
 
 
-class ReplyDecoder:
+class ReplyDecoder(_StreamDecoder):
     """Server -> client bytes to :class:`Reply` messages, paired with the requests that expect one."""
 
     def __init__(self, protocol: Protocol | None = None, *, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
-        self.protocol = protocol
-        self.max_payload = max_payload
-        self._stream = _Stream()
+        super().__init__(protocol, max_payload)
         self._pending: deque[tuple[Request, Payload, int]] = deque()
-        self._index = 0
         self._size: tuple[int, int] | None = None
-
-    @property
-    def offset(self) -> int:
-        return self._stream.consumed
 
     @property
     def awaiting(self) -> int:
@@ -485,17 +502,8 @@ class ReplyDecoder:
         self._pending.append((request, spec.reply, expected))
         return True
 
-    def receive_data(self, data: Buffer) -> None:
-        self._stream.add(data)
-
-    def feed(self, data: Buffer) -> list[Reply]:
-        self.receive_data(data)
-        out = []
-        while (msg := self.next_message()) is not None:
-            out.append(msg)
-        return out
-
     def finish(self) -> None:
+        """Declare the end of the stream: raises Truncated if it stopped inside a reply."""
         if self._size is not None:
             size, off = self._size
             raise Truncated(f"stream ended {size - self._stream.pending} bytes short of a {size}-byte reply",

@@ -60,3 +60,7 @@ class HandshakeError(ProtocolError):
 
 class SpecViolation(ProtocolError):
     """A well-framed message whose content breaks a rule (an invalid type, a region past the tensor...)."""
+
+
+class EncodeError(ProtocolError):
+    """Values that do not fit the fields of the message being built (a caller's mistake, not a peer's)."""
