@@ -84,6 +84,11 @@ class CacheFlagTracker:
         self._last: tuple[Command, Mapping[str, Any]] | None = None  # previous request
         self._miss: Mapping[str, Any] | None = None  # fields of a SET_TENSOR_HASH that just missed
 
+    @property
+    def after_miss(self) -> bool:
+        """True right after a SET_TENSOR_HASH miss: the next SET_TENSOR's data must be hashed."""
+        return self._miss is not None
+
     def request(self, command: Command, fields: Mapping[str, Any], index: int,
                 data_hash: Callable[[], int]) -> Violation | None:
         """Check one request; ``data_hash`` computes the FNV-1a of a SET_TENSOR's data when needed."""

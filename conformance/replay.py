@@ -125,21 +125,26 @@ def load_captures(paths: Sequence[str | Path], protocol: Protocol | None = None)
     for path in paths:
         conns = decode_file(path, protocol, validate=False)
         for dc in conns:
-            if dc.error is not None:
-                raise ReplayError(f"{path}: connection {dc.conn.index} does not decode ({dc.error}); "
-                                  "run `ggml-rpc decode` for details")
-            if dc.protocol is None:
+            # A client stream that breaks the spec is replayed as recorded up to the break, then sent raw: the
+            # recorded server closed there, the target must too.  A broken server stream cannot be replayed.
+            if dc.error is not None and dc.error_direction != "client->server":
+                raise ReplayError(f"{path}: connection {dc.conn.index}: the recorded server's replies do not decode "
+                                  f"({dc.error}); run `ggml-rpc decode` for details")
+            if dc.protocol is None and dc.error is None:
                 raise ReplayError(f"{path}: connection {dc.conn.index}: protocol version unknown (no HELLO reply)")
         out.append(LoadedCapture(str(path), conns))
     return out
 
 
-def source_protocol(captures: Sequence[LoadedCapture]) -> Protocol:
-    """The one version the captures speak (ReplayError if they mix versions)."""
+def source_protocol(captures: Sequence[LoadedCapture], default: Protocol | None = None) -> Protocol:
+    """The one version the captures speak (ReplayError if they mix versions); ``default`` when no connection got
+    as far as a HELLO reply."""
     versions = {dc.protocol.label: dc.protocol for cap in captures for dc in cap.connections
                 if dc.protocol is not None}
     if not versions:
-        raise ReplayError("the captures hold no connection to replay")
+        if default is not None:
+            return default
+        raise ReplayError("no connection of the captures names its version (no HELLO reply): give --proto or --as")
     if len(versions) > 1:
         raise ReplayError(f"the captures mix protocol versions ({', '.join(sorted(versions))}): replay them "
                           "separately")
@@ -302,7 +307,7 @@ class Replayer:
     ) -> None:
         self.captures = list(captures)
         self.until_compute = until_compute
-        self.source = source_protocol(self.captures)
+        self.source = source_protocol(self.captures, as_protocol)
         self.target = as_protocol or self.source
         self.host, self.port = host, port
         self.tolerance = nmse_tolerance
@@ -418,6 +423,27 @@ class Replayer:
                     hit = got[0] != 0
                     if not hit:
                         last_miss = req
+            if dc.error is not None:
+                self._send_broken_tail(path, dc, client)
+
+    def _send_broken_tail(self, path: str, dc: DecodedConnection, client: RpcClient) -> None:
+        """Send the client bytes from the first request that does not decode, and expect the server to close."""
+        last = dc.requests[-1] if dc.requests else None
+        start = last.offset + last.wire_size if last is not None else 0
+        tail = memoryview(dc.conn.c2s.data)[start:]
+        self.report.requests += 1
+        self.report.compared["close"] += 1
+        try:
+            client.send_raw(tail)
+            self.report.bytes_sent += tail.nbytes
+        except ConnectionClosed:
+            return  # closed while we were still sending: what the recorded server did
+        if not client.expect_closed(timeout=min(self.timeout, 5.0)):
+            assert dc.error is not None
+            self.report.mismatches.append(Mismatch(
+                path, dc.conn.index, len(dc.requests), dc.error.command or "?", "close",
+                f"the server to close on bytes that break the spec ({dc.error.message})",
+                "a reply or an open connection"))
 
     def _reply_size(self, cmd: Command, req: Request) -> int:
         spec = self.target.spec(cmd)

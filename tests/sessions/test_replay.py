@@ -141,10 +141,18 @@ def test_user_mistakes_exit_2(real_captures, tmp_path):
     assert main(["replay", str(tmp_path / "missing.pcap")]) == 2
 
 
-def test_load_refuses_undecodable_captures(tmp_path):
+def test_load_refuses_captures_whose_server_side_does_not_decode(tmp_path):
     path = tmp_path / "junk.pcap"
-    write_session(path, [[(True, b"\x03" + bytes(8))]])
+    write_session(path, [[*hello(V7), (True, encode_request(V7, Command.DEVICE_COUNT, {})), (False, bytes(8))]])
     from ggml_rpc.conformance.replay import ReplayError
 
-    with pytest.raises(ReplayError, match="does not decode"):
+    with pytest.raises(ReplayError, match="replies do not decode"):
         load_captures([path])
+
+
+def test_a_client_stream_that_breaks_the_spec_must_make_the_server_close(tmp_path):
+    path = tmp_path / "broken.pcap"
+    write_session(path, [[(True, b"\x03" + bytes(8))]])  # no HELLO first
+    with running_server("7") as srv:
+        report = replay([path], srv.host, srv.port, as_protocol=V7)
+    assert report.mismatches == [] and report.compared["close"] == 1

@@ -1,0 +1,82 @@
+"""``ggml-rpc pcap record --scenario NAME [--proto 6|7] -o OUT.pcap``: record a named client session as a pcap."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .cmd_replay import parse_address
+from .scenarios import SCENARIOS, Recording, record
+
+MANIFEST_DOC = ("Sessions recorded by `ggml-rpc pcap record` (the kit's client, through the recording proxy, against "
+                "the reference server). Re-record them all with `ggml-rpc pcap record --all fixtures/`.")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("pcap", help="record named client sessions as pcap files")
+    pcap_sub = p.add_subparsers(dest="pcap_command", metavar="ACTION")
+    pcap_sub.required = True
+    rec = pcap_sub.add_parser("record", help="run a scenario and write what went over the wire",
+                              description="Scenarios: " + "; ".join(f"{s.name} (v{'/v'.join(map(str, s.majors))}): "
+                                                                      f"{s.exercises}" for s in SCENARIOS.values()))
+    rec.add_argument("--scenario", choices=sorted(SCENARIOS), help="the session to run")
+    rec.add_argument("--proto", default="7", choices=["6", "7"], help="protocol version (default 7)")
+    rec.add_argument("-o", "--output", help="pcap file to write")
+    rec.add_argument("--server", default=None, metavar="HOST:PORT",
+                     help="record against this server (default: a fresh reference server with the hash cache on)")
+    rec.add_argument("--mss", type=int, default=None, help="TCP segment size in the pcap (default 65495)")
+    rec.add_argument("--all", default=None, metavar="DIR",
+                     help="record every scenario for every version it exists in into DIR, with manifest.json")
+    rec.set_defaults(func=run_record)
+    lst = pcap_sub.add_parser("scenarios", help="list the scenarios")
+    lst.set_defaults(func=run_list)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    for s in SCENARIOS.values():
+        print(f"{s.name:18} v{'/v'.join(map(str, s.majors)):6} {s.exercises}")
+    return 0
+
+
+def fixture_name(scenario: str, proto: str) -> str:
+    return f"v{proto}-{scenario}.pcap"
+
+
+def record_all(directory: Path, *, mss: int | None = None) -> list[Recording]:
+    """Every scenario in every version it exists in, plus ``manifest.json``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    out = []
+    for sc in SCENARIOS.values():
+        for major in sc.majors:
+            out.append(record(sc.name, str(major), directory / fixture_name(sc.name, str(major)), mss=mss))
+    manifest = {"doc": MANIFEST_DOC, "fixtures": [r.manifest_entry() for r in out]}
+    (directory / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return out
+
+
+def run_record(args: argparse.Namespace) -> int:
+    from .cli import UsageError
+
+    if args.all:
+        if args.scenario or args.output or args.server:
+            raise UsageError("--all records every scenario against fresh reference servers: no --scenario, -o or "
+                             "--server with it")
+        for r in record_all(Path(args.all), mss=args.mss):
+            print(f"{r.path}: {r.scenario} v{r.protocol}, {r.stats.connections} connection(s), "
+                  f"{r.stats.requests} request(s)")
+        return 0
+    if not args.scenario or not args.output:
+        raise UsageError("--scenario and -o are required (or --all DIR)")
+    server = parse_address(args.server) if args.server else None
+    try:
+        r = record(args.scenario, args.proto, args.output, server=server, mss=args.mss)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"recording failed: {exc}") from None
+    print(f"{r.path}: {r.scenario} v{r.protocol}, {r.stats.connections} connection(s), {r.stats.requests} "
+          f"request(s), {r.stats.bytes_c2s + r.stats.bytes_s2c} bytes")
+    for note in r.notes:
+        print(f"  {note}")
+    return 0

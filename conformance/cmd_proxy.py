@@ -1,0 +1,54 @@
+"""``ggml-rpc proxy --listen HOST:PORT --upstream HOST:PORT``: forward, record a pcap, check both sides live."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+
+from .cmd_replay import parse_address
+from .lint import Violation
+from .proxy import Proxy
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("proxy", help="transparent recording proxy between a client and a server",
+                       description="Forwards every connection made to --listen to --upstream, decoding both "
+                       "directions on the way; --pcap records what passed, --check reports spec violations of "
+                       "either side as they happen (the rules of `ggml-rpc lint`).")
+    p.add_argument("--listen", default="127.0.0.1:50053", metavar="HOST:PORT", help="address to listen on")
+    p.add_argument("--upstream", required=True, metavar="HOST:PORT", help="the real server")
+    p.add_argument("--pcap", default=None, metavar="OUT", help="write what passed as a pcap file")
+    p.add_argument("--check", action="store_true", help="report spec violations as they happen")
+    p.add_argument("--mss", type=int, default=None, help="segment size of the recorded TCP packets")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .cli import UsageError
+
+    listen = parse_address(args.listen)
+    upstream = parse_address(args.upstream)
+
+    def show(v: Violation) -> None:
+        print(f"VIOLATION {v.line()}", file=sys.stdout, flush=True)
+
+    try:
+        proxy = Proxy(upstream, listen, pcap=args.pcap, check=args.check, on_violation=show, mss=args.mss)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
+    print(f"ggml-rpc proxy: {proxy.host}:{proxy.port} -> {upstream[0]}:{upstream[1]}"
+          f"{' recording ' + args.pcap if args.pcap else ''}{' checking' if args.check else ''}", flush=True)
+    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        proxy.stop()
+    s = proxy.stats
+    print(f"ggml-rpc proxy: {s.connections} connection(s), {s.requests} request(s), {s.replies} reply(ies), "
+          f"{s.bytes_c2s} bytes up, {s.bytes_s2c} bytes down, {len(s.violations)} violation(s)", flush=True)
+    return 1 if args.check and s.violations else 0

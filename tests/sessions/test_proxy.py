@@ -1,0 +1,105 @@
+"""The recording proxy: transparent, records a pcap that decodes, tshark reads and replays cleanly, checks live."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ggml_rpc.conformance.cli import main
+from ggml_rpc.conformance.client import RpcClient
+from ggml_rpc.conformance.lint import lint_file
+from ggml_rpc.conformance.proxy import running_proxy
+from ggml_rpc.conformance.replay import replay
+from ggml_rpc.conformance.scenarios import Session, cache_flag_abuse, inference, model_load
+from ggml_rpc.conformance.session import decode_file
+from ggml_rpc.reference import running_server
+from ggml_rpc.spec import fnv1a64, make_tensor
+
+from .conftest import tshark_problems
+
+
+@pytest.mark.parametrize("proto", ["6", "7"])
+def test_proxied_session_decodes_reads_and_replays_clean(tmp_path, proto):
+    pcap = tmp_path / "proxied.pcap"
+    seen = []
+    with running_server(proto, cache_dir=str(tmp_path / "cache")) as srv, \
+            running_proxy(srv.address, pcap=pcap, check=True, on_violation=seen.append) as px:
+        session = Session(px.host, px.port, srv.protocol)
+        model_load(session)
+        inference(session)
+    assert seen == []
+    assert px.stats.connections == 4 and px.stats.violations == []
+    decoded = decode_file(pcap)
+    assert all(dc.error is None for dc in decoded) and len(decoded) == 4
+    assert sum(len(dc.requests) for dc in decoded) == px.stats.requests
+    assert main(["decode", str(pcap)]) == 0
+    assert tshark_problems(pcap) == ""
+    with running_server(proto, cache_dir=str(tmp_path / "cache2")) as srv:
+        report = replay([pcap], srv.host, srv.port)
+    assert report.mismatches == [] and report.compared["computed"] == 5
+
+
+def test_bulk_bytes_pass_unchanged_at_small_mss(tmp_path):
+    pcap = tmp_path / "bulk.pcap"
+    data = np.random.default_rng(5).integers(0, 256, 3 << 20, dtype=np.uint8).tobytes()
+    with running_server("7") as srv, running_proxy(srv.address, pcap=pcap, mss=1460) as px:
+        with RpcClient.connect(px.host, px.port) as c:
+            handle, _ = c.alloc_buffer(0, len(data))
+            t = make_tensor(id=1, type=24, ne=(len(data),), buffer=handle, data=c.buffer_get_base(handle))
+            c.set_tensor(t, 0, data)
+            assert bytes(c.get_tensor(t, 0, len(data))) == data
+    assert px.stats.bytes_c2s > len(data) and px.stats.bytes_s2c > len(data)
+    (dc,) = decode_file(pcap)
+    assert dc.error is None
+    assert fnv1a64(dc.replies[-1].data) == fnv1a64(data)
+
+
+def test_live_check_reports_what_lint_reports(tmp_path):
+    pcap = tmp_path / "abuse.pcap"
+    seen = []
+    with running_server("7", cache_dir=str(tmp_path / "c")) as srv, \
+            running_proxy(srv.address, pcap=pcap, check=True, on_violation=seen.append) as px:
+        cache_flag_abuse(Session(px.host, px.port, srv.protocol))
+    assert [(v.rule, v.index) for v in seen] == [(v.rule, v.index) for v in lint_file(pcap)]
+    assert len(seen) == 3
+
+
+@pytest.mark.parametrize(("request_bytes", "answer", "rule"), [
+    (b"\x0f" + bytes(8), bytes(8) + bytes(8), "REPLY-SIZE"),  # DEVICE_COUNT answered with 8 payload bytes
+    (b"\x04" + (8).to_bytes(8, "little") + bytes(8), bytes(8), "NO-REPLY"),  # FREE_BUFFER answered, v5 style
+])
+def test_live_check_sees_wrong_replies(request_bytes, answer, rule):
+    """A fake server that answers what it must not; the proxy reports it as the reply passes."""
+    import socket
+    import threading
+
+    from ggml_rpc.spec import V7, Command, encode_reply, hello_reply
+
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(1)
+
+    def serve() -> None:
+        conn, _ = lsock.accept()
+        with conn:
+            conn.recv(33)
+            conn.sendall(encode_reply(V7, Command.HELLO, hello_reply(V7.version)))
+            conn.recv(len(request_bytes))
+            conn.sendall(answer)
+            conn.recv(100)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    seen = []
+    with running_proxy(lsock.getsockname(), check=True, on_violation=seen.append) as px:
+        with RpcClient.connect(px.host, px.port) as c:
+            c.send_raw(request_bytes)
+            c.recv_reply_raw()
+    t.join(5)
+    lsock.close()
+    assert [v.rule for v in seen] == [rule]
+
+
+def test_cli_usage_errors():
+    assert main(["proxy", "--upstream", "nonsense"]) == 2
+    assert main(["pcap", "record", "--scenario", "inference"]) == 2
+    assert main(["pcap", "record", "--scenario", "cache-flag-abuse", "--proto", "6", "-o", "/tmp/x.pcap"]) == 2
