@@ -645,6 +645,8 @@ local function render_message(c, it, tvb, pinfo, tree, info)
   info[#info + 1] = summary
 end
 
+local last_info = { frame = -1, text = "" }
+
 local function render(res, tvb, pinfo, tree)
   local info = {}
   local c = res.conv
@@ -666,7 +668,15 @@ local function render(res, tvb, pinfo, tree)
       render_message(c, it, tvb, pinfo, tree, info)
     end
   end
-  if #info > 0 then pinfo.cols.info:set(table.concat(info, " | ")) end
+  if #info == 0 then return end
+  local text = table.concat(info, " | ")
+  -- TCP fences the column between the messages of one frame: a second call in the same frame appends.
+  if last_info.frame == pinfo.number and tostring(pinfo.cols.info):find(last_info.text, 1, true) then
+    pinfo.cols.info:append(" | " .. text)
+  else
+    pinfo.cols.info:set(text)
+  end
+  last_info.frame, last_info.text = pinfo.number, text
 end
 
 function P.dissector(tvb, pinfo, tree)
