@@ -246,7 +246,11 @@ class _Payload:
 
 def generate(protocols: Sequence[Protocol] = PROTOCOLS, *, port: int = DEFAULT_PORT,
              reassemble_bulk: bool = False) -> str:
-    """The Lua source of a dissector for the given protocol tables (oldest first)."""
+    """The Lua source of a dissector for the given protocol tables (oldest first).
+
+    ``reassemble_bulk`` makes Wireshark reassemble whole messages, bulk data included, so each message sits in one
+    frame (at the cost of holding the largest one in memory); by default bulk bytes are only counted.
+    """
     if not protocols:
         raise GeneratorError("no protocol table given")
     value_fields = {

@@ -131,6 +131,15 @@ def test_reordered_segments_without_out_of_order_reassembly(lua, real_captures):
     assert_same_as_decode(pcap, dissected(run_tshark(lua, pcap, port=50060)))
 
 
+def test_whole_message_reassembly_option(tmp_path, real_captures):
+    lua = tmp_path / "bulk.lua"
+    lua.write_text(generate(reassemble_bulk=True))
+    pcap = real_captures / "v7-v7-test-backend-ops.pcap"
+    rows = run_tshark(lua, pcap, fields=("ggml_rpc.pdu", "ggml_rpc.continuation"))
+    assert_same_as_decode(pcap, dissected(rows))
+    assert not any(r[3] for r in rows)  # no continuation pieces: every message is whole
+
+
 def test_second_pass_renders_what_the_first_pass_found(lua, real_captures):
     pcap = real_captures / "v7-v7-test-backend-ops.pcap"
     rows = run_tshark(lua, pcap, options=("-2",), fields=("ggml_rpc.pdu", "ggml_rpc.response_in"))
