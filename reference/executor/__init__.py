@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from ggml_rpc.spec import NATIVE_CALLBACK_OPS, GgmlOp, GluOp, TensorFlag, UnaryOp, op_name
 
 from ..graph import ExecutorError, GraphTensor
-from . import attention, elementwise, layout, matmul, norm, reduce, rope, rows, softmax
+from . import attention, conv, elementwise, generate, layout, matmul, norm, reduce, rope, rows, softmax
 from .core import KERNELS, SUPPORT
 from .memory import Memory, node_error
 from .table import render_ops_table, supported_ops

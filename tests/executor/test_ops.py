@@ -463,3 +463,66 @@ def test_reductions(arena):
     assert arena.raw(desc)[0, 0].tolist() == [[2, 3, 0, 1], [3, 0, 1, 2]]
     assert arena.raw(top)[0, 0].tolist() == [[2, 3], [3, 0]]
     np.testing.assert_array_equal(arena.get(cs), np.cumsum(x, axis=-1))
+
+
+# ---- generators, masks, images ---------------------------------------------------------------------------------
+
+
+def test_arange_tri_timestep_embedding(arena):
+    ar = arena.tensor(F32, (5,), op=GgmlOp.ARANGE, params=params(1.0, 3.5, 0.5))
+    x = rand(1, 1, 3, 3)
+    a = filled(arena, F32, (3, 3), x)
+    tris = [arena.tensor(F32, (3, 3), op=GgmlOp.TRI, src=(a,), params=params(k)) for k in range(4)]
+    ts = filled(arena, F32, (2,), np.array([0.0, 3.0], np.float32))
+    emb = arena.tensor(F32, (6, 2), op=GgmlOp.TIMESTEP_EMBEDDING, src=(ts,), params=params(6, 100))
+    execute([ar, *tris, emb])
+    assert arena.get(ar).ravel().tolist() == [1.0, 1.5, 2.0, 2.5, 3.0]
+    col, row = np.arange(3)[None, :], np.arange(3)[:, None]
+    for t, keep in zip(tris, [col >= row, col > row, col <= row, col < row], strict=True):
+        np.testing.assert_array_equal(arena.get(t)[0, 0], np.where(keep, x[0, 0], 0))
+    freqs = np.exp(-math.log(100) * np.arange(3) / 3)
+    want = np.concatenate([np.cos(3.0 * freqs), np.sin(3.0 * freqs)])
+    np.testing.assert_allclose(arena.get(emb)[0, 0, 1], want, rtol=1e-5)
+    assert arena.get(emb)[0, 0, 0].tolist() == [1, 1, 1, 0, 0, 0]
+
+
+def naive_conv(x: np.ndarray, k: np.ndarray, s: int, p: int) -> np.ndarray:
+    """x (N, C, H, W), k (OC, C, KH, KW) -> (N, OC, OH, OW), plain loops."""
+    n, c, h, w = x.shape
+    oc, _, kh, kw = k.shape
+    xp = np.zeros((n, c, h + 2 * p, w + 2 * p), np.float64)
+    xp[:, :, p : p + h, p : p + w] = x
+    oh, ow = (h + 2 * p - kh) // s + 1, (w + 2 * p - kw) // s + 1
+    out = np.zeros((n, oc, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            patch = xp[:, :, i * s : i * s + kh, j * s : j * s + kw]
+            out[:, :, i, j] = np.einsum("nchw,ochw->no", patch, k)
+    return out
+
+
+def test_conv_2d_and_im2col(arena):
+    x, k = rand(2, 3, 5, 6), rand(4, 3, 3, 3, seed=1)  # input [W6, H5, C3, N2], kernel [3, 3, C3, OC4]
+    xi = filled(arena, F32, (6, 5, 3, 2), x)
+    ki = filled(arena, F32, (3, 3, 3, 4), k)
+    conv = arena.tensor(F32, (3, 3, 4, 2), op=GgmlOp.CONV_2D, src=(ki, xi), params=params(2, 2, 1, 1, 1, 1))
+    cols = arena.tensor(F32, (27, 3, 3, 2), op=GgmlOp.IM2COL, src=(ki, xi), params=params(2, 2, 1, 1, 1, 1, 1))
+    execute([conv, cols])
+    want = naive_conv(x, k, 2, 1)
+    np.testing.assert_allclose(arena.get(conv), want, rtol=1e-4, atol=1e-5)
+    # im2col rows times the flattened kernel give the same convolution.
+    via_cols = arena.get(cols) @ k.reshape(4, 27).T  # (N, OH, OW, OC)
+    np.testing.assert_allclose(via_cols.transpose(0, 3, 1, 2), want, rtol=1e-4, atol=1e-5)
+
+
+def test_pool_2d_and_upscale(arena):
+    x = rand(1, 2, 4, 4)
+    a = filled(arena, F32, (4, 4, 2), x)
+    mx = arena.tensor(F32, (2, 2, 2), op=GgmlOp.POOL_2D, src=(a,), params=params(0, 2, 2, 2, 2, 0, 0))
+    avg = arena.tensor(F32, (2, 2, 2), op=GgmlOp.POOL_2D, src=(a,), params=params(1, 2, 2, 2, 2, 0, 0))
+    up = arena.tensor(F32, (8, 8, 2), op=GgmlOp.UPSCALE, src=(a,), params=params(0))
+    execute([mx, avg, up])
+    blocks = x.reshape(1, 2, 2, 2, 2, 2)
+    np.testing.assert_allclose(arena.get(mx), blocks.max(axis=(3, 5)))
+    np.testing.assert_allclose(arena.get(avg), blocks.mean(axis=(3, 5)), rtol=1e-6)
+    np.testing.assert_array_equal(arena.get(up), x.repeat(2, axis=2).repeat(2, axis=3))
