@@ -58,7 +58,3 @@ def render_ops_table() -> str:
         "",
     ]
     return "\n".join(lines)
-
-
-if __name__ == "__main__":  # python -m ggml_rpc.reference.executor.table > reference/OPS.md
-    print(render_ops_table(), end="")

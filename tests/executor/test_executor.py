@@ -108,7 +108,7 @@ def test_tensor_without_server_memory_is_refused(arena):
     a = GraphTensor(id=5, type=F32, ne=(4, 1, 1, 1), nb=(4, 16, 16, 16), op=0, op_params=np.zeros(16, np.int32),
                     flags=0, name="host")
     out = arena.tensor(F32, (4,), op=GgmlOp.ADD, src=(a, a))
-    with pytest.raises(ExecutorError, match="host F32.*has no server memory"):
+    with pytest.raises(ExecutorError, match=r"host F32.*has no server memory"):
         execute([out])
 
 
@@ -145,4 +145,4 @@ def test_ops_table_covers_every_op_and_the_checked_in_copy_is_current():
         assert f"GLU/{sub.name}" in rows
     assert {"MUL_MAT", "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "GET_ROWS", "RMS_NORM"} <= rows
     assert OPS_MD.read_text(encoding="utf-8") == table, (
-        "reference/OPS.md is stale: python -m ggml_rpc.reference.executor.table > reference/OPS.md")
+        "reference/OPS.md is stale: python -m ggml_rpc.reference.executor > reference/OPS.md")
