@@ -645,23 +645,30 @@ class Runner:
         except Unsupported as exc:
             result = Result(check, Outcome.UNSUPPORTED, str(exc))
         except ConnectionClosed as exc:
-            result = Result(check, Outcome.FAIL, f"the server closed the connection during a valid exchange: {exc}",
-                            failed_level=check.level)
+            result = self._broken(ctx, "the server closed the connection during a valid exchange", exc,
+                                  "the reply, connection open")
         except ProtocolError as exc:
-            result = Result(check, Outcome.FAIL, f"the server's reply breaks the framing: {exc}",
-                            failed_level=check.level)
-        except TimeoutError:
-            result = Result(check, Outcome.FAIL, f"no answer within {self.timeout:g} s", failed_level=check.level)
+            result = self._broken(ctx, "the server's reply breaks the framing", exc, "a reply of the spec's size")
+        except TimeoutError as exc:
+            result = self._broken(ctx, f"no answer within {self.timeout:g} s", exc, "an answer")
         except OSError as exc:
-            result = Result(check, Outcome.FAIL, f"socket error: {exc}", failed_level=check.level)
+            result = self._broken(ctx, "socket error", exc, "a working connection")
         except Exception as exc:  # a bug in the check, reported as such rather than as a server failure
             result = Result(check, Outcome.ERROR, f"check crashed: {type(exc).__name__}: {exc}",
                             failed_level=check.level)
+            ctx.note("check crashed", got=f"{type(exc).__name__}: {exc}")
         finally:
             ctx.close_all()
         result.duration = time.perf_counter() - t0
         result.evidence = ctx.evidence
         return result
+
+    @staticmethod
+    def _broken(ctx: Context, what: str, exc: BaseException, expected: str) -> Result:
+        """A check interrupted by the server's behaviour: a failure, with the exception as evidence."""
+        detail = str(exc) or type(exc).__name__
+        ctx.note(what, expected=expected, got=detail)
+        return Result(ctx.check, Outcome.FAIL, f"{what}: {detail}", failed_level=ctx.check.level)
 
     def _after(self, check: Check, result: Result) -> None:
         """Make sure the server survived; record a death and restart (spawned) or stop the run."""

@@ -20,7 +20,8 @@ from ggml_rpc.conformance.checks._support import check as _check
 from ggml_rpc.conformance.checks.framing import add_graph, graph_bytes
 from ggml_rpc.conformance.harness import Category, Context, Level, hexdump
 from ggml_rpc.spec import Command as C
-from ggml_rpc.spec import make_tensor
+from ggml_rpc.spec import make_tensor, null_tensor
+from ggml_rpc.spec.tensor import GGML_MAX_SRC
 
 DA = Category.DATA
 
@@ -233,8 +234,13 @@ def hash_miss(ctx: Context) -> None:
 def supports_op(ctx: Context) -> str:
     buf = session(ctx)
     _nodes, tensors = add_graph(buf)
-    got = buf.client.supports_op(0, tensors[2], tensors[:2])
-    return f"ADD supported: {got}"
+    srcs = [tensors[0], tensors[1]] + [null_tensor() for _ in range(GGML_MAX_SRC - 2)]
+    reply = buf.client.request(C.GET_DEVICE_SUPPORTS_OP, {"device": 0, "op": tensors[2], "srcs": srcs})
+    assert reply is not None
+    value = reply.fields["supported"]
+    if value not in (0, 1):
+        raise fail("GET_DEVICE_SUPPORTS_OP answered neither 0 nor 1", expected="00 or 01", got=f"{value:02x}")
+    return f"ADD supported: {bool(value)}"
 
 
 def _no_reply(ctx: Context, command: C, build) -> None:

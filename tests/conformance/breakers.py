@@ -1,0 +1,549 @@
+"""One breaker per conformance check: a server that breaks exactly the rule the check enforces.
+
+``BREAKERS[check_id]`` builds the breaker; the test runs the check against the reference server behind it and
+expects a failure with evidence.  A new check without an entry here fails that test.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from faulty import (
+    AcceptBad,
+    Act,
+    Breaker,
+    Conn,
+    Inject,
+    Msg,
+    RewriteReply,
+    RewriteRequest,
+    request_bytes,
+)
+from ggml_rpc.spec import (
+    HASH_THRESHOLD,
+    TYPES,
+    Command,
+    GgmlOp,
+    GgmlType,
+    cache_file_name,
+    fnv1a64,
+    tensor_nbytes,
+)
+from ggml_rpc.spec.codec import REPLY_HEADER
+from ggml_rpc.spec.messages import Shape
+
+C = Command
+U64 = (1 << 64) - 1
+
+
+# ---- predicates over one request ---------------------------------------------------------------------------------
+
+
+def tensors_of(msg: Msg) -> list[dict[str, Any]]:
+    f = msg.fields or {}
+    out = [f[k] for k in ("tensor", "src", "dst", "op") if isinstance(f.get(k), dict)]
+    out += [t for t in f.get("srcs", []) if isinstance(t, dict) and t.get("id")]
+    return out
+
+
+def bad_type(t: dict) -> bool:
+    return t["type"] >= len(TYPES)
+
+
+def removed_type(t: dict) -> bool:
+    return t["type"] < len(TYPES) and TYPES[t["type"]].removed
+
+
+def region(conn: Conn, t: dict) -> tuple[int, int] | None:
+    """(start, end) of a known buffer holding tensor ``t`` (by handle), or None."""
+    entry = conn.buffers.get(t["buffer"])
+    if entry is None or not entry[1]:
+        return None
+    return entry[1], entry[1] + entry[0]
+
+
+def nbytes(t: dict) -> int:
+    return tensor_nbytes(t) if not bad_type(t) and not removed_type(t) else 0
+
+
+def outside(conn: Conn, t: dict) -> bool:
+    r = region(conn, t)
+    return r is not None and (t["data"] < r[0] or t["data"] + nbytes(t) > r[1])
+
+
+def unknown_buffer(conn: Conn, t: dict) -> bool:
+    return t["buffer"] not in conn.buffers
+
+
+def cmd_is(*cmds: Command) -> Callable[[Conn, Msg], bool]:
+    return lambda conn, msg: msg.cmd in cmds
+
+
+def data_len(msg: Msg) -> int:
+    return len(msg.data) if msg.data is not None else 0
+
+
+def set_region_outside(conn: Conn, msg: Msg) -> bool:
+    if msg.cmd != C.SET_TENSOR or msg.fields is None:
+        return False
+    t = msg.fields["tensor"]
+    r = region(conn, t)
+    if r is None:
+        return False
+    start = t["data"] + msg.fields["offset"]
+    return start < r[0] or start >= r[1] or data_len(msg) > r[1] - start
+
+
+def get_region_outside(conn: Conn, msg: Msg) -> bool:
+    if msg.cmd != C.GET_TENSOR or msg.fields is None:
+        return False
+    t = msg.fields["tensor"]
+    r = region(conn, t)
+    if r is None:
+        return False
+    start = t["data"] + msg.fields["offset"]
+    return start < r[0] or start >= r[1] or msg.fields["size"] > r[1] - start
+
+
+def graph_counts(msg: Msg) -> tuple[int, int] | None:
+    """(n_nodes, n_tensors) from a raw GRAPH_COMPUTE payload, as far as it goes."""
+    p = msg.payload
+    if len(p) < 8:
+        return None
+    n_nodes = struct.unpack_from("<I", p, 4)[0]
+    end = 8 + 8 * n_nodes
+    if len(p) < end + 4:
+        return n_nodes, -1
+    return n_nodes, struct.unpack_from("<I", p, end)[0]
+
+
+def graph_tensors(msg: Msg) -> tuple[list[int], np.ndarray] | None:
+    if msg.cmd != C.GRAPH_COMPUTE or msg.fields is None:
+        return None
+    return [int(n) for n in msg.fields["nodes"]], msg.fields["tensors"]
+
+
+# ---- reply rewriting helpers --------------------------------------------------------------------------------------
+
+
+def put(fmt: str, value: int, offset: int = 0) -> Callable[[Conn, Msg, bytes], bytes]:
+    def fn(conn: Conn, msg: Msg, body: bytes) -> bytes:
+        out = bytearray(body)
+        struct.pack_into(fmt, out, offset, value)
+        return bytes(out)
+
+    return fn
+
+
+def after_first(fn: Callable[[Conn, Msg, bytes], bytes]) -> Callable[[Conn, Msg, bytes], bytes]:
+    """Only on connections after the runner's own handshake (connection 1), so the run can start."""
+    return lambda conn, msg, body: fn(conn, msg, body) if conn.index > 1 else body
+
+
+def result(value: int) -> bytes:
+    return REPLY_HEADER.pack(1) + bytes([value])
+
+
+# ---- stateful breakers ---------------------------------------------------------------------------------------------
+
+
+class Stateful(Breaker):
+    """A breaker given as a function of (conn, msg) returning an Act or None."""
+
+    def __init__(self, fn: Callable[[Conn, Msg], Act | None]) -> None:
+        self.fn = fn
+
+    def request(self, conn: Conn, msg: Msg) -> Act | None:
+        return self.fn(conn, msg)
+
+
+class SharedUpstream(Breaker):
+    """Every client connection is multiplexed onto one server connection: buffers outlive and cross clients."""
+
+    shared_upstream = True
+
+
+class MemoryCache(Breaker):
+    """A server whose cache lives in memory: entries answer by hash, but no file named after the hash exists."""
+
+    def __init__(self) -> None:
+        self.entries: dict[int, bytes] = {}
+
+    def request(self, conn: Conn, msg: Msg) -> Act | None:
+        f = msg.fields
+        if f is None:
+            return None
+        rule = conn.protocol.cache_rule
+        if msg.cmd == C.SET_TENSOR and msg.data is not None and rule.server_saves(len(msg.data),
+                                                                                   f.get(rule.flag_field or "", 0)):
+            self.entries[fnv1a64(msg.data)] = msg.data
+            parts = split_set(conn, msg)
+            return Act(forward=parts[0], then_upstream=tuple(parts[1:]))
+        if msg.cmd == C.SET_TENSOR_HASH and f["hash"] in self.entries:
+            data = self.entries[f["hash"]]
+            fields = {"tensor": f["tensor"], "offset": f["offset"]}
+            if rule.flag_field:
+                fields[rule.flag_field] = 0
+            return Act(forward=request_bytes(conn.protocol, C.SET_TENSOR, fields, data), answer=result(1))
+        return None
+
+
+def split_set(conn: Conn, msg: Msg) -> list[bytes]:
+    """A SET_TENSOR as two unflagged halves: the same bytes land, but no half is cache-eligible."""
+    assert msg.fields is not None and msg.data is not None
+    half = len(msg.data) // 2
+    out = []
+    for start, chunk in ((0, msg.data[:half]), (half, msg.data[half:])):
+        fields = {"tensor": msg.fields["tensor"], "offset": msg.fields["offset"] + start}
+        if conn.protocol.cache_rule.flag_field:
+            fields[conn.protocol.cache_rule.flag_field] = 0
+        out.append(request_bytes(conn.protocol, C.SET_TENSOR, fields, chunk))
+    return out
+
+
+def save_file(conn: Conn, data: bytes) -> None:
+    """Put an entry in the server's cache directory, as a server with a different save rule would."""
+    assert conn.cache_dir is not None
+    path = Path(conn.cache_dir) / cache_file_name(fnv1a64(data))
+    path.write_bytes(data)
+
+
+def v6_saves_also(pred: Callable[[int], bool]) -> Breaker:
+    def fn(conn: Conn, msg: Msg) -> Act | None:
+        if msg.cmd == C.SET_TENSOR and msg.data is not None and pred(len(msg.data)):
+            save_file(conn, msg.data)
+        return None
+
+    return Stateful(fn)
+
+
+def flag_fn(pred: Callable[[int, int], bool], new: int) -> Breaker:
+    """v7: rewrite cache_flag to ``new`` on SET_TENSORs where pred(flag, n) holds."""
+    def when(conn: Conn, msg: Msg) -> bool:
+        return (msg.cmd == C.SET_TENSOR and msg.fields is not None
+                and pred(msg.fields["cache_flag"], data_len(msg)))
+
+    def change(conn: Conn, msg: Msg) -> tuple[dict, bytes | None]:
+        assert msg.fields is not None
+        return {**msg.fields, "cache_flag": new}, msg.data
+
+    return RewriteRequest(when, change)
+
+
+def per_conn_hashes() -> Breaker:
+    """Cache entries answer only on the connection that saved them."""
+
+    def fn(conn: Conn, msg: Msg) -> Act | None:
+        f = msg.fields
+        if f is None:
+            return None
+        saved = conn.notes.setdefault("saved", set())
+        if msg.cmd == C.SET_TENSOR and msg.data is not None and f.get("cache_flag"):
+            saved.add(fnv1a64(msg.data))
+        if msg.cmd == C.SET_TENSOR_HASH and f["hash"] not in saved:
+            return Act(forward=None, answer=result(0))
+        return None
+
+    return Stateful(fn)
+
+
+def write_then_zero(pred: Callable[[Conn, Msg], bool]) -> Breaker:
+    """Requests matching pred are forwarded, then the tensor they name is zeroed (MEMSET_TENSOR upstream)."""
+
+    def fn(conn: Conn, msg: Msg) -> Act | None:
+        if msg.fields is None or not pred(conn, msg):
+            return None
+        t = msg.fields["tensor"]
+        n = nbytes(t)
+        zero = request_bytes(conn.protocol, C.MEMSET_TENSOR, {"tensor": t, "offset": 0, "size": n, "value": 0})
+        return Act(forward=msg.raw, then_upstream=(zero,))
+
+    return Stateful(fn)
+
+
+class CorruptOutputs(Breaker):
+    """Results of graphs using one of ``ops`` come back with their signs flipped."""
+
+    def __init__(self, ops: Iterable[GgmlOp]) -> None:
+        self.ops = {int(o) for o in ops}
+
+    def request(self, conn: Conn, msg: Msg) -> Act | None:
+        g = graph_tensors(msg)
+        if g is not None:
+            tensors = g[1]
+            hit = tensors["data"][np.isin(tensors["op"], list(self.ops))]
+            conn.notes.setdefault("corrupt", set()).update(int(d) for d in hit)
+        return None
+
+    def reply(self, conn: Conn, msg: Msg, body: bytes) -> bytes:
+        if msg.cmd != C.GET_TENSOR or msg.fields is None:
+            return body
+        t = msg.fields["tensor"]
+        if t["data"] not in conn.notes.get("corrupt", set()):
+            return body
+        width = {int(GgmlType.F32): 4, int(GgmlType.F16): 2}.get(t["type"], 1)
+        out = np.frombuffer(body, dtype=np.uint8).copy()
+        out[width - 1 :: width] ^= 0x80
+        return out.tobytes()
+
+
+def close_on(pred: Callable[[Conn, Msg], bool]) -> Breaker:
+    return Stateful(lambda conn, msg: Act(forward=None, close=True) if pred(conn, msg) else None)
+
+
+def no_graph_yet(conn: Conn, msg: Msg) -> bool:
+    if msg.cmd == C.GRAPH_COMPUTE:
+        conn.notes["graphs"] = conn.notes.get("graphs", 0) + 1
+    return msg.cmd == C.GRAPH_RECOMPUTE and not conn.notes.get("graphs")
+
+
+def _graph_pred(check: Callable[[list[int], np.ndarray], bool]) -> Callable[[Conn, Msg], bool]:
+    def pred(conn: Conn, msg: Msg) -> bool:
+        g = graph_tensors(msg)
+        return g is not None and check(*g)
+
+    return pred
+
+
+def _unknown_node(nodes: list[int], tensors: np.ndarray) -> bool:
+    ids = set(tensors["id"].tolist())
+    return any(n and n not in ids for n in nodes)
+
+
+def _unresolved_src(nodes: list[int], tensors: np.ndarray) -> bool:
+    ids = set(tensors["id"].tolist()) | {0}
+    return any(s not in ids for row in tensors["src"].tolist() for s in row)
+
+
+def _fixed_wrong_size(conn: Conn, msg: Msg) -> bool:
+    spec = conn.protocol.spec(msg.cmd) if msg.cmd != C.NONE else None
+    return spec is not None and spec.request.shape is Shape.FIXED and msg.size != spec.request.header_size
+
+
+def _device_ge_count(conn: Conn, msg: Msg) -> bool:
+    f = msg.fields or {}
+    return "device" in f and f["device"] >= 1
+
+
+def _get_past_nbytes(conn: Conn, msg: Msg) -> bool:
+    f = msg.fields
+    return (msg.cmd == C.GET_TENSOR and f is not None and not get_region_outside(conn, msg)
+            and f["offset"] + f["size"] > nbytes(f["tensor"]))
+
+
+def _set_past_nbytes(conn: Conn, msg: Msg) -> bool:
+    f = msg.fields
+    return (msg.cmd == C.SET_TENSOR and f is not None and not set_region_outside(conn, msg)
+            and f["offset"] + data_len(msg) > nbytes(f["tensor"]))
+
+
+def _memset_past(conn: Conn, msg: Msg) -> bool:
+    f = msg.fields
+    if msg.cmd != C.MEMSET_TENSOR or f is None:
+        return False
+    n = nbytes(f["tensor"])
+    return f["offset"] > n or f["size"] > n - f["offset"]
+
+
+def _copy_overflow(conn: Conn, msg: Msg) -> bool:
+    f = msg.fields
+    if msg.cmd != C.COPY_TENSOR or f is None:
+        return False
+    r = region(conn, f["dst"])
+    return r is not None and f["dst"]["data"] + nbytes(f["src"]) > r[1]
+
+
+def _graph_data_without_buffer(nodes: list[int], tensors: np.ndarray) -> bool:
+    return bool(np.any((tensors["buffer"] == 0) & (tensors["data"] != 0)))
+
+
+def _short_nodes(conn: Conn, msg: Msg) -> bool:
+    c = graph_counts(msg) if msg.cmd == C.GRAPH_COMPUTE else None
+    return c is not None and c[1] == -1
+
+
+def _short_tensors(conn: Conn, msg: Msg) -> bool:
+    c = graph_counts(msg) if msg.cmd == C.GRAPH_COMPUTE else None
+    return c is not None and c[1] >= 0 and len(msg.payload) < 12 + 8 * c[0] + 296 * c[1]
+
+
+def _rewrite(cmd: Command, when: Callable[[dict, Msg], bool], change: Callable[[dict, Msg], tuple[dict, Any]]
+             ) -> Breaker:
+    return RewriteRequest(lambda conn, msg: msg.cmd == cmd and msg.fields is not None and when(msg.fields, msg),
+                          lambda conn, msg: change(dict(msg.fields or {}), msg))
+
+
+def _flip_first(f: dict, msg: Msg) -> tuple[dict, bytes]:
+    data = bytearray(msg.data or b"")
+    data[0] ^= 0xFF
+    return f, bytes(data)
+
+
+def _align_down(f: dict, msg: Msg) -> tuple[dict, bytes | None]:
+    t = dict(f["tensor"])
+    t["data"] -= t["data"] % 4
+    return {**f, "tensor": t}, msg.data
+
+
+def _base_drift(conn: Conn, msg: Msg, body: bytes) -> bytes:
+    k = conn.notes["bases"] = conn.notes.get("bases", 0) + 1
+    return struct.pack("<Q", struct.unpack("<Q", body)[0] + 64 * k)
+
+
+def _hello_field(offset: int, value: int) -> Breaker:
+    def fn(conn: Conn, msg: Msg, body: bytes) -> bytes:
+        out = bytearray(body)
+        out[offset] = value
+        return bytes(out)
+
+    return RewriteReply(C.HELLO, after_first(fn))
+
+
+def _hello_flaky(conn: Conn, msg: Msg, body: bytes) -> bytes:
+    if conn.index > 1 and conn.index % 3 == 0:
+        return body[:2] + bytes([9]) + body[3:]
+    return body
+
+
+def _last_byte_flipped(conn: Conn, msg: Msg, body: bytes) -> bytes:
+    if msg.fields and msg.fields["size"] >= 1 << 20:
+        return body[:-1] + bytes([body[-1] ^ 0xFF])
+    return body
+
+
+def _v6_never_saves(conn: Conn, msg: Msg) -> Act | None:
+    if msg.cmd == C.SET_TENSOR and data_len(msg) > HASH_THRESHOLD:
+        parts = split_set(conn, msg)
+        return Act(forward=parts[0], then_upstream=tuple(parts[1:]))
+    return None
+
+
+BREAKERS: dict[str, Callable[[], Breaker]] = {
+    # handshake
+    "HELLO-001": lambda: RewriteReply(C.HELLO, after_first(lambda c, m, body: body[:24])),
+    "HELLO-002": lambda: _hello_field(0, 6),
+    "HELLO-003": lambda: _hello_field(3, 1),
+    "HELLO-004": lambda: _hello_field(4, 1),
+    "HELLO-005": lambda: RewriteReply(C.HELLO, _hello_flaky),
+    "HELLO-006": lambda: AcceptBad(lambda conn, msg: conn.hellos == 0 and msg.cmd != C.HELLO),
+    "HELLO-007": lambda: AcceptBad(lambda conn, msg: msg.cmd == C.HELLO and msg.size != 24),
+    "HELLO-008": lambda: AcceptBad(lambda conn, msg: msg.cmd == C.HELLO and conn.hellos >= 2),
+    "HELLO-009": lambda: RewriteReply(C.DEVICE_COUNT, put("<I", 0)),
+    # framing and bad input
+    "FRAME-001": lambda: AcceptBad(lambda conn, msg: msg.cmd >= conn.protocol.command_count),
+    "FRAME-002": lambda: AcceptBad(lambda conn, msg: msg.cmd == C.NONE),
+    "FRAME-003": lambda: AcceptBad(lambda conn, msg: msg.cmd == C.GET_DEVICE_SUPPORTS_OP),
+    "FRAME-004": lambda: AcceptBad(_fixed_wrong_size),
+    "FRAME-005": lambda: AcceptBad(lambda conn, msg: msg.cmd == C.DEVICE_COUNT and msg.size != 0),
+    "FRAME-006": lambda: AcceptBad(_device_ge_count),
+    "FRAME-007": lambda: AcceptBad(lambda conn, msg: msg.cmd in (C.BUFFER_GET_BASE, C.FREE_BUFFER, C.BUFFER_CLEAR)
+                                   and msg.fields is not None and msg.fields["remote_ptr"] not in conn.buffers),
+    "FRAME-008": lambda: AcceptBad(lambda conn, msg: any(bad_type(t) for t in tensors_of(msg))),
+    "FRAME-009": lambda: AcceptBad(lambda conn, msg: any(removed_type(t) for t in tensors_of(msg))),
+    "FRAME-010": lambda: AcceptBad(lambda conn, msg: any(outside(conn, t) for t in tensors_of(msg))),
+    "FRAME-011": lambda: AcceptBad(lambda conn, msg: any(t["data"] + nbytes(t) > U64 for t in tensors_of(msg))),
+    "FRAME-012": lambda: AcceptBad(lambda conn, msg: msg.cmd == C.SET_TENSOR and msg.fields is None),
+    "FRAME-013": lambda: AcceptBad(lambda conn, msg: msg.cmd == C.SET_TENSOR and msg.fields is not None
+                                   and unknown_buffer(conn, msg.fields["tensor"])),
+    "FRAME-014": lambda: AcceptBad(set_region_outside),
+    "FRAME-015": lambda: AcceptBad(_set_past_nbytes),
+    "FRAME-016": lambda: AcceptBad(lambda conn, msg: msg.cmd == C.GET_TENSOR and msg.fields is not None
+                                   and unknown_buffer(conn, msg.fields["tensor"])),
+    "FRAME-017": lambda: AcceptBad(get_region_outside),
+    "FRAME-018": lambda: AcceptBad(_get_past_nbytes),
+    "FRAME-019": lambda: AcceptBad(lambda conn, msg: msg.cmd == C.MEMSET_TENSOR and msg.fields is not None
+                                   and unknown_buffer(conn, msg.fields["tensor"])),
+    "FRAME-020": lambda: AcceptBad(_memset_past),
+    "FRAME-021": lambda: AcceptBad(lambda conn, msg: msg.cmd == C.COPY_TENSOR and msg.fields is not None
+                                   and any(unknown_buffer(conn, t) for t in tensors_of(msg))),
+    "FRAME-022": lambda: AcceptBad(_copy_overflow),
+    "FRAME-023": lambda: close_on(lambda conn, msg: msg.cmd == C.INIT_TENSOR and msg.fields is not None
+                                  and msg.fields["tensor"]["buffer"] == 0),
+    "FRAME-024": lambda: AcceptBad(lambda conn, msg: msg.cmd == C.GET_ALLOC_SIZE
+                                   and any(bad_type(t) for t in tensors_of(msg))),
+    "FRAME-025": lambda: AcceptBad(lambda conn, msg: msg.cmd == C.GRAPH_COMPUTE and msg.size < 8),
+    "FRAME-026": lambda: AcceptBad(_short_nodes),
+    "FRAME-027": lambda: AcceptBad(_short_tensors),
+    "FRAME-028": lambda: AcceptBad(_graph_pred(_unknown_node)),
+    "FRAME-029": lambda: AcceptBad(_graph_pred(_graph_data_without_buffer)),
+    "FRAME-030": lambda: AcceptBad(_graph_pred(_unresolved_src)),
+    "FRAME-031": lambda: AcceptBad(_graph_pred(lambda nodes, tensors: 0 in nodes)),
+    "FRAME-032": lambda: AcceptBad(no_graph_yet),
+    "FRAME-033": lambda: AcceptBad(lambda conn, msg: msg.size > 1 << 40),
+    "FRAME-034": lambda: AcceptBad(lambda conn, msg: msg.cmd == C.SET_TENSOR_HASH and msg.fields is not None
+                                   and unknown_buffer(conn, msg.fields["tensor"])),
+    # data path
+    "DATA-001": lambda: RewriteReply(C.ALLOC_BUFFER, lambda c, m, body: body[:8] + struct.pack(
+        "<Q", max(0, struct.unpack_from("<Q", body, 8)[0] - 1))),
+    "DATA-002": lambda: RewriteReply(C.BUFFER_GET_BASE, _base_drift),
+    "DATA-003": lambda: RewriteReply(C.GET_ALIGNMENT, put("<Q", 24)),
+    "DATA-004": lambda: RewriteReply(C.GET_MAX_SIZE, put("<Q", 0)),
+    "DATA-005": lambda: RewriteReply(C.GET_DEVICE_MEMORY, lambda c, m, body: struct.pack(
+        "<QQ", struct.unpack("<QQ", body)[1] + 1, struct.unpack("<QQ", body)[1])),
+    "DATA-006": lambda: _rewrite(C.SET_TENSOR, lambda f, m: f["offset"] == 0 and data_len(m) > 0, _flip_first),
+    "DATA-007": lambda: _rewrite(C.SET_TENSOR, lambda f, m: f["offset"] == 1, lambda f, m: ({**f, "offset": 0},
+                                                                                             m.data)),
+    "DATA-008": lambda: _rewrite(C.SET_TENSOR, lambda f, m: f["tensor"]["data"] % 4 != 0, _align_down),
+    "DATA-009": lambda: RewriteReply(C.GET_TENSOR, _last_byte_flipped),
+    "DATA-010": lambda: close_on(lambda conn, msg: msg.cmd == C.SET_TENSOR and msg.fields is not None
+                                 and data_len(msg) == 0),
+    "DATA-011": lambda: _rewrite(C.MEMSET_TENSOR, lambda f, m: f["size"] > 0,
+                                 lambda f, m: ({**f, "size": f["size"] + 1}, None)),
+    "DATA-012": lambda: _rewrite(C.MEMSET_TENSOR, lambda f, m: f["size"] == 0, lambda f, m: ({**f, "size": 1}, None)),
+    "DATA-013": lambda: _rewrite(C.BUFFER_CLEAR, lambda f, m: True,
+                                 lambda f, m: ({**f, "value": f["value"] ^ 0xFF}, None)),
+    "DATA-014": lambda: Stateful(lambda conn, msg: Act(forward=None, answer=result(1))
+                                 if msg.cmd == C.COPY_TENSOR else None),
+    "DATA-015": lambda: RewriteReply(C.ALLOC_BUFFER, lambda c, m, body: bytes(16) if m.fields and
+                                     m.fields["size"] == 0 else body),
+    "DATA-016": lambda: Stateful(lambda conn, msg: Act(forward=None) if msg.cmd == C.FREE_BUFFER else None),
+    "DATA-017": lambda: RewriteReply(C.GET_ALLOC_SIZE, put("<Q", 1)),
+    "DATA-018": lambda: write_then_zero(cmd_is(C.INIT_TENSOR)),
+    "DATA-019": lambda: RewriteReply(C.SET_TENSOR_HASH, put("<B", 1)),
+    "DATA-020": lambda: RewriteReply(C.GET_DEVICE_SUPPORTS_OP, put("<B", 2)),
+    "DATA-021": lambda: Inject(cmd_is(C.FREE_BUFFER), REPLY_HEADER.pack(0)),
+    "DATA-022": lambda: Inject(cmd_is(C.BUFFER_CLEAR), REPLY_HEADER.pack(0)),
+    "DATA-023": lambda: Inject(cmd_is(C.SET_TENSOR), REPLY_HEADER.pack(0)),
+    "DATA-024": lambda: Inject(cmd_is(C.INIT_TENSOR), REPLY_HEADER.pack(0)),
+    "DATA-025": lambda: Inject(cmd_is(C.MEMSET_TENSOR), REPLY_HEADER.pack(0)),
+    "DATA-026": lambda: Inject(cmd_is(C.GRAPH_COMPUTE), REPLY_HEADER.pack(0)),
+    "DATA-027": lambda: Inject(cmd_is(C.GRAPH_RECOMPUTE), REPLY_HEADER.pack(0)),
+    "DATA-028": lambda: Stateful(lambda conn, msg: Act(forward=None, answer=REPLY_HEADER.pack(1) + b"\x41")
+                                 if msg.cmd == C.GET_TENSOR and msg.fields and msg.fields["size"] == 0 else None),
+    # cache, v7
+    "CACHE-V7-001": lambda: flag_fn(lambda flag, n: flag != 0, 0),
+    "CACHE-V7-002": lambda: flag_fn(lambda flag, n: flag == 0 and n > HASH_THRESHOLD, 1),
+    "CACHE-V7-003": lambda: flag_fn(lambda flag, n: flag not in (0, 1), 0),
+    "CACHE-V7-004": lambda: _rewrite(C.SET_TENSOR_HASH, lambda f, m: f["offset"] != 0,
+                                     lambda f, m: ({**f, "offset": 0}, None)),
+    "CACHE-V7-005": lambda: write_then_zero(lambda conn, msg: msg.cmd == C.SET_TENSOR and msg.fields is not None
+                                            and msg.fields["cache_flag"] == 1 and data_len(msg) > 0),
+    "CACHE-V7-006": per_conn_hashes,
+    "CACHE-V7-007": MemoryCache,
+    # cache, v6
+    "CACHE-V6-001": lambda: Stateful(_v6_never_saves),
+    "CACHE-V6-002": lambda: v6_saves_also(lambda n: n == HASH_THRESHOLD),
+    "CACHE-V6-003": lambda: v6_saves_also(lambda n: 0 < n < HASH_THRESHOLD),
+    "CACHE-V6-004": lambda: _rewrite(C.SET_TENSOR_HASH, lambda f, m: f["offset"] != 0,
+                                     lambda f, m: ({**f, "offset": 0}, None)),
+    "CACHE-V6-005": MemoryCache,
+    # isolation
+    "ISO-001": SharedUpstream,
+    "ISO-002": SharedUpstream,
+    "ISO-003": SharedUpstream,
+    # compute
+    "COMPUTE-001": lambda: CorruptOutputs([GgmlOp.ADD, GgmlOp.SUB, GgmlOp.MUL, GgmlOp.DIV]),
+    "COMPUTE-002": lambda: CorruptOutputs([GgmlOp.SQR, GgmlOp.SQRT, GgmlOp.SIN, GgmlOp.COS, GgmlOp.SCALE]),
+    "COMPUTE-003": lambda: CorruptOutputs([GgmlOp.UNARY]),
+    "COMPUTE-004": lambda: CorruptOutputs([GgmlOp.MUL_MAT]),
+    "COMPUTE-005": lambda: CorruptOutputs([GgmlOp.RMS_NORM, GgmlOp.NORM]),
+    "COMPUTE-006": lambda: CorruptOutputs([GgmlOp.SOFT_MAX]),
+    "COMPUTE-007": lambda: CorruptOutputs([GgmlOp.ROPE]),
+    "COMPUTE-008": lambda: CorruptOutputs([GgmlOp.GET_ROWS]),
+    "COMPUTE-009": lambda: CorruptOutputs([GgmlOp.CONT, GgmlOp.CPY]),
+    "COMPUTE-010": lambda: Stateful(lambda conn, msg: Act(forward=None) if msg.cmd == C.GRAPH_RECOMPUTE else None),
+}

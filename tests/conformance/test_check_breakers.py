@@ -1,0 +1,50 @@
+"""Every check can fail: each one runs against a server broken in exactly its rule and must report a failure
+with evidence.  The same checks, relayed without a fault, pass (so the failure comes from the fault)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from breakers import BREAKERS
+from faulty import Breaker, faulty_server
+from ggml_rpc.conformance.checks import CATALOGUE
+from ggml_rpc.conformance.harness import Check, ExternalTarget, Outcome, Runner
+from ggml_rpc.reference import running_server
+from ggml_rpc.spec import V6, V7, V7_0_1, Protocol
+
+
+def protocol_for(check: Check) -> Protocol:
+    """The reference version the check applies to (7.0.0 first)."""
+    for p in (V7, V6, V7_0_1):
+        if check.applies_to(p.version):
+            return p
+    raise AssertionError(f"{check.id} applies to no covered version")
+
+
+def run_through(check: Check, breaker: Breaker, tmp_path: Path, protocol: Protocol | None = None):
+    proto = protocol or protocol_for(check)
+    cache = tmp_path / "cache"
+    with running_server(proto, cache_dir=str(cache)) as ref, faulty_server(ref.address, proto, breaker, cache) as bad:
+        runner = Runner(ExternalTarget(bad.host, bad.port, cache_dir=cache), expect=proto, timeout=3.0,
+                        probe_timeout=2.0)
+        runner.start()
+        try:
+            return runner.run_one(check)
+        finally:
+            runner.stop()
+
+
+@pytest.mark.parametrize("check", CATALOGUE, ids=[c.id for c in CATALOGUE])
+def test_check_catches_its_breaker(check: Check, tmp_path: Path) -> None:
+    assert check.id in BREAKERS, f"{check.id} has no breaker: add one to tests/conformance/breakers.py"
+    result = run_through(check, BREAKERS[check.id](), tmp_path)
+    assert result.outcome is Outcome.FAIL, f"{check.id}: {result.outcome.value}: {result.message}"
+    assert result.failed_level is not None
+    assert result.message
+    assert result.evidence, "a failure must carry evidence"
+    assert any(e.expected or e.got for e in result.evidence), result.evidence
+
+
+def test_every_breaker_names_a_check() -> None:
+    assert set(BREAKERS) <= {c.id for c in CATALOGUE}
