@@ -144,7 +144,10 @@ def bench_chain() -> None:
     assert np.all(result == 1.0 + n), result
     print(f"{n} chained F32 ADDs: execute {t_exec * 1e3:.2f} ms ({t_exec / n * 1e6:.1f} us/node); "
           f"build_graph + execute + read {t_all * 1e3:.2f} ms (target <= 20 ms)")
-    _chain_over_tcp(tensors, nodes, width)
+    try:
+        _chain_over_tcp(tensors, nodes, width)
+    except Exception as exc:  # the end-to-end figure needs the server and client packages in a working state
+        print(f"  over loopback TCP: not measured ({type(exc).__name__}: {exc})")
 
 
 def _chain_over_tcp(tensors: list[dict], nodes: list[int], width: int) -> None:
