@@ -33,7 +33,7 @@ local f_seq = Field.new("tcp.seq")
 local f_len = Field.new("tcp.len")
 local skip_bytes
 
-local convs = {}    -- tcp.stream -> state built on the first pass
+local convs = {}    -- endpoint pair -> conversation state built on the first pass
 local results = {}  -- frame/call key -> what the first pass found in that tvb
 
 local seen_pairs = {}  -- connections the heuristic has looked at
@@ -105,14 +105,21 @@ local function endpoint(addr, port)
   return tostring(addr) .. ":" .. tostring(port)
 end
 
-local function looks_like_hello(tvb)
-  return tvb:len() >= C.REQ_HDR and tvb(0, 1):uint() == C.HELLO
-    and tvb(1, 8):le_uint64() == UInt64(C.HELLO_SIZE)
+-- A connection whose first bytes are a HELLO request is ggml RPC, whatever its port.  Clients may send the
+-- command byte in a segment of its own, so a stream-opening segment that is a prefix of a HELLO header counts.
+local function hello_prefix(tvb)
+  local n = math.min(tvb:len(), C.REQ_HDR)
+  if n == 0 or tvb(0, 1):uint() ~= C.HELLO then return false end
+  for i = 1, n - 1 do
+    local want = math.floor(C.HELLO_SIZE / 256 ^ (i - 1)) % 256
+    if tvb(i, 1):uint() ~= want then return false end
+  end
+  return true
 end
 
 local function pick_client(c, tvb, pinfo)
   local src, dst = endpoint(pinfo.src, pinfo.src_port), endpoint(pinfo.dst, pinfo.dst_port)
-  if looks_like_hello(tvb) then
+  if hello_prefix(tvb) then
     c.client = src
   elseif pinfo.match_uint == pinfo.dst_port then
     c.client = src
@@ -125,10 +132,6 @@ local function pick_client(c, tvb, pinfo)
   else
     c.client = src
   end
-end
-
-local function read_u64_num(tvb, off)
-  return u64_num(tvb(off, 8):le_uint64())
 end
 
 -- One request starting at off: returns an item, or nil and the number of bytes still needed.
@@ -700,18 +703,6 @@ function P.dissector(tvb, pinfo, tree)
     pinfo.desegment_len = res.deseg_len
   end
   return len
-end
-
--- A connection whose first bytes are a HELLO request is ggml RPC, whatever its port.  Clients may send the
--- command byte in a segment of its own, so a stream-opening segment that is a prefix of a HELLO header counts.
-local function hello_prefix(tvb)
-  local n = math.min(tvb:len(), C.REQ_HDR)
-  if n == 0 or tvb(0, 1):uint() ~= C.HELLO then return false end
-  for i = 1, n - 1 do
-    local want = math.floor(C.HELLO_SIZE / 256 ^ (i - 1)) % 256
-    if tvb(i, 1):uint() ~= want then return false end
-  end
-  return true
 end
 
 local function heuristic(tvb, pinfo, tree)
