@@ -1,0 +1,250 @@
+"""``ggml-rpc bench``: the kit's reference server and any other servers measured side by side, and the kit itself.
+
+The reference server is started in a process of its own (``ggml-rpc serve`` on a free loopback port, with a
+temporary cache directory), as any server under test runs: the client's Python work is not charged to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ggml_rpc.spec import HandshakeError, ProtocolError, parse_version_option
+from rich.console import Console
+
+from .bench_kit import PcapDecode, PcapWrite, Replay, SessionFiles
+from .bench_report import BenchProgress, figures_table, header, write_json
+from .bench_wire import MIB, BenchTarget, GetTensor, GraphCompute, HashHit, RoundTrips, SetTensor, size_label
+from .benchmark import FigureResult, Measurement, record, run_measurement, steps_of
+from .cli import UsageError
+from .harness import SpawnedTarget, TargetError, parse_address
+
+KIB = 1 << 10
+
+# The project's own objectives for the reference server and the kit (see BENCHMARKS.md for where each comes from).
+GOAL_BULK = (">=", 1200.0, "issue 3")
+GOAL_ROUND_TRIPS = (">=", 20000.0, "issue 3")
+GOAL_DECODE = (">=", 500.0, "issue 2")
+GOAL_REPLAY = (">=", 300.0, "issue 6")
+GOAL_PCAP_WRITE = (">=", 200.0, "issue 6")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes and repetitions of one run."""
+
+    repeat: int
+    transfers: tuple[tuple[int, int], ...]  # (size, transfers per sample)
+    round_trips: int
+    graph_tensors: int
+    hash_size: int
+    session_bytes: int
+    session_chunk: int
+
+
+FULL = Plan(repeat=7, transfers=((4 * KIB, 256), (MIB, 32), (256 * MIB, 1)), round_trips=2000,
+            graph_tensors=10_000, hash_size=16 * MIB, session_bytes=1 << 30, session_chunk=MIB)
+# A few seconds in all: small sizes, few repetitions (for tests and a first look).
+QUICK = Plan(repeat=3, transfers=((4 * KIB, 32), (MIB, 4), (16 * MIB, 1)), round_trips=200,
+             graph_tensors=1_000, hash_size=16 * MIB, session_bytes=8 * MIB, session_chunk=256 * KIB)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="measure the reference server, any other server and the kit, side by side",
+        description="Measure, on loopback, SET_TENSOR/GET_TENSOR throughput (4 KiB, 1 MiB, 256 MiB), small round "
+        "trips per second, a 10,000-tensor GRAPH_COMPUTE end to end, SET_TENSOR_HASH hit latency and session replay "
+        "for the reference server (started in its own process) and every --server, samples interleaved so that "
+        "machine drift cancels; then the kit's pcap writing and decoding. Prints medians, spread and the ratio to "
+        "the first target. Exit code 0: every figure taken; 1: a server failed or answered wrongly on some figure; "
+        "2: usage error or unreachable server.",
+    )
+    p.add_argument("--server", action="append", default=[], metavar="[NAME=]HOST:PORT",
+                   help="another server to measure (repeatable), e.g. cpp=127.0.0.1:50052 for upstream rpc-server")
+    p.add_argument("--no-reference", action="store_true",
+                   help="do not start the reference server (the first --server becomes the baseline)")
+    p.add_argument("--proto", default="7", help="protocol of the reference server: 6, 7 or 7.0.1 (default 7)")
+    p.add_argument("--quick", action="store_true", help="small sizes and few repetitions: a few seconds in all")
+    p.add_argument("--repeat", type=int, metavar="N", help="timed samples per figure and target (default 7, "
+                   "--quick 3)")
+    p.add_argument("--capture", type=Path, metavar="PCAP", help="decode and replay this capture instead of the "
+                   "generated session (e.g. a real one)")
+    p.add_argument("--no-kit", action="store_true", help="skip the kit figures (pcap writing, decode, replay)")
+    p.add_argument("--json", metavar="FILE", help="write every sample and statistic as JSON")
+    p.set_defaults(func=run)
+
+
+def _servers(specs: Sequence[str]) -> list[BenchTarget]:
+    out: list[BenchTarget] = []
+    for spec in specs:
+        name, sep, addr = spec.rpartition("=")
+        try:
+            host, port = parse_address(addr)
+        except ValueError as exc:
+            raise UsageError(f"--server: {exc}") from None
+        target = BenchTarget(name if sep else "", host, port, description="external server")
+        target.name = name if sep and name else target.address
+        out.append(target)
+    names = [t.name for t in out] + ["reference", "kit"]
+    if len(set(names)) != len(names):
+        raise UsageError("--server: every server needs its own name and address (reference and kit are taken)")
+    addresses = [(t.host, t.port) for t in out]
+    if len(set(addresses)) != len(addresses):
+        raise UsageError("--server: the same address twice (a server serves one connection at a time)")
+    return out
+
+
+@contextlib.contextmanager
+def _reference(proto: str) -> Iterator[BenchTarget]:
+    """The reference server in its own process, with a temporary cache directory."""
+    with tempfile.TemporaryDirectory(prefix="ggml-rpc-bench-cache-") as cache:
+        command = (f"{shlex.quote(sys.executable)} -m ggml_rpc.conformance.cli serve --host 127.0.0.1 "
+                   f"--port {{port}} --proto {shlex.quote(proto)} --cache-dir {shlex.quote(cache)}")
+        spawned = SpawnedTarget(command, cache_dir=Path(cache))
+        try:
+            spawned.start()
+        except TargetError as exc:
+            raise UsageError(f"cannot start the reference server: {exc}") from None
+        try:
+            yield BenchTarget("reference", spawned.host, spawned.port,
+                              description=f"reference server, protocol {proto}, own process, temporary cache",
+                              cache_dir=cache)
+        finally:
+            spawned.stop()
+
+
+def _probe(target: BenchTarget) -> None:
+    """HELLO: the version decides every later layout (an uncovered or unreachable server is a usage error)."""
+    try:
+        target.connect(timeout=10.0).close()
+    except HandshakeError as exc:
+        raise UsageError(f"{target.name}: {exc}") from None
+    except (OSError, ProtocolError) as exc:
+        raise UsageError(f"{target.name} ({target.address}): cannot talk to the server: {exc}") from None
+
+
+def _server_measurements(plan: Plan) -> list[Measurement]:
+    out: list[Measurement] = []
+    for size, batch in plan.transfers:
+        out.append(SetTensor(size, batch, GOAL_BULK if size == 256 * MIB else None))
+    for size, batch in plan.transfers:
+        out.append(GetTensor(size, batch, GOAL_BULK if size == 256 * MIB else None))
+    out.append(RoundTrips(plan.round_trips, GOAL_ROUND_TRIPS))
+    out.append(GraphCompute(plan.graph_tensors))
+    out.append(HashHit(plan.hash_size))
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = QUICK if args.quick else FULL
+    repeat = args.repeat if args.repeat is not None else plan.repeat
+    if repeat < 1:
+        raise UsageError("--repeat must be at least 1")
+    try:
+        parse_version_option(args.proto)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    externals = _servers(args.server)
+    if args.no_reference and not externals:
+        raise UsageError("--no-reference needs at least one --server")
+    if args.capture is not None and not args.capture.is_file():
+        raise UsageError(f"--capture {args.capture}: no such file")
+    console = Console(highlight=False)
+    if not console.is_terminal:  # logs and pipes: wide enough that every row of the table stays on one line
+        console.width = max(console.width, 160)
+    started = time.time()
+    t0 = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        targets = [] if args.no_reference else [stack.enter_context(_reference(args.proto))]
+        targets += externals
+        for t in targets:
+            _probe(t)
+        header(console, targets, plan_text(plan, repeat, args))
+        measurements = _server_measurements(plan)
+        files: SessionFiles | None = None
+        kit: list[Measurement] = []
+        if not args.no_kit:
+            proto = targets[0].protocol
+            assert proto is not None
+            files = SessionFiles(proto, plan.session_bytes, plan.session_chunk)
+            stack.callback(files.close)
+            label = f"{size_label(files.session.data_bytes)} session"
+            if args.capture is not None:
+                loaded = _load_capture(args.capture)
+                measurements.append(Replay(loaded, args.capture.name, GOAL_REPLAY))
+                kit = [PcapWrite(files, GOAL_PCAP_WRITE), PcapDecode(args.capture, args.capture.name, GOAL_DECODE)]
+            else:
+                measurements.append(Replay(files, label, GOAL_REPLAY))
+                kit = [PcapWrite(files, GOAL_PCAP_WRITE), PcapDecode(files.pcap, label, GOAL_DECODE)]
+        names = [t.name for t in targets]
+        total = sum(steps_of(repeat, len(targets)) for _ in measurements) + sum(steps_of(repeat, 1) for _ in kit)
+        server_results: list[FigureResult] = []
+        kit_results: list[FigureResult] = []
+        with BenchProgress(console, total) as progress:
+            for m in measurements:
+                server_results.append(run_measurement(m, targets, names, repeat, progress.update))
+            for m in kit:
+                kit_results.append(run_measurement(m, [None], ["kit"], repeat, progress.update))
+        seconds = time.perf_counter() - t0
+        console.print(figures_table("Servers", server_results, names))
+        if kit_results:
+            console.print(figures_table("Kit", kit_results, ["kit"]))
+        failed = [(f.figure.label, r.target, r.error) for f in (*server_results, *kit_results) for r in f.results
+                  if r.error]
+        for label, target, error in failed:
+            console.print(f"[red]error[/red] {label} on {target}: {error}")
+        console.print(f"{len(server_results) + len(kit_results)} figures, {repeat} samples each, "
+                      f"{seconds:.1f} s", style="dim")
+        if args.json:
+            doc = record([t.as_dict() for t in targets], server_results, kit_results, quick=args.quick,
+                         repeat=repeat, started=started, seconds=seconds, command=command_line(args))
+            try:
+                write_json(args.json, doc)
+            except OSError as exc:
+                raise UsageError(f"cannot write {args.json}: {exc.strerror or exc}") from None
+    return 1 if failed else 0
+
+
+def _load_capture(path: Path) -> list:
+    from .replay import ReplayError, load_captures
+
+    try:
+        return load_captures([path])
+    except (ReplayError, OSError) as exc:
+        raise UsageError(f"--capture {path}: {exc}") from None
+    except Exception as exc:  # a capture that is not a pcap at all
+        raise UsageError(f"--capture {path}: cannot read it: {exc}") from None
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The options of this run as a command line (kept in the JSON record)."""
+    argv = ["ggml-rpc", "bench"]
+    for spec in args.server:
+        argv += ["--server", spec]
+    flags = (("--no-reference", args.no_reference), ("--quick", args.quick), ("--no-kit", args.no_kit))
+    argv += [flag for flag, on in flags if on]
+    if args.proto != "7":
+        argv += ["--proto", args.proto]
+    if args.repeat is not None:
+        argv += ["--repeat", str(args.repeat)]
+    if args.capture is not None:
+        argv += ["--capture", str(args.capture)]
+    return shlex.join(argv)
+
+
+def plan_text(plan: Plan, repeat: int, args: argparse.Namespace) -> str:
+    sizes = ", ".join(size_label(s) for s, _ in plan.transfers)
+    kit = "" if args.no_kit else f"; kit session {size_label(plan.session_bytes)}"
+    return (f"{'quick' if args.quick else 'full'} run: transfers {sizes}; graph {plan.graph_tensors:,} tensors; "
+            f"{repeat} interleaved samples per figure and target{kit}")
+
+
+__all__ = ["FULL", "QUICK", "Plan", "command_line", "register", "run"]
