@@ -152,3 +152,12 @@ def test_cli_usage_errors(tmp_path, capsys):
     assert "not a TCP port" in capsys.readouterr().err
     assert main(["dissector", "-o", str(tmp_path / "missing" / "x.lua")]) == 2
     assert "cannot write" in capsys.readouterr().err
+
+
+def test_runtime_names_no_command_but_the_handshake():
+    """The fixed Lua runtime knows framing only: every command-specific fact comes from the generated tables."""
+    from ggml_rpc.conformance.dissector_runtime import RUNTIME
+
+    named = [c.name for c in Command if re.search(rf"(?<![.\w]){c.name}\b", RUNTIME)]
+    assert named == ["HELLO"]  # the handshake rule; its id and sizes still come from the tables (C.HELLO...)
+    assert not re.search(r"\b(?:296|304|305|24|28)\b", RUNTIME)  # no layout size written by hand
