@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,12 +26,13 @@ from ggml_rpc.spec import (
     ProtocolError,
     Reply,
     SizeMismatch,
+    UnknownCommand,
     null_tensor,
     protocol_from_hello,
     request_parts,
 )
-from ggml_rpc.spec.codec import REPLY_HEADER, REPLY_HEADER_SIZE, Buffer
-from ggml_rpc.spec.layout import flat_layout
+from ggml_rpc.spec.codec import REPLY_HEADER, REPLY_HEADER_SIZE, REQUEST_HEADER, Buffer
+from ggml_rpc.spec.layout import FlatLayout, flat_layout
 from ggml_rpc.spec.messages import Shape
 from ggml_rpc.spec.tensor import GGML_MAX_SRC
 from ggml_rpc.spec.versions import V6
@@ -50,6 +52,31 @@ def _as_bytes_view(part: Buffer) -> memoryview:
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """How one command of one version is sent and answered, worked out once per client."""
+
+    request_layout: FlatLayout | None  # set for fixed-size requests
+    reply: Payload | None  # None: no reply
+    reply_layout: FlatLayout | None  # set for fixed-size replies
+    reply_size: int
+
+    @classmethod
+    def of(cls, table: Protocol, command: Command) -> _Plan:
+        spec = table.spec(command)
+        if spec is None:
+            raise UnknownCommand(f"not a command of protocol {table.label}", command=command.name)
+        req = spec.request
+        request_layout = flat_layout(req.schema) if req.shape is Shape.FIXED else None
+        if not spec.has_reply:
+            return cls(request_layout, None, None, 0)
+        reply = spec.reply
+        assert isinstance(reply, Payload)
+        if reply.shape is Shape.FIXED:
+            return cls(request_layout, reply, flat_layout(reply.schema), reply.header_size)
+        return cls(request_layout, reply, None, 0)
+
+
 class RpcClient:
     """A blocking connection to one server.  Use :meth:`connect`; works as a context manager."""
 
@@ -61,6 +88,7 @@ class RpcClient:
         #: (major, minor, patch) from the HELLO reply.
         self.server_version: tuple[int, int, int] | None = None
         self._header = bytearray(REPLY_HEADER_SIZE)
+        self._plans: dict[tuple[tuple[int, int, int], Command], _Plan] = {}
 
     # ---- connection ------------------------------------------------------------------------------------------
 
@@ -106,7 +134,8 @@ class RpcClient:
 
     def send_raw(self, data: Buffer | Sequence[Buffer]) -> None:
         """Send bytes (or a list of buffers) as they are."""
-        parts = [data] if isinstance(data, bytes | bytearray | memoryview) else list(data)
+        # A list or tuple is a sequence of buffers; anything else (bytes, memoryview, numpy array...) is one buffer.
+        parts = list(data) if isinstance(data, list | tuple) else [data]
         self._send_parts(parts)
 
     def _send_parts(self, parts: Sequence[Buffer]) -> None:
@@ -188,28 +217,35 @@ class RpcClient:
         """Send one request; return its decoded reply, or None for a command without reply (not waited for)."""
         command = Command(command)
         table = self._table(command)
-        self._send_parts(request_parts(table, command, fields, data))
-        spec = table.spec(command)
-        assert spec is not None  # request_parts refused unknown commands
-        if not spec.has_reply:
-            return None
-        assert isinstance(spec.reply, Payload)
-        return self._read_reply(command, spec.reply, fields or {})
-
-    def _read_reply(self, command: Command, payload: Payload, fields: Mapping[str, Any]) -> Reply:
-        size = self._recv_size()
-        if payload.shape is Shape.RAW:
-            expected = int(fields[payload.length_from or "size"])
+        plan = self._plans.get((table.version, command))
+        if plan is None:
+            plan = self._plans[(table.version, command)] = _Plan.of(table, command)
+        if plan.request_layout is not None and data is None:
+            # Fixed-size request: one small bytes object, one system call.
+            body = plan.request_layout.pack(dict(fields or {}))
+            try:
+                self.sock.sendall(REQUEST_HEADER.pack(command, len(body)) + body)
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                raise ConnectionClosed(f"server closed the connection while sending: {exc}") from exc
         else:
-            expected = payload.header_size
+            self._send_parts(request_parts(table, command, fields, data))
+        if plan.reply is None:
+            return None
+        return self._read_reply(command, plan, fields or {})
+
+    def _read_reply(self, command: Command, plan: _Plan, fields: Mapping[str, Any]) -> Reply:
+        size = self._recv_size()
+        payload = plan.reply
+        assert payload is not None
+        expected = int(fields[payload.length_from or "size"]) if plan.reply_layout is None else plan.reply_size
         if size != expected:
             raise SizeMismatch(f"reply size {size}, expected {expected}", command=command.name, field="size")
         body = bytearray(size)
         view = memoryview(body)
         self._recv_into(view)
-        if payload.shape is Shape.RAW:
+        if plan.reply_layout is None:
             return Reply(command, {}, view, size, raw=view)
-        return Reply(command, flat_layout(payload.schema).unpack(body), None, size, raw=view)
+        return Reply(command, plan.reply_layout.unpack(body), None, size, raw=view)
 
     def _call(self, command: Command, fields: Mapping[str, Any] | None = None, data: Buffer | None = None) -> dict:
         reply = self.request(command, fields, data)

@@ -130,6 +130,12 @@ class Connection:
             if spec.request.shape is Shape.FIXED:
                 self._fixed[int(cmd)] = (spec.request.header_size, flat_layout(spec.request.schema))
         self._never = {int(c) for c in NEVER_ON_WIRE}
+        # Fixed-size replies, packed straight from their derived layout.
+        self._reply_layouts: dict[Command, Any] = {
+            cmd: flat_layout(spec.reply.schema)
+            for cmd, spec in self.protocol.commands.items()
+            if isinstance(spec.reply, Payload) and spec.reply.shape is Shape.FIXED
+        }
 
     # ---- socket I/O ------------------------------------------------------------------------------------------
 
@@ -162,7 +168,12 @@ class Connection:
                     sent = 0
 
     def _reply(self, command: Command, fields: Mapping[str, Any]) -> None:
-        self.sock.sendall(encode_reply(self.protocol, command, fields))
+        layout = self._reply_layouts.get(command)
+        if layout is None:
+            self.sock.sendall(encode_reply(self.protocol, command, fields))
+            return
+        body = layout.pack(fields)
+        self.sock.sendall(REPLY_HEADER.pack(len(body)) + body)
 
     # ---- the loop --------------------------------------------------------------------------------------------
 

@@ -1,0 +1,218 @@
+"""Reference server benchmarks: bulk transfer speed, small round trips, resident memory while streaming, graphs.
+
+Run: ``python bench/bench_server.py [--quick]``.  The server runs as a separate process (``ggml-rpc serve``), as a
+user would run it, so client and server do not share an interpreter; figures are medians over several runs and
+are printed next to the bars of protocol.md §12 (upstream C++ server on a 2-core loopback machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+from ggml_rpc.conformance.client import RpcClient
+from ggml_rpc.reference.graph import build_graph
+from ggml_rpc.spec import TENSOR_DTYPE, Command, GgmlOp, encode_request, make_tensor, request_parts
+from ggml_rpc.spec.codec import REQUEST_HEADER
+
+MIB = 1 << 20
+
+
+@contextmanager
+def server_process(*extra: str):
+    """``ggml-rpc serve`` on an ephemeral loopback port; yields (port, pid)."""
+    cmd = [sys.executable, "-m", "ggml_rpc.conformance.cli", "serve", "--port", "0", "--mem", "8G", *extra]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        m = re.search(r"listening on [^ ]+:(\d+)", line)
+        if not m:
+            raise RuntimeError(f"server did not start: {line!r}")
+        # Keep draining its log so it never blocks on a full pipe.
+        threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+        yield int(m.group(1)), proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def rss_bytes(pid: int) -> int:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+) kB", text).group(1)) * 1024  # type: ignore[union-attr]
+
+
+def timed(fn: Callable[[], object], repeat: int) -> list[float]:
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def bench_bulk(port: int, size: int, repeat: int) -> tuple[float, float]:
+    with RpcClient.connect("127.0.0.1", port, timeout=120) as c:
+        handle, _ = c.alloc_buffer(0, size)
+        base = c.buffer_get_base(handle)
+        t = make_tensor(id=1, ne=(size // 4,), buffer=handle, data=base)
+        data = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
+        out = np.empty(size, dtype=np.uint8)
+
+        def set_once() -> None:
+            c.set_tensor(t, 0, data)
+            c.get_alignment(0)  # the SET has no reply: this round trip proves it was consumed
+
+        def get_once() -> None:
+            c.get_tensor_into(t, 0, memoryview(out))
+
+        set_times = timed(set_once, repeat)
+        get_times = timed(get_once, repeat)
+        assert np.array_equal(out, data)
+        c.free_buffer(handle)
+    return size / statistics.median(set_times) / 1e9, size / statistics.median(get_times) / 1e9
+
+
+def bench_round_trips(port: int, n: int) -> tuple[float, float]:
+    with RpcClient.connect("127.0.0.1", port, timeout=30) as c:
+        for _ in range(200):
+            c.get_alignment(0)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            c.get_alignment(0)
+        client_rate = n / (time.perf_counter() - t0)
+        # The same exchange without the client's encode/decode: what the server alone sustains.
+        req = encode_request(c.protocol, Command.GET_ALIGNMENT, {"device": 0})
+        reply = bytearray(16)
+        view = memoryview(reply)
+        sock = c.sock
+        t0 = time.perf_counter()
+        for _ in range(n):
+            sock.sendall(req)
+            got = 0
+            while got < 16:
+                got += sock.recv_into(view[got:])
+        raw_rate = n / (time.perf_counter() - t0)
+        assert reply[8:] == (32).to_bytes(8, "little")
+    return client_rate, raw_rate
+
+
+def bench_streaming_rss(port: int, pid: int, size: int) -> tuple[int, int, int]:
+    """(server RSS before the buffer, peak RSS while streaming ``size`` bytes into it, buffer size)."""
+    chunk = np.random.default_rng(1).integers(0, 256, 64 * MIB, dtype=np.uint8)
+    with RpcClient.connect("127.0.0.1", port, timeout=300) as c:
+        before = rss_bytes(pid)
+        handle, _ = c.alloc_buffer(0, size)
+        base = c.buffer_get_base(handle)
+        t = make_tensor(id=1, ne=(size // 4,), buffer=handle, data=base)
+        parts = request_parts(c.protocol, Command.SET_TENSOR, {"tensor": t, "offset": 0, "cache_flag": 0})
+        head = parts[1]
+        peak = [before]
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                peak[0] = max(peak[0], rss_bytes(pid))
+                time.sleep(0.005)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        c.send_raw([REQUEST_HEADER.pack(Command.SET_TENSOR, len(head) + size), head])
+        for _ in range(size // chunk.nbytes):
+            c.send_raw(chunk)  # the same 64 MiB again and again: the client never holds 1 GiB
+        c.get_alignment(0)
+        done.set()
+        sampler.join()
+        peak[0] = max(peak[0], rss_bytes(pid))
+        c.free_buffer(handle)
+    return before, peak[0], size
+
+
+def synthetic_graph(n: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """A chain of n ADD nodes over one leaf, every tensor in one buffer."""
+
+    class Buf:
+        base = 0x7F00_0000_0000
+        size = (n + 1) * 64
+        memory = np.zeros(size, dtype=np.uint8)
+
+    arr = np.zeros(n + 1, dtype=TENSOR_DTYPE)
+    arr["id"] = np.arange(1, n + 2) * 64
+    arr["buffer"] = 0xAB
+    arr["data"] = Buf.base + np.arange(n + 1) * 64
+    arr["ne"] = (16, 1, 1, 1)
+    arr["nb"] = (4, 64, 64, 64)
+    arr["op"][1:] = GgmlOp.ADD
+    arr["flags"][1:] = 16
+    arr["src"][1:, 0] = arr["id"][:-1]
+    arr["src"][1:, 1] = arr["id"][0]
+    arr["name"] = b"blk.0.ffn_out-0"
+    return arr["id"][1:].copy(), arr, {0xAB: Buf}
+
+
+def bench_graph_build(n: int, repeat: int) -> float:
+    nodes, arr, buffers = synthetic_graph(n)
+    return statistics.median(timed(lambda: build_graph(nodes, arr, buffers), repeat))
+
+
+def bench_graph_round_trip(port: int, n: int, repeat: int) -> tuple[float, float]:
+    nodes, arr, _ = synthetic_graph(n)
+    with RpcClient.connect("127.0.0.1", port, timeout=60) as c:
+        handle, _ = c.alloc_buffer(0, (n + 1) * 64)
+        base = c.buffer_get_base(handle)
+        arr["buffer"] = handle
+        arr["data"] = base + np.arange(n + 1) * 64
+        last = make_tensor(id=int(nodes[-1]), ne=(16,), buffer=handle, data=base + n * 64)
+
+        def compute() -> None:
+            c.graph_compute(0, nodes, arr)
+            c.get_tensor(last, 0, 64)
+
+        def recompute() -> None:
+            c.graph_recompute(0)
+            c.get_tensor(last, 0, 64)
+
+        return statistics.median(timed(compute, repeat)), statistics.median(timed(recompute, repeat))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (smoke run)")
+    args = parser.parse_args()
+    bulk = 32 * MIB if args.quick else 256 * MIB
+    stream = 256 * MIB if args.quick else 1 << 30
+    repeat = 3 if args.quick else 5
+    trips = 5_000 if args.quick else 20_000
+
+    print(f"reference server benchmarks (python {sys.version.split()[0]}, {os.cpu_count()} cpu(s))")
+    with server_process("--proto", "7") as (port, pid):
+        set_bw, get_bw = bench_bulk(port, bulk, repeat)
+        print(f"SET_TENSOR {bulk // MIB} MiB: {set_bw:6.2f} GB/s   (bar >= 1.2; upstream 1.1-1.2)")
+        print(f"GET_TENSOR {bulk // MIB} MiB: {get_bw:6.2f} GB/s   (bar >= 1.2; upstream ~1.1)")
+        client_rate, raw_rate = bench_round_trips(port, trips)
+        print(f"GET_ALIGNMENT round trips: {client_rate:8.0f}/s through RpcClient, {raw_rate:8.0f}/s with "
+              "pre-encoded bytes   (bar >= 20,000; upstream 35-40k)")
+        before, peak, size = bench_streaming_rss(port, pid, stream)
+        over = peak - before - size
+        print(f"RSS streaming a {size // MIB} MiB SET_TENSOR: {before / MIB:.0f} MiB before, peak {peak / MIB:.0f} MiB "
+              f"= buffer + {over / MIB:.1f} MiB   (bar: buffer + 64 MiB)")
+        for n in (2000,):
+            compute, recompute = bench_graph_round_trip(port, n, repeat)
+            print(f"{n}-node GRAPH_COMPUTE + read: {compute * 1e3:.2f} ms; GRAPH_RECOMPUTE + read: "
+                  f"{recompute * 1e3:.2f} ms   (upstream 0.42 / 0.12 ms)")
+    print(f"build_graph of 2000 nodes (in process): {bench_graph_build(2000, 20) * 1e3:.2f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
