@@ -592,7 +592,9 @@ class Runner:
     def server_alive(self) -> bool:
         """Does the server still accept a connection and answer HELLO?"""
         try:
-            with RpcClient.connect(self.target.host, self.target.port, timeout=self.probe_timeout, hello=False) as c:
+            # Forced table: a version the kit does not cover still counts as an answer.
+            with RpcClient.connect(self.target.host, self.target.port, timeout=self.probe_timeout, hello=False,
+                                   protocol=self.info.protocol or V6) as c:
                 c.hello()
                 return True
         except (OSError, ConnectionClosed, ProtocolError):

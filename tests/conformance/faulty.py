@@ -147,12 +147,12 @@ class FaultyServer:
     """Listens on an ephemeral loopback port and relays to ``upstream`` through ``breaker``."""
 
     def __init__(self, upstream: tuple[str, int], protocol: Protocol, breaker: Breaker,
-                 cache_dir: Path | None = None) -> None:
+                 cache_dir: Path | None = None, port: int = 0) -> None:
         self.upstream = upstream
         self.protocol = protocol
         self.breaker = breaker
         self.cache_dir = cache_dir
-        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock = socket.create_server(("127.0.0.1", port))
         self.host, self.port = self.sock.getsockname()[:2]
         self._stop = threading.Event()
         self._index = 0
