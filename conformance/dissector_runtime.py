@@ -69,10 +69,26 @@ end
 
 -- ------------------------------------------------------------------------------------------------ analysis ----
 
+-- Preference: learn the version from each HELLO reply, or force one table (a capture that starts after the
+-- handshake has no HELLO to learn it from).
+local version_choices = { { 1, "auto", 0 } }
+for i, p in ipairs(PROTOCOLS) do version_choices[#version_choices + 1] = { i + 1, p.label, i } end
+P.prefs.version = Pref.enum("Protocol version", 0,
+  "auto: from each connection's HELLO reply; a version: decode every connection with that table",
+  version_choices, false)
+
+local function forced_protocol()
+  local i = P.prefs.version
+  if i ~= nil and i > 0 then return PROTOCOLS[i] end
+  return nil
+end
+
 local function new_conv(key)
+  local forced = forced_protocol()
   return {
     key = key,
-    version = nil,          -- protocol table learnt from the HELLO reply
+    forced = forced,        -- table chosen in the preferences, if any
+    version = forced,       -- protocol table learnt from the HELLO reply (or forced)
     version_error = nil,    -- why no table could be picked
     client = nil,           -- "addr:port" of the side that sends requests
     req = { skip = 0, dead = nil, index = 0, hello = false },
@@ -142,6 +158,9 @@ local function analyse_request(c, d, tvb, off, pinfo)
   local size64 = tvb(off + 1, 8):le_uint64()
   local it = { kind = "req", off = off, cmd = cmd, frame = pinfo.number }
   local err = nil
+  if not d.hello and cmd ~= C.HELLO and c.forced ~= nil then
+    d.hello = true  -- a forced version: the capture may start after the handshake
+  end
   if not d.hello then
     if cmd ~= C.HELLO then err = "the first command must be HELLO, got " .. cmd_name(cmd) end
   elseif cmd == C.HELLO then
@@ -275,7 +294,9 @@ local function analyse_reply(c, d, tvb, off, pinfo)
     local patch = tvb(base + C.HELLO_PATCH_OFF, 1):uint()
     local proto = protocol_for(major, minor, patch)
     it.announced = major .. "." .. minor .. "." .. patch
-    if proto == nil then
+    if c.forced ~= nil then
+      it.picked = c.forced.label .. " (forced in the preferences)"
+    elseif proto == nil then
       c.version_error = "server announces " .. it.announced .. ": not covered by this dissector"
       it.version_error = c.version_error
     else

@@ -87,18 +87,18 @@ def dissected(rows: list[list[str]]) -> dict[int, list[tuple[str, str, str, int,
     return out
 
 
-def expected(pcap: Path) -> dict[int, tuple[list, list, bool]]:
+def expected(pcap: Path, protocol=None) -> dict[int, tuple[list, list, bool]]:
     """client port -> (requests, replies, stopped by a violation) as ``ggml-rpc decode`` sees them."""
     out = {}
-    for dc in decode_file(pcap):
+    for dc in decode_file(pcap, protocol):
         reqs = [("request", m.command.name, str(m.index), m.size, 0) for m in dc.requests]
         reps = [("reply", m.command.name, str(m.request.index), m.size, 0) for m in dc.replies if m.request]
         out[dc.conn.client[1]] = (reqs, reps, dc.error is not None, dc.error_direction)
     return out
 
 
-def assert_same_as_decode(pcap: Path, got: dict[int, list]) -> None:
-    want = expected(pcap)
+def assert_same_as_decode(pcap: Path, got: dict[int, list], protocol=None) -> None:
+    want = expected(pcap, protocol)
     assert set(got) == {k for k, v in want.items() if v[0] or v[1] or v[2]}
     for client, (reqs, reps, stopped, direction) in want.items():
         mine = got.get(client, [])
@@ -181,12 +181,14 @@ CLIENT, SERVER = "127.0.0.1", "127.0.0.1"
 class PcapSession:
     """A TCP connection written to a pcap: handshake, then each message cut into segments of at most ``mss``."""
 
-    def __init__(self, path: Path, cport: int, sport: int, mss: int = 1400) -> None:
+    def __init__(self, path: Path, cport: int, sport: int, mss: int = 1400, handshake: bool = True) -> None:
         self.fh = open(path, "wb")
         self.w = dpkt.pcap.Writer(self.fh, linktype=dpkt.pcap.DLT_EN10MB)
         self.cport, self.sport, self.mss = cport, sport, mss
         self.seq = {True: 1000, False: 5000}
         self.t = 1.0
+        if not handshake:
+            return
         self._frame(True, b"", dpkt.tcp.TH_SYN, seq=999)
         self._frame(False, b"", dpkt.tcp.TH_SYN | dpkt.tcp.TH_ACK, seq=4999)
         self._frame(True, b"", dpkt.tcp.TH_ACK)
@@ -390,3 +392,23 @@ def test_large_graph_is_decoded_across_many_segments(lua, tmp_path):
     graph = [r for r in rows if r[3]]
     assert len(graph) == 1 and graph[0][3] == str(n)
     assert graph[0][2] == f"request GRAPH_COMPUTE 1 {12 + 8 * (n - 1) + 296 * n} 0"
+
+
+def test_forced_version_decodes_a_capture_without_handshake(lua, tmp_path):
+    """With the version preference set, a capture that starts after HELLO decodes like ``decode --proto 7``."""
+    s = PcapSession(tmp_path / "mid.pcap", 40000, 50052, handshake=False)
+    for from_client, data in [_req(Command.DEVICE_COUNT, {}), (False, encode_reply(V7, Command.DEVICE_COUNT,
+                                                                                      {"device_count": 2})),
+                              _req(Command.SET_TENSOR, {"tensor": _T, "offset": 0, "cache_flag": 1}, b"\2" * 16),
+                              _req(Command.GET_ALIGNMENT, {"device": 1}),
+                              (False, encode_reply(V7, Command.GET_ALIGNMENT, {"alignment": 64}))]:
+        s.send(from_client, data)
+    s.close()
+    pcap = tmp_path / "mid.pcap"
+    got = dissected(run_tshark(lua, pcap, options=("-o", "ggml_rpc.version:7.0.0")))
+    assert_same_as_decode(pcap, got, V7)
+    assert [m[1] for m in got[40000]] == ["DEVICE_COUNT", "DEVICE_COUNT", "SET_TENSOR", "GET_ALIGNMENT",
+                                          "GET_ALIGNMENT"]
+    # left on auto, the same capture is a violation (no HELLO), exactly where decode without --proto gives up
+    auto = dissected(run_tshark(lua, pcap))
+    assert auto[40000][0][:2] == ("request", "DEVICE_COUNT") and auto[40000][0][4] == 1
