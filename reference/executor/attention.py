@@ -14,11 +14,13 @@ from ggml_rpc.spec import GgmlOp
 
 from ..graph import GraphTensor
 from .core import READABLE, kernel, need_types, params_f32, read, src, write
+from .matmul import broadcast_matmul
 from .memory import F16, F32, Memory, node_error
 from .softmax import alibi_slopes, broadcast_mask
 from .types import VEC_DOT_TYPE, through_type
 
 _TILE_ROWS = 64
+_CHUNK_SCORES = 1 << 22
 
 
 @kernel(GgmlOp.FLASH_ATTN_EXT, src=READABLE, dst=(F32,), note="K/V F32, F16, BF16 or quantised; mask, softcap, sinks")
@@ -49,32 +51,42 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
     if not tiled and k_t.type != F32:
         q = through_type(VEC_DOT_TYPE.get(k_t.type, F32), np.ascontiguousarray(q))
     rh, rs = n_head // n_head_kv, n_seq // k3
-    k = np.repeat(np.repeat(k, rh, axis=1), rs, axis=0)
-    v = np.repeat(np.repeat(v, rh, axis=1), rs, axis=0)
-    scores = np.matmul(q, k.swapaxes(-1, -2)) * scale  # (n_seq, n_head, n_q, n_kv)
-    if softcap != 0:
-        scores = softcap * np.tanh(scores)
+    mask = None
     if mask_t is not None:
         need_types(node, mask_t, (F16, F32), "mask")
-        mask = broadcast_mask(node, mask_t, read(mem, mask_t), n_q, n_head, n_seq, n_kv)
-        if max_bias > 0:
-            mask = alibi_slopes(n_head, max_bias)[None, :, None, None] * mask
-        scores = scores + mask
+        mask = read(mem, mask_t)
+        broadcast_mask(node, mask, n_q, n_head, n_seq, n_kv, 0, 0)  # shape check before any work
+    slopes = alibi_slopes(n_head, max_bias)[None, :, None, None] if max_bias > 0 else None
     sinks = None
     if sinks_t is not None:
         need_types(node, sinks_t, (F32,), "sinks")
         if sinks_t.ne[0] < n_head:
             raise node_error(node, "sinks need one value per head")
         sinks = read(mem, sinks_t).reshape(-1)[:n_head][None, :, None]
-    if v_t.type == F16 and not tiled:
-        out = _online_f16(scores, v, sinks)
-    else:
-        out = _softmax_v(scores, v, sinks)
+    online = v_t.type == F16 and not tiled
+    if online and (rh > 1 or rs > 1):  # the online recurrence indexes V per head: one matrix per query head
+        v = np.repeat(np.repeat(v, rh, axis=1), rs, axis=0)
+    k_t_view = k.swapaxes(-1, -2)
+    out = np.empty((n_seq, n_head, n_q, dv), dtype=np.float32)
+    # Query rows in chunks, so the score block stays small however long the context is.
+    step = max(1, _CHUNK_SCORES // max(1, n_seq * n_head * n_kv))
+    for lo in range(0, n_q, step):
+        hi = min(n_q, lo + step)
+        scores = broadcast_matmul(q[:, :, lo:hi], k_t_view, rh, rs) * scale  # (n_seq, n_head, rows, n_kv)
+        if softcap != 0:
+            scores = softcap * np.tanh(scores)
+        if mask is not None:
+            m = broadcast_mask(node, mask, n_q, n_head, n_seq, n_kv, lo, hi)
+            scores = scores + (slopes * m if slopes is not None else m)
+        if online:
+            out[:, :, lo:hi] = _online_f16(scores, v, sinks)
+        else:
+            out[:, :, lo:hi] = _softmax_v(scores, v, sinks, rh, rs)
     # Result layout is [dv, head, query, seq]: swap head and query.
     write(mem, node, out.swapaxes(1, 2))
 
 
-def _softmax_v(scores: np.ndarray, v: np.ndarray, sinks: np.ndarray | None) -> np.ndarray:
+def _softmax_v(scores: np.ndarray, v: np.ndarray, sinks: np.ndarray | None, rh: int, rs: int) -> np.ndarray:
     mx = scores.max(axis=-1)
     if sinks is not None:
         mx = np.maximum(mx, sinks)
@@ -83,7 +95,7 @@ def _softmax_v(scores: np.ndarray, v: np.ndarray, sinks: np.ndarray | None) -> n
     total = w.sum(axis=-1, dtype=np.float32)
     if sinks is not None:
         total = total + np.exp(sinks - mx)
-    out = np.matmul(w, v)
+    out = broadcast_matmul(w, v, rh, rs)
     inv = np.divide(np.float32(1), total, out=np.zeros_like(total), where=total != 0)
     return (out * inv[..., None]).astype(np.float32)
 

@@ -41,18 +41,29 @@ def _mul_mat(node: GraphTensor, mem: Memory) -> None:
     b = read(mem, b_t)  # (ne13, ne12, n, k)
     if a_t.type != F32:
         b = _as_vec_dot(node, a_t.type, b)
-    r2, r3 = ne12 // ne02, ne13 // ne03
-    if r2 > 1:
-        a = np.repeat(a, r2, axis=1)
-    if r3 > 1:
-        a = np.repeat(a, r3, axis=0)
     out = mem.raw(node)
     if out.size == 0:
         return
-    if out.flags.c_contiguous:
-        np.matmul(b, a.swapaxes(-1, -2), out=out)
-    else:
-        np.copyto(out, np.matmul(b, a.swapaxes(-1, -2)))
+    r2, r3 = ne12 // ne02, ne13 // ne03
+    if r2 == 1 and r3 == 1:
+        if out.flags.c_contiguous:
+            np.matmul(b, a.swapaxes(-1, -2), out=out)
+        else:
+            np.copyto(out, np.matmul(b, a.swapaxes(-1, -2)))
+        return
+    np.copyto(out, broadcast_matmul(b, a.swapaxes(-1, -2), r2, r3))
+
+
+def broadcast_matmul(b: np.ndarray, a_t: np.ndarray, r2: int, r3: int) -> np.ndarray:
+    """``b[i3, i2] @ a_t[i3 // r3, i2 // r2]`` for every (i3, i2), without repeating ``a_t`` in memory.
+
+    Row groups of ``b`` that share one matrix of ``a_t`` become an extra axis, so numpy broadcasts ``a_t`` over it.
+    """
+    n13, n12, n, _ = b.shape
+    n03, n02, _, m = a_t.shape
+    grouped = b.reshape(n03, r3, n02, r2, n, b.shape[-1])
+    res = np.matmul(grouped, a_t[:, None, :, None])  # (n03, r3, n02, r2, n, m)
+    return res.reshape(n13, n12, n, m)
 
 
 @kernel(GgmlOp.MUL_MAT_ID, src=READABLE, dst=(F32,), note="expert ids I32, range-checked")

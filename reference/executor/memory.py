@@ -35,6 +35,9 @@ PLAIN_DTYPES: dict[int, np.dtype] = {
     F64: np.dtype("<f8"),
 }
 FLOAT_TYPES = frozenset({F32, F16, BF16})
+# A view may alias itself (ggml allows any strides), but not claim more than this multiple of its buffer's bytes.
+_OVERLAP_FACTOR = 4
+_OVERLAP_SLACK = 1 << 26
 INT_TYPES = frozenset({I8, I16, I32, I64})
 
 
@@ -113,6 +116,14 @@ class Memory:
         if off < 0 or off + size > base.size:
             raise ExecutorError(
                 f"tensor {describe(t)}: bytes [{off}, {off + size}) fall outside its buffer of {base.size} bytes"
+            )
+        # Overlapping (or zero) strides can make a small region claim a huge element count; anything an op would
+        # allocate from it must stay proportionate to real memory.
+        elements = ne[0] * ne[1] * ne[2] * ne[3]
+        itemsize = dt.itemsize if dt is not None else TYPES[t.type].size / TYPES[t.type].blck
+        if elements * itemsize > _OVERLAP_FACTOR * base.size + _OVERLAP_SLACK:
+            raise ExecutorError(
+                f"tensor {describe(t)}: {elements} elements in a buffer of {base.size} bytes (overlapping strides)"
             )
         if dt is not None:
             if size == 0:

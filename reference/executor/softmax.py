@@ -25,14 +25,17 @@ def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
     ).astype(np.float32)
 
 
-def broadcast_mask(node: GraphTensor, mask_t: GraphTensor, mask: np.ndarray, rows: int, heads: int, seqs: int,
-                   cols: int) -> np.ndarray:
-    """The mask rows a (seqs, heads, rows, cols) score array reads: dims 2/3 broadcast by modulo, rows must exist."""
+def broadcast_mask(node: GraphTensor, mask: np.ndarray, rows: int, heads: int, seqs: int, cols: int,
+                   lo: int = 0, hi: int | None = None) -> np.ndarray:
+    """The mask for score rows [lo, hi) of a (seqs, heads, rows, cols) array: mask dims 2/3 repeat by modulo (a
+    broadcastable view when they are 1), and the mask must hold every row and column the scores have."""
     m3, m2, m1, m0 = mask.shape
     if m0 < cols or m1 < rows or m2 == 0 or m3 == 0 or heads % m2 or seqs % m3:
         raise node_error(node, "mask is too small for (or does not broadcast to) the scores")
-    mask = mask[:, :, :rows, :cols]
-    return np.tile(mask, (seqs // m3, heads // m2, 1, 1))
+    part = mask[:, :, lo : rows if hi is None else hi, :cols]
+    if m2 == 1 and m3 == 1:
+        return part
+    return np.tile(part, (seqs // m3, heads // m2, 1, 1))
 
 
 @kernel(GgmlOp.SOFT_MAX, src=FLOATS, dst=(F32,), note="mask F16/F32, ALiBi, sinks")
@@ -47,7 +50,7 @@ def _soft_max(node: GraphTensor, mem: Memory) -> None:
     mask_t = node.src[1]
     if mask_t is not None:
         need_types(node, mask_t, (F16, F32), "mask")
-        mask = broadcast_mask(node, mask_t, read(mem, mask_t), n1, n2, n3, n0)
+        mask = broadcast_mask(node, read(mem, mask_t), n1, n2, n3, n0)
         slopes = alibi_slopes(n2, max_bias)[None, :, None, None]
         x = x + (slopes * mask if max_bias > 0 else mask)
     sinks_t = node.src[2]

@@ -146,3 +146,11 @@ def test_ops_table_covers_every_op_and_the_checked_in_copy_is_current():
     assert {"MUL_MAT", "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "GET_ROWS", "RMS_NORM"} <= rows
     assert OPS_MD.read_text(encoding="utf-8") == table, (
         "reference/OPS.md is stale: python -m ggml_rpc.reference.executor > reference/OPS.md")
+
+
+def test_overlapping_strides_cannot_claim_huge_element_counts(arena):
+    a = arena.tensor(F32, (4,))
+    huge = arena.view_of(a, (1 << 14, 1 << 14, 1, 1), (0, 0, 0, 0))
+    out = arena.tensor(F32, (1,), op=GgmlOp.SUM, src=(huge,))
+    with pytest.raises(ExecutorError, match="overlapping strides"):
+        execute([out])

@@ -526,3 +526,55 @@ def test_pool_2d_and_upscale(arena):
     np.testing.assert_allclose(arena.get(mx), blocks.max(axis=(3, 5)))
     np.testing.assert_allclose(arena.get(avg), blocks.mean(axis=(3, 5)), rtol=1e-6)
     np.testing.assert_array_equal(arena.get(up), x.repeat(2, axis=2).repeat(2, axis=3))
+
+
+def naive_attention(q, k, v, mask, scale, softcap=0.0, sinks=None):
+    """q (1, H, Q, D), k/v (1, Hkv, KV, D) with heads broadcast h -> h // (H / Hkv); plain float64 softmax."""
+    rh = q.shape[1] // k.shape[1]
+    kk, vv = np.repeat(k, rh, axis=1).astype(np.float64), np.repeat(v, rh, axis=1).astype(np.float64)
+    s = q.astype(np.float64) @ kk.swapaxes(-1, -2) * scale
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    s = s + mask
+    mx = s.max(-1, keepdims=True)
+    if sinks is not None:
+        mx = np.maximum(mx, sinks[None, :, None, None])
+    w = np.exp(s - mx)
+    total = w.sum(-1, keepdims=True)
+    if sinks is not None:
+        total = total + np.exp(sinks[None, :, None, None] - mx)
+    return (w / total) @ vv
+
+
+@pytest.mark.parametrize(("kv_type", "n_q", "tol"), [(Q8_0, 3, 2e-2), (F16, 70, 3e-3), (F32, 70, 1e-5)])
+def test_flash_attn_ext_softcap_sinks_quantised_and_tiled(arena, kv_type, n_q, tol, monkeypatch):
+    from ggml_rpc.reference.executor import attention
+
+    monkeypatch.setattr(attention, "_CHUNK_SCORES", 40)  # several query chunks
+    d, n_head, n_kv = 32, 2, 6
+    q_vals = rand(1, n_head, n_q, d)
+    k_vals, v_vals = rand(1, 1, n_kv, d, seed=1), rand(1, 1, n_kv, d, seed=2)
+    mask = np.zeros((1, 1, n_q, n_kv), np.float32)
+    mask[:, :, ::2, -1] = -np.inf
+    sinks_vals = np.array([0.3, -0.7], np.float32)
+    q = filled(arena, F32, (d, n_q, n_head), q_vals)
+    k = filled(arena, kv_type, (d, n_kv, 1), k_vals)
+    v = filled(arena, kv_type, (d, n_kv, 1), v_vals)
+    m = filled(arena, F16, (n_kv, n_q), mask)
+    sinks = filled(arena, F32, (n_head,), sinks_vals)
+    out = arena.tensor(F32, (d, n_head, n_q), op=GgmlOp.FLASH_ATTN_EXT, src=(q, k, v, m, sinks),
+                       params=params(0.2, 0.0, 5.0))
+    execute([out])
+    want = naive_attention(q_vals, arena.get(k), arena.get(v), mask, 0.2, 5.0, sinks_vals)
+    np.testing.assert_allclose(arena.get(out), want.swapaxes(1, 2), rtol=tol, atol=tol)
+
+
+def test_mul_mat_broadcast_matches_repeat_for_both_dims(arena):
+    w = rand(2, 3, 4, 16)
+    x = rand(4, 6, 5, 16, seed=9)
+    a = filled(arena, F32, (16, 4, 3, 2), w)
+    b = filled(arena, F32, (16, 5, 6, 4), x)
+    out = arena.tensor(F32, (4, 5, 6, 4), op=GgmlOp.MUL_MAT, src=(a, b))
+    execute([out])
+    wr = np.repeat(np.repeat(w, 2, axis=1), 2, axis=0)
+    np.testing.assert_allclose(arena.get(out), x @ wr.swapaxes(-1, -2), rtol=1e-5, atol=1e-5)
