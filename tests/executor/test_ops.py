@@ -578,3 +578,72 @@ def test_mul_mat_broadcast_matches_repeat_for_both_dims(arena):
     execute([out])
     wr = np.repeat(np.repeat(w, 2, axis=1), 2, axis=0)
     np.testing.assert_allclose(arena.get(out), x @ wr.swapaxes(-1, -2), rtol=1e-5, atol=1e-5)
+
+
+def naive_rope(x, pos, n_dims, mode, base, freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, n_ctx_orig=4096,
+               beta_fast=32.0, beta_slow=1.0, sections=(0, 0, 0, 0)):
+    """Per-element rope from the definitions: x (1, T, H, D); pos (T,) or (4, T) for multi-section modes."""
+    _, n_tok, _, d = x.shape
+    half = d // 2
+
+    def corr(n_rot):
+        return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = max(0.0, math.floor(corr(beta_fast))), min(n_dims - 1.0, math.ceil(corr(beta_slow)))
+    out = x.astype(np.float64).copy()
+    for t in range(n_tok):
+        for i in range(half):
+            if mode & 8:
+                sect = sum(sections)
+                s = i % sect
+                bounds = np.cumsum(sections)
+                which = int(np.searchsorted(bounds, s, side="right"))
+                start = 0 if which == 0 else int(bounds[which - 1])
+                k = s - start if mode == 24 else i
+                theta = pos[which][t] * base ** (-2 * k / n_dims)
+            else:
+                theta = pos[t] * base ** (-2 * i / n_dims)
+            interp = freq_scale * theta
+            mscale = attn_factor
+            if ext_factor:
+                ramp = (1 - min(1, max(0, (i - low) / max(0.001, high - low)))) * ext_factor
+                theta = interp * (1 - ramp) + theta * ramp
+                mscale *= 1 + 0.1 * math.log(1 / freq_scale)
+            else:
+                theta = interp
+            c, sn = math.cos(theta) * mscale, math.sin(theta) * mscale
+            if mode == 0:
+                if 2 * i + 1 >= n_dims:
+                    continue
+                j0, j1 = 2 * i, 2 * i + 1
+            elif mode == 24:
+                j0, j1 = i, i + n_dims
+            else:
+                if i >= n_dims // 2:
+                    continue
+                j0, j1 = i, i + n_dims // 2
+            x0, x1 = x[0, t, :, j0].astype(np.float64), x[0, t, :, j1].astype(np.float64)
+            out[0, t, :, j0] = x0 * c - x1 * sn
+            out[0, t, :, j1] = x0 * sn + x1 * c
+    return out
+
+
+@pytest.mark.parametrize(("mode", "n_dims", "sections", "yarn"), [
+    (0, 8, (0, 0, 0, 0), True), (2, 6, (0, 0, 0, 0), True), (8, 8, (2, 1, 1, 0), False),
+    (24, 4, (1, 1, 0, 0), False),
+])
+def test_rope_yarn_multi_section_and_vision(arena, mode, n_dims, sections, yarn):
+    head, n_head, n_tok, base = 8, 2, 3, 500.0
+    x = rand(1, n_tok, n_head, head)
+    a = filled(arena, F16, (head, n_head, n_tok), x)  # F16 source: rotated in float32, stored as F16
+    rows = 4 if mode & 8 else 1
+    positions = np.arange(rows * n_tok, dtype=np.int32) * 3 + 1
+    pos = arena.tensor(I32, (rows * n_tok,))
+    arena.set_raw(pos, positions)
+    freq_scale, ext = (0.25, 1.0) if yarn else (1.0, 0.0)
+    p = params(0, n_dims, mode, 0, 64, base, freq_scale, ext, 1.0, 32.0, 1.0, *sections)
+    out = arena.tensor(F16, (head, n_head, n_tok), op=GgmlOp.ROPE, src=(a, pos), params=p)
+    execute([out])
+    pos_rows = positions.reshape(rows, n_tok) if rows == 4 else positions
+    want = naive_rope(arena.get(a), pos_rows, n_dims, mode, base, freq_scale, ext, 1.0, 64, 32.0, 1.0, sections)
+    np.testing.assert_allclose(arena.get(out), want, rtol=2e-3, atol=2e-3)
