@@ -480,7 +480,9 @@ walk = function(ctx, lay, tvb, pos, tree, vals)
         local ti = add_item(tree, e, r, v)
         vals[e.name] = v
         if e.name == "flags" and lay.is_tensor then
-          for _, fl in ipairs(FLAG_FIELDS) do ti:add(fl[2], r, bit32.band(v, fl[1]) ~= 0) end
+          -- arithmetic rather than bit32/bit, which not every Lua that Wireshark embeds provides
+          local u = v < 0 and v + 2 ^ 32 or v
+          for _, fl in ipairs(FLAG_FIELDS) do ti:add(fl[2], r, math.floor(u / fl[1]) % 2 == 1) end
         end
       end
       pos = pos + e.size

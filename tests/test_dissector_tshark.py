@@ -260,12 +260,15 @@ def _full_session(proto):
 def test_every_command_of_7_0_1_in_tiny_segments_on_the_default_port(lua, tmp_path):
     """7-byte segments: every header and field crosses segment borders; port 50052 needs no decode-as."""
     pcap = _session(tmp_path / "all.pcap", V7_0_1, _full_session(V7_0_1), mss=7)
-    rows = run_tshark(lua, pcap, fields=("ggml_rpc.pdu", "ggml_rpc.tensor.unary_op", "ggml_rpc.cache_flag"))
+    rows = run_tshark(lua, pcap, fields=("ggml_rpc.pdu", "ggml_rpc.tensor.unary_op", "ggml_rpc.cache_flag",
+                                         "ggml_rpc.tensor.flags.compute"))
     got = dissected(rows)
     assert_same_as_decode(pcap, got)
     assert len(got[40000]) == 14 + 9  # 14 requests, 9 of them with a reply
     assert any(r[3] == "10" for r in rows)  # SILU named from op_params[0] of the UNARY node
     assert any(r[4] == "1" for r in rows)
+    graph_flags = next(r[5] for r in rows if r[3])  # the GRAPH_COMPUTE frame: x is a leaf, silu(x) is computed
+    assert graph_flags.split(",") in (["False", "True"], ["0", "1"])
 
 
 def test_7_0_1_command_under_a_7_0_0_server_is_a_violation(lua, tmp_path):
