@@ -25,13 +25,15 @@ from ggml_rpc.spec import (
     Command,
     GgmlType,
     Protocol,
+    RequestDecoder,
+    encode_request,
     hello_reply,
     make_tensor,
     reply_parts,
     request_parts,
 )
 
-from .bench_wire import BenchTarget, size_label
+from .bench_wire import BenchTarget, chain_graph, size_label
 from .benchmark import Figure, Measurement, timed
 from .pcapwrite import write_session
 from .replay import LoadedCapture, Replayer, load_captures
@@ -147,6 +149,27 @@ class PcapDecode(Measurement[Path]):
         return size / seconds / 1e6
 
 
+class GraphDecode(Measurement[bytes]):
+    """Decoding (with the spec's checks) one GRAPH_COMPUTE request of ``n_tensors`` tensors, in milliseconds."""
+
+    def __init__(self, protocol: Protocol, n_tensors: int, goal: tuple[str, float, str] | None = None) -> None:
+        self.protocol, self.n = protocol, n_tensors
+        self.figure = Figure(f"graph_decode_{n_tensors}", f"GRAPH_COMPUTE {n_tensors:,} tensors decode", "ms",
+                             higher_is_better=False, goal=goal)
+
+    def prepare(self, target: object) -> bytes:
+        nodes, tensors = chain_graph(self.n, _HANDLE, _BASE)
+        return encode_request(self.protocol, Command.GRAPH_COMPUTE, {
+            "device": 0, "n_nodes": len(nodes), "nodes": nodes, "n_tensors": len(tensors), "tensors": tensors})
+
+    def sample(self, state: bytes) -> float:
+        out: list = []
+        seconds = timed(lambda: out.extend(RequestDecoder(self.protocol, expect_hello=False).feed(state)))
+        if len(out) != 1 or out[0].fields["n_tensors"] != self.n:
+            raise RuntimeError("the GRAPH_COMPUTE request did not decode to itself")
+        return seconds * 1e3
+
+
 class Replay(Measurement["_ReplayState"]):
     """Replaying the session against a server (translated to its version), every read compared: MB/s."""
 
@@ -176,4 +199,4 @@ class _ReplayState:
     loaded: list[LoadedCapture]
 
 
-__all__ = ["PcapDecode", "PcapWrite", "Replay", "Session", "SessionFiles", "make_session"]
+__all__ = ["GraphDecode", "PcapDecode", "PcapWrite", "Replay", "Session", "SessionFiles", "make_session"]

@@ -19,7 +19,7 @@ from pathlib import Path
 from ggml_rpc.spec import HandshakeError, ProtocolError, parse_version_option
 from rich.console import Console
 
-from .bench_kit import PcapDecode, PcapWrite, Replay, SessionFiles
+from .bench_kit import GraphDecode, PcapDecode, PcapWrite, Replay, SessionFiles
 from .bench_report import BenchProgress, figures_table, header, write_json
 from .bench_wire import MIB, BenchTarget, GetTensor, GraphCompute, HashHit, RoundTrips, SetTensor, size_label
 from .benchmark import FigureResult, Measurement, record, run_measurement, steps_of
@@ -34,6 +34,9 @@ GOAL_ROUND_TRIPS = (">=", 20000.0, "issue 3")
 GOAL_DECODE = (">=", 500.0, "issue 2")
 GOAL_REPLAY = (">=", 300.0, "issue 6")
 GOAL_PCAP_WRITE = (">=", 200.0, "issue 6")
+GOAL_GRAPH_DECODE = ("<=", 10.0, "issue 2")
+#: The reference server's bulk transfers must reach this fraction of another server's (a C++ one) in the same run.
+BULK_RATIO_GOAL = 0.8
 
 
 @dataclass(frozen=True)
@@ -177,13 +180,14 @@ def run(args: argparse.Namespace) -> int:
             files = SessionFiles(proto, plan.session_bytes, plan.session_chunk)
             stack.callback(files.close)
             label = f"{size_label(files.session.data_bytes)} session"
+            graph_goal = GOAL_GRAPH_DECODE if plan.graph_tensors == 10_000 else None
+            kit = [PcapWrite(files, GOAL_PCAP_WRITE), GraphDecode(proto, plan.graph_tensors, graph_goal)]
             if args.capture is not None:
-                loaded = _load_capture(args.capture)
-                measurements.append(Replay(loaded, args.capture.name, GOAL_REPLAY))
-                kit = [PcapWrite(files, GOAL_PCAP_WRITE), PcapDecode(args.capture, args.capture.name, GOAL_DECODE)]
+                measurements.append(Replay(_load_capture(args.capture), args.capture.name, GOAL_REPLAY))
+                kit.append(PcapDecode(args.capture, args.capture.name, GOAL_DECODE))
             else:
                 measurements.append(Replay(files, label, GOAL_REPLAY))
-                kit = [PcapWrite(files, GOAL_PCAP_WRITE), PcapDecode(files.pcap, label, GOAL_DECODE)]
+                kit.append(PcapDecode(files.pcap, label, GOAL_DECODE))
         names = [t.name for t in targets]
         total = sum(steps_of(repeat, len(targets)) for _ in measurements) + sum(steps_of(repeat, 1) for _ in kit)
         server_results: list[FigureResult] = []
@@ -197,6 +201,11 @@ def run(args: argparse.Namespace) -> int:
         console.print(figures_table("Servers", server_results, names))
         if kit_results:
             console.print(figures_table("Kit", kit_results, ["kit"]))
+        comparisons = bulk_comparisons(server_results, names, plan)
+        for c in comparisons:
+            style = "green" if c["met"] else "red"
+            console.print(f"reference at [{style}]{c['reference_vs_target']:.2f}x[/{style}] of {c['target']} on "
+                          f"{c['label']} (goal >= {BULK_RATIO_GOAL}x)")
         failed = [(f.figure.label, r.target, r.error) for f in (*server_results, *kit_results) for r in f.results
                   if r.error]
         for label, target, error in failed:
@@ -206,11 +215,31 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             doc = record([t.as_dict() for t in targets], server_results, kit_results, quick=args.quick,
                          repeat=repeat, started=started, seconds=seconds, command=command_line(args))
+            doc["bulk_comparisons"] = comparisons
             try:
                 write_json(args.json, doc)
             except OSError as exc:
                 raise UsageError(f"cannot write {args.json}: {exc.strerror or exc}") from None
     return 1 if failed else 0
+
+
+def bulk_comparisons(results: Sequence[FigureResult], names: Sequence[str], plan: Plan) -> list[dict]:
+    """The reference server's speed relative to each other server on the largest SET and GET transfers."""
+    if not names or names[0] != "reference":
+        return []
+    size = max(s for s, _ in plan.transfers)
+    bulk = {f"set_tensor_{size_label(size).replace(' ', '')}", f"get_tensor_{size_label(size).replace(' ', '')}"}
+    out = []
+    for fr in results:
+        if fr.figure.key not in bulk or fr.results[0].stats is None:
+            continue
+        ref = fr.results[0].stats.median
+        for r in fr.results[1:]:
+            if r.stats is not None and r.stats.median > 0:
+                ratio = ref / r.stats.median
+                out.append({"figure": fr.figure.key, "label": fr.figure.label, "target": r.target,
+                            "reference_vs_target": ratio, "goal": BULK_RATIO_GOAL, "met": ratio >= BULK_RATIO_GOAL})
+    return out
 
 
 def _load_capture(path: Path) -> list:

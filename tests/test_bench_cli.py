@@ -65,7 +65,8 @@ def test_the_quick_command_in_benchmarks_md_runs(tmp_path: Path, capsys: pytest.
             assert r["error"] is None and r["not_applicable"] is None, (f["key"], r)
             assert len(r["samples"]) == doc["repeat"] and r["median"] > 0 and r["ratio"] == 1.0
             assert r["min"] <= r["median"] <= r["max"]
-        assert list(by_key(doc, "kit_figures")) == ["pcap_write", "pcap_decode"]
+        assert list(by_key(doc, "kit_figures")) == ["pcap_write", f"graph_decode_{QUICK.graph_tensors}", "pcap_decode"]
+        assert doc["bulk_comparisons"] == []  # nothing to compare the reference with
         assert by_key(doc)["round_trips"]["goal"]["source"] == "issue 3"
 
 
@@ -90,6 +91,10 @@ def test_second_server_is_measured_side_by_side(tmp_path: Path, capsys: pytest.C
         expected = v6["median"] / ref["median"] if figures[key]["better"] == "higher" else ref["median"] / v6["median"]
         assert v6["ratio"] == pytest.approx(expected)
     assert figures["graph_compute_1000"]["better"] == "lower"
+    bulk = {(c["figure"], c["target"]): c for c in doc["bulk_comparisons"]}
+    assert set(bulk) == {("set_tensor_16MiB", "v6"), ("get_tensor_16MiB", "v6")}
+    ref, v6 = figures["set_tensor_16MiB"]["results"]
+    assert bulk["set_tensor_16MiB", "v6"]["reference_vs_target"] == pytest.approx(ref["median"] / v6["median"])
 
 
 def test_a_server_computing_wrongly_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
