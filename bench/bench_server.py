@@ -52,6 +52,12 @@ def rss_bytes(pid: int) -> int:
     return int(re.search(r"VmRSS:\s+(\d+) kB", text).group(1)) * 1024  # type: ignore[union-attr]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time the process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def timed(fn: Callable[[], object], repeat: int) -> list[float]:
     out = []
     for _ in range(repeat):
@@ -61,7 +67,8 @@ def timed(fn: Callable[[], object], repeat: int) -> list[float]:
     return out
 
 
-def bench_bulk(port: int, size: int, repeat: int) -> tuple[float, float]:
+def bench_bulk(port: int, pid: int, size: int, repeat: int) -> tuple[float, float, float, float]:
+    """Wall-clock GB/s of SET and GET, and GB per server CPU second for each (what one idle core would give)."""
     with RpcClient.connect("127.0.0.1", port, timeout=120) as c:
         handle, _ = c.alloc_buffer(0, size)
         base = c.buffer_get_base(handle)
@@ -76,21 +83,30 @@ def bench_bulk(port: int, size: int, repeat: int) -> tuple[float, float]:
         def get_once() -> None:
             c.get_tensor_into(t, 0, memoryview(out))
 
+        set_once()  # first touch of the buffer's pages is not what is measured
+        cpu0 = cpu_seconds(pid)
         set_times = timed(set_once, repeat)
+        cpu1 = cpu_seconds(pid)
         get_times = timed(get_once, repeat)
+        cpu2 = cpu_seconds(pid)
         assert np.array_equal(out, data)
         c.free_buffer(handle)
-    return size / statistics.median(set_times) / 1e9, size / statistics.median(get_times) / 1e9
+    gb = size * repeat / 1e9
+    return (size / statistics.median(set_times) / 1e9, size / statistics.median(get_times) / 1e9,
+            gb / max(cpu1 - cpu0, 1e-3), gb / max(cpu2 - cpu1, 1e-3))
 
 
-def bench_round_trips(port: int, n: int) -> tuple[float, float]:
+def bench_round_trips(port: int, pid: int, n: int) -> tuple[float, float, float]:
+    """Round trips/s through RpcClient and with pre-encoded bytes, and server CPU microseconds per round trip."""
     with RpcClient.connect("127.0.0.1", port, timeout=30) as c:
         for _ in range(200):
             c.get_alignment(0)
+        cpu0 = cpu_seconds(pid)
         t0 = time.perf_counter()
         for _ in range(n):
             c.get_alignment(0)
         client_rate = n / (time.perf_counter() - t0)
+        server_us = (cpu_seconds(pid) - cpu0) / n * 1e6
         # The same exchange without the client's encode/decode: what the server alone sustains.
         req = encode_request(c.protocol, Command.GET_ALIGNMENT, {"device": 0})
         reply = bytearray(16)
@@ -104,7 +120,7 @@ def bench_round_trips(port: int, n: int) -> tuple[float, float]:
                 got += sock.recv_into(view[got:])
         raw_rate = n / (time.perf_counter() - t0)
         assert reply[8:] == (32).to_bytes(8, "little")
-    return client_rate, raw_rate
+    return client_rate, raw_rate, server_us
 
 
 def bench_streaming_rss(port: int, pid: int, size: int) -> tuple[int, int, int]:
@@ -196,12 +212,16 @@ def main() -> int:
 
     print(f"reference server benchmarks (python {sys.version.split()[0]}, {os.cpu_count()} cpu(s))")
     with server_process("--proto", "7") as (port, pid):
-        set_bw, get_bw = bench_bulk(port, bulk, repeat)
-        print(f"SET_TENSOR {bulk // MIB} MiB: {set_bw:6.2f} GB/s   (bar >= 1.2; upstream 1.1-1.2)")
-        print(f"GET_TENSOR {bulk // MIB} MiB: {get_bw:6.2f} GB/s   (bar >= 1.2; upstream ~1.1)")
-        client_rate, raw_rate = bench_round_trips(port, trips)
+        print(f"load average before: {os.getloadavg()[0]:.2f} (figures are wall clock; the server-CPU ones do not "
+              "depend on other processes)")
+        set_bw, get_bw, set_cpu, get_cpu = bench_bulk(port, pid, bulk, repeat)
+        print(f"SET_TENSOR {bulk // MIB} MiB: {set_bw:6.2f} GB/s; {set_cpu:6.2f} GB per server CPU second   "
+              "(bar >= 1.2; upstream 1.1-1.2)")
+        print(f"GET_TENSOR {bulk // MIB} MiB: {get_bw:6.2f} GB/s; {get_cpu:6.2f} GB per server CPU second   "
+              "(bar >= 1.2; upstream ~1.1)")
+        client_rate, raw_rate, server_us = bench_round_trips(port, pid, trips)
         print(f"GET_ALIGNMENT round trips: {client_rate:8.0f}/s through RpcClient, {raw_rate:8.0f}/s with "
-              "pre-encoded bytes   (bar >= 20,000; upstream 35-40k)")
+              f"pre-encoded bytes; {server_us:.1f} us server CPU each   (bar >= 20,000; upstream 35-40k)")
         before, peak, size = bench_streaming_rss(port, pid, stream)
         over = peak - before - size
         print(f"RSS streaming a {size // MIB} MiB SET_TENSOR: {before / MIB:.0f} MiB before, peak {peak / MIB:.0f} MiB "
