@@ -127,7 +127,7 @@ local function hello_prefix(tvb)
   local n = math.min(tvb:len(), C.REQ_HDR)
   if n == 0 or tvb(0, 1):uint() ~= C.HELLO then return false end
   for i = 1, n - 1 do
-    local want = math.floor(C.HELLO_SIZE / 256 ^ (i - 1)) % 256
+    local want = math.floor(C.HELLO_SIZE / 256 ^ (i - 1)) % 256  -- byte i of the size header
     if tvb(i, 1):uint() ~= want then return false end
   end
   return true
@@ -307,10 +307,11 @@ local function analyse_reply(c, d, tvb, off, pinfo)
   return it
 end
 
-local SEQ_MOD = 2 ^ 32
+-- integer literals: exact in every Lua (no float results that would print as "1460.0")
+local SEQ_MOD, SEQ_HALF = 4294967296, 2147483648
 
 local function seq_diff(a, b)
-  return (a - b + SEQ_MOD / 2) % SEQ_MOD - SEQ_MOD / 2
+  return (a - b + SEQ_HALF) % SEQ_MOD - SEQ_HALF
 end
 
 -- How many of the next avail bytes are bulk data of the message in progress.  Counting bytes is exact when
@@ -318,7 +319,7 @@ end
 -- which keeps the count right when the capture holds reordered or duplicated segments of the bulk data.
 skip_bytes = function(d, avail, whole_len)
   local seq, tlen = f_seq(), f_len()
-  if whole_len and seq ~= nil and tlen ~= nil and tlen.value == whole_len and d.skip < SEQ_MOD / 2 then
+  if whole_len and seq ~= nil and tlen ~= nil and tlen.value == whole_len and d.skip < SEQ_HALF then
     local start = seq.value
     if d.skip_end == nil then
       d.skip_end = (start + d.skip) % SEQ_MOD
@@ -481,7 +482,7 @@ walk = function(ctx, lay, tvb, pos, tree, vals)
         vals[e.name] = v
         if e.name == "flags" and lay.is_tensor then
           -- arithmetic rather than bit32/bit, which not every Lua that Wireshark embeds provides
-          local u = v < 0 and v + 2 ^ 32 or v
+          local u = v < 0 and v + 4294967296 or v
           for _, fl in ipairs(FLAG_FIELDS) do ti:add(fl[2], r, math.floor(u / fl[1]) % 2 == 1) end
         end
       end
