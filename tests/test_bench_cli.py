@@ -224,3 +224,16 @@ def test_kit_session_decodes_to_what_it_says(protocol, tmp_path: Path) -> None:
     sent = sum(r.data.nbytes for r in dc.requests if r.command is Command.SET_TENSOR)
     read = sum(r.size for r in dc.replies if r.command is Command.GET_TENSOR)
     assert sent + read == s.data_bytes == 8 << 16
+
+
+def test_replaying_a_cache_using_capture_twice_on_one_server(real_captures: Path, tmp_path: Path) -> None:
+    from ggml_rpc.conformance.bench_kit import Replay
+    from ggml_rpc.conformance.replay import load_captures
+
+    # The first replay fills the server's cache (recorded miss); the second must expect the hit it now gets.
+    m = Replay(load_captures([real_captures / "v7-v7-gen-cold.pcap"]), "real")
+    with running_server("7", cache_dir=str(tmp_path)) as srv:
+        (fr,) = [run_measurement(m, [BenchTarget("ref", srv.host, srv.port)], ["ref"], repeat=1)]
+    (r,) = fr.results
+    assert r.error is None and len(r.samples) == 1 and r.samples[0] > 0
+    assert len(list(tmp_path.iterdir())) == 1  # output.weight, saved once
