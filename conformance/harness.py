@@ -341,8 +341,9 @@ class SpawnedTarget(Target):
     def death_info(self) -> dict[str, Any] | None:
         if self.proc is None:
             return None
-        code = self.proc.poll()
-        if code is None:
+        try:
+            code = self.proc.wait(timeout=3.0)  # a dying process (core dump, exit handlers) takes a moment
+        except subprocess.TimeoutExpired:
             return {"status": "still running but not answering", "log_tail": list(self.log)}
         if self._reader is not None:
             self._reader.join(timeout=1.0)
@@ -439,12 +440,13 @@ class ServerInfo:
 
 
 def verdict_for(version: tuple[int, int, int]) -> tuple[Protocol | None, str]:
-    """The table a server of this version speaks and the one-line verdict ("speaks 7.0", "8.x not covered")."""
+    """The table a server of this version speaks and the one-line verdict ("speaks 7.0", "speaks 8.x: not covered
+    by this kit")."""
     protocol = protocol_for(*version)
     if protocol is None:
         if version[0] in {p.major for p in PROTOCOLS}:
-            return None, f"{'.'.join(map(str, version))} not covered"
-        return None, f"{version[0]}.x not covered"
+            return None, f"speaks {'.'.join(map(str, version))}: not covered by this kit"
+        return None, f"speaks {version[0]}.x: not covered by this kit"
     label = f"{version[0]}.{version[1]}" if protocol.version[2] == 0 else protocol.label
     return protocol, f"speaks {label}"
 
@@ -616,8 +618,7 @@ class Runner:
         if info.version is None:
             return Result(check, Outcome.NOT_RUN, "no handshake")
         if not info.covered and not check.any_version:
-            return Result(check, Outcome.SKIP, f"server speaks {info.version_label}: {info.verdict}; only "
-                          "handshake checks run")
+            return Result(check, Outcome.SKIP, f"server {info.verdict}; only handshake checks run")
         if info.covered and not check.any_version and not check.applies_to(info.version):
             return Result(check, Outcome.UNSUPPORTED, f"rule of protocol {check.versions_label}; server speaks "
                           f"{info.version_label}")

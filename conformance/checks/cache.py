@@ -9,6 +9,7 @@ left by earlier runs never answer for this one.  With a known directory, white-b
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from ggml_rpc.conformance.harness import Category, CheckFailed, Context, Skipped
 from ggml_rpc.spec import HASH_THRESHOLD, cache_file_name, fnv1a64
 from ggml_rpc.spec import Command as C
 
+_ENTRY_NAME = re.compile(r"[0-9a-f]{16}")
 V6C = Category.CACHE_V6
 V7C = Category.CACHE_V7
 SMALL = 4096
@@ -135,6 +137,10 @@ def _white_box(ctx: Context, entry: Entry) -> str:
     if content != entry.data:
         raise fail("cache file content is not the raw payload", expected=f"{len(entry.data)} bytes: "
                    + hexdump(entry.data, 16), got=f"{len(content)} bytes: " + hexdump(content, 16))
+    stray = sorted(p.name for p in found.parent.iterdir() if p.is_file() and not _ENTRY_NAME.fullmatch(p.name))
+    if stray:
+        raise fail("stray files in the cache directory (temporary or partial writes?)",
+                   expected="only files named by 16 lowercase hex digits", got=", ".join(stray[:5]))
     return str(found)
 
 
@@ -183,14 +189,25 @@ def v7_flag_writes(ctx: Context) -> None:
     expect_bytes("tensor after a flagged SET_TENSOR", read_back(buf, 0, len(data)), data)
 
 
-@_check("CACHE-V7-006", "a saved entry answers on a later connection", V7C, majors=(7,), section=C.SET_TENSOR_HASH)
+@_check("CACHE-V7-006", "miss, flagged SET_TENSOR, then a hit on a new connection fills identical bytes", V7C,
+        majors=(7,), section=C.SET_TENSOR_HASH)
 def v7_across_connections(ctx: Context) -> None:
     saved_entry(ctx)
     first = ctx.connect()
     data = nonce(SMALL)
-    _put(first, data, 1)
+    digest = fnv1a64(data)
+    buf = alloc(first, len(data) + 64)
+    if first.set_tensor_hash(buf.tensor(0, len(data)), 0, digest):
+        raise fail("SET_TENSOR_HASH of fresh random data hit before anything was saved", expected="result 0",
+                   got="result 1")
+    first.set_tensor(buf.tensor(0, len(data)), 0, data, cache_flag=1)  # what a v7 client sends after a miss
     first.close()
-    _expect_hit(ctx, ctx.connect(), data, "entry saved by the previous connection")
+    second = ctx.connect()
+    target = alloc(second, len(data) + 64)
+    if not second.set_tensor_hash(target.tensor(0, len(data)), 0, digest):
+        raise fail("entry saved by the previous connection: SET_TENSOR_HASH missed",
+                   sent=f"hash {cache_file_name(digest)}", expected="result 1", got="result 0")
+    expect_bytes("tensor filled by the hit on a new connection", read_back(target, 0, len(data)), data)
 
 
 @_check("CACHE-V7-007", "white-box: the entry is a file named by the 16-hex-digit FNV-1a holding the raw payload",
@@ -252,3 +269,15 @@ def hash_hit_no_buffer(ctx: Context) -> None:
     t["buffer"] = 0
     sent = request_bytes(ctx.protocol, C.SET_TENSOR_HASH, {"tensor": t, "offset": 0, "hash": entry.digest})
     send_and_expect_close(ctx, client, sent, "SET_TENSOR_HASH hit into a tensor with buffer 0")
+
+
+@_check("FRAME-035", "SET_TENSOR_HASH hit for a region that does not fit the buffer closes the connection",
+        Category.FRAMING, section=C.SET_TENSOR_HASH)
+def hash_hit_no_room(ctx: Context) -> None:
+    entry = saved_entry(ctx)
+    client = ctx.connect()
+    buf = alloc(client, len(entry.data) + 64)
+    t = buf.tensor(buf.size - 16, 16)
+    sent = request_bytes(ctx.protocol, C.SET_TENSOR_HASH, {"tensor": t, "offset": 0, "hash": entry.digest})
+    send_and_expect_close(ctx, client, sent, f"SET_TENSOR_HASH hit of {len(entry.data)} bytes into the last 16 "
+                          "bytes of the buffer")

@@ -57,7 +57,7 @@ def hello_version(ctx: Context) -> str:
         raise fail(f"server announces {label}, the run asked for {want.label}",
                    expected=f"major.minor {want.version[0]}.{want.version[1]}", got=hexdump(body[:4]))
     if not ctx.info.covered:
-        raise Unsupported(f"server announces {label}: {ctx.info.verdict}")
+        raise Unsupported(f"server announces {label}: {ctx.info.verdict.removeprefix('speaks ')}")
     return ctx.info.verdict
 
 

@@ -415,6 +415,18 @@ def _last_byte_flipped(conn: Conn, msg: Msg, body: bytes) -> bytes:
     return body
 
 
+def _hash_hit_outside(conn: Conn, msg: Msg) -> bool:
+    f = msg.fields
+    if msg.cmd != C.SET_TENSOR_HASH or f is None or conn.cache_dir is None:
+        return False
+    path = Path(conn.cache_dir) / cache_file_name(f["hash"])
+    r = region(conn, f["tensor"])
+    if r is None or not path.is_file():
+        return False
+    start = f["tensor"]["data"] + f["offset"]
+    return start + path.stat().st_size > r[1]
+
+
 def _v6_never_saves(conn: Conn, msg: Msg) -> Act | None:
     if msg.cmd == C.SET_TENSOR and data_len(msg) > HASH_THRESHOLD:
         parts = split_set(conn, msg)
@@ -476,6 +488,7 @@ BREAKERS: dict[str, Callable[[], Breaker]] = {
     "FRAME-033": lambda: AcceptBad(lambda conn, msg: msg.size > 1 << 40),
     "FRAME-034": lambda: AcceptBad(lambda conn, msg: msg.cmd == C.SET_TENSOR_HASH and msg.fields is not None
                                    and unknown_buffer(conn, msg.fields["tensor"])),
+    "FRAME-035": lambda: AcceptBad(_hash_hit_outside),
     # data path
     "DATA-001": lambda: RewriteReply(C.ALLOC_BUFFER, lambda c, m, body: body[:8] + struct.pack(
         "<Q", max(0, struct.unpack_from("<Q", body, 8)[0] - 1))),
