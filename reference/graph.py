@@ -76,12 +76,14 @@ _BLCK = np.array([TYPES[t].blck for t in range(GGML_TYPE_COUNT)], dtype=np.uint6
 _TSIZE = np.array([TYPES[t].size for t in range(GGML_TYPE_COUNT)], dtype=np.uint64)
 # Above this the exact (Python integer) size is computed instead of the uint64 one, which could wrap.
 _EXACT_ABOVE = float(1 << 62)
+_U64_MAX = (1 << 64) - 1
 
 
-def _nbytes(types: np.ndarray, ne32: np.ndarray, nb32: np.ndarray) -> list[int]:
-    """ggml_nbytes of many tensors (valid types only), exact even where 64-bit arithmetic would wrap."""
+def _nbytes(types: np.ndarray, ne32: np.ndarray, nb32: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """ggml_nbytes of many tensors (valid types only): exact Python integers, and the same as uint64 saturated at
+    2^64 - 1 (sizes that do not fit can never fit a buffer either)."""
     if len(types) == 0:
-        return []
+        return [], np.zeros(0, dtype=np.uint64)
     ne = ne32.astype(np.uint64)
     nb = nb32.astype(np.uint64)
     blck = _BLCK[types]
@@ -97,7 +99,8 @@ def _nbytes(types: np.ndarray, ne32: np.ndarray, nb32: np.ndarray) -> list[int]:
     estimate = ne_m1.astype(np.float64) * nb.astype(np.float64)
     for k in np.flatnonzero(estimate.sum(axis=1) + ne[:, 0].astype(np.float64) * nb[:, 0] > _EXACT_ABOVE).tolist():
         out[k] = ggml_nbytes(int(types[k]), ne32[k].tolist(), nb32[k].tolist())
-    return out
+        total[k] = min(out[k], _U64_MAX)
+    return out, total
 
 
 def _resolve(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
@@ -169,37 +172,46 @@ def build_graph(node_ids: np.ndarray, tensors: np.ndarray, buffers: Mapping[int,
     if len(removed):
         k = int(removed[0])
         raise GraphError(f"tensor {int(rows['id'][k]):#x} has removed type {type_name(int(types[k]))}")
-    nbytes = _nbytes(types, rows["ne"], rows["nb"])
+    nbytes, nbytes_u = _nbytes(types, rows["ne"], rows["nb"])
     handles = rows["buffer"]
-    data_l = rows["data"].tolist()
-    mem_l: list[memoryview | None] = [None] * len(order)
-    off_l = [0] * len(order)
+    data = rows["data"]
+    data_l = data.tolist()
+    uniq, inverse = np.unique(handles, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    base_u = np.zeros(len(uniq), dtype=np.uint64)
+    size_u = np.zeros(len(uniq), dtype=np.uint64)
+    known_u = np.zeros(len(uniq), dtype=bool)
+    mems: list[memoryview | None] = []
     used: set[int] = set()
-    for handle in np.unique(handles).tolist():
-        where = np.flatnonzero(handles == handle).tolist()
+    for u, handle in enumerate(uniq.tolist()):
         buf = buffers.get(handle) if handle else None
-        if buf is None:
-            for k in where:
-                if data_l[k] != 0:
-                    raise GraphError(f"tensor {int(rows['id'][k]):#x} has no buffer but data {data_l[k]:#x} "
-                                     "(invalid data pointer)")
-            continue
-        base, end = buf.base, buf.base + buf.size
-        mem = memoryview(buf.memory)
-        for k in where:
-            d = data_l[k]
-            if d < base or d + nbytes[k] > end:
-                raise GraphError(f"tensor {int(rows['id'][k]):#x} data [{d:#x}, +{nbytes[k]}) lies outside its "
-                                 f"buffer [{base:#x}, +{buf.size})")
-            mem_l[k] = mem
-            off_l[k] = d - base
-        used.add(handle)
+        mems.append(memoryview(buf.memory) if buf is not None else None)
+        if buf is not None:
+            base_u[u], size_u[u], known_u[u] = buf.base, buf.size, True
+            used.add(handle)
+    known = known_u[inverse]
+    orphan = np.flatnonzero(~known & (data != 0))
+    if len(orphan):
+        k = int(orphan[0])
+        raise GraphError(f"tensor {int(rows['id'][k]):#x} has no buffer but data {data_l[k]:#x} "
+                         "(invalid data pointer)")
+    base, size = base_u[inverse], size_u[inverse]
+    rel = data - base  # wraps where data < base; those rows fail the first test below
+    inside = (data >= base) & (nbytes_u <= size) & (rel <= size - nbytes_u)
+    outside = np.flatnonzero(known & ~inside)
+    if len(outside):
+        k = int(outside[0])
+        raise GraphError(f"tensor {int(rows['id'][k]):#x} data [{data_l[k]:#x}, +{nbytes[k]}) lies outside its "
+                         f"buffer [{int(base[k]):#x}, +{int(size[k])})")
+    off_l = np.where(known, rel, 0).tolist()
+    mem_l = [mems[u] for u in inverse.tolist()]
 
     # 3. Build the objects, then link references.
     id_l = rows["id"].tolist()
     type_l = types.tolist()
-    ne_l = [tuple(x) for x in rows["ne"].tolist()]
-    nb_l = [tuple(x) for x in rows["nb"].tolist()]
+    ne, nb = rows["ne"], rows["nb"]
+    ne_l = list(zip(*(ne[:, i].tolist() for i in range(4)), strict=True))
+    nb_l = list(zip(*(nb[:, i].tolist() for i in range(4)), strict=True))
     op_l = rows["op"].tolist()
     flags_l = rows["flags"].tolist()
     voffs_l = rows["view_offs"].tolist()

@@ -141,6 +141,7 @@ def test_nbytes_matches_the_spec(type_id) -> None:
     arr["nb"] = rng.integers(0, 1 << 32, (50, 4), dtype=np.uint64).astype(np.uint32)
     from ggml_rpc.reference.graph import _nbytes
 
-    got = _nbytes(arr["type"], arr["ne"], arr["nb"])
+    got, saturated = _nbytes(arr["type"], arr["ne"], arr["nb"])
     want = [ggml_nbytes(int(type_id), r["ne"].tolist(), r["nb"].tolist()) for r in arr]
     assert got == want
+    assert saturated.tolist() == [min(x, 2**64 - 1) for x in want]

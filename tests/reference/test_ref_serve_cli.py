@@ -94,3 +94,20 @@ def test_verbose_logs_one_line_per_command(caplog) -> None:
     lines = [r.getMessage() for r in caplog.records if r.name == "ggml_rpc.reference"]
     assert any(ln.endswith("DEVICE_COUNT size=0") for ln in lines)
     assert any(ln.endswith("GET_ALIGNMENT size=4") for ln in lines)
+
+
+def test_ipv6_loopback() -> None:
+    import socket
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this host")
+    try:
+        ctx = running_server("7", host="::1")
+        srv = ctx.__enter__()
+    except OSError as exc:
+        pytest.skip(f"cannot bind ::1 ({exc})")
+    try:
+        with connect(srv) as c:
+            assert c.device_count() == 1
+    finally:
+        ctx.__exit__(None, None, None)
