@@ -11,7 +11,7 @@ from ggml_rpc.spec import GgmlOp
 
 from ..graph import GraphTensor
 from .core import FLOATS, READABLE, WRITABLE, kernel, need_types, nelements, params_i32, read, src, write
-from .memory import F32, PLAIN_DTYPES, Memory, extent, node_error, shape4
+from .memory import F32, I32, PLAIN_DTYPES, Memory, extent, node_error, shape4
 
 
 def _copy(node: GraphTensor, mem: Memory) -> None:
@@ -24,14 +24,22 @@ def _copy(node: GraphTensor, mem: Memory) -> None:
         raw_d = mem.raw(node)
         np.copyto(raw_d, raw_a.reshape(raw_d.shape))
         return
-    need_types(node, a_t, READABLE, "source 0")
-    if node.type not in WRITABLE:
+    need_types(node, a_t, _COPY_SRC, "source 0")
+    if node.type not in _COPY_DST:
         raise node_error(node, "result type cannot be written")
+    if a_t.type == I32 or node.type == I32:
+        # Integer <-> float conversions go through float64 so no I32 value loses precision on the way.
+        raw = mem.raw(a_t)
+        vals = raw.astype(np.float64) if a_t.type == I32 else read(mem, a_t)
+        np.copyto(mem.raw(node), vals.reshape(shape4(node)), casting="unsafe")
+        return
     write(mem, node, read(mem, a_t).reshape(shape4(node)))
 
 
+_COPY_SRC = (*READABLE, I32)
+_COPY_DST = (*WRITABLE, I32)
 for _op in (GgmlOp.CPY, GgmlOp.DUP, GgmlOp.CONT):
-    kernel(_op, src=READABLE, dst=WRITABLE, note="same-type copies move bytes")(_copy)
+    kernel(_op, src=_COPY_SRC, dst=_COPY_DST, note="same-type copies move bytes; F32 <-> I32 truncates")(_copy)
 
 
 @kernel(GgmlOp.CONCAT, src=FLOATS, dst=FLOATS)

@@ -154,3 +154,21 @@ def test_overlapping_strides_cannot_claim_huge_element_counts(arena):
     out = arena.tensor(F32, (1,), op=GgmlOp.SUM, src=(huge,))
     with pytest.raises(ExecutorError, match="overlapping strides"):
         execute([out])
+
+
+def test_element_dtypes_agree_with_the_spec_type_table():
+    from ggml_rpc.reference.executor.memory import PLAIN_DTYPES
+    from ggml_rpc.spec import TYPES
+
+    for type_id, dtype in PLAIN_DTYPES.items():
+        assert TYPES[type_id].blck == 1 and TYPES[type_id].size == dtype.itemsize
+
+
+def test_cpy_between_f32_and_i32(arena):
+    f = arena.tensor(F32, (4,))
+    arena.set(f, np.array([1.9, -1.9, 7.0, 1e6], np.float32))
+    to_int = arena.tensor(int(GgmlType.I32), (4,), op=GgmlOp.CPY, src=(f,))
+    back = arena.tensor(F32, (4,), op=GgmlOp.CPY, src=(to_int,))
+    execute([to_int, back])
+    assert arena.raw(to_int).ravel().tolist() == [1, -1, 7, 1000000]
+    assert arena.get(back).ravel().tolist() == [1.0, -1.0, 7.0, 1e6]
