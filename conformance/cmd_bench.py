@@ -177,7 +177,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_kit:
             proto = targets[0].protocol
             assert proto is not None
-            files = SessionFiles(proto, plan.session_bytes, plan.session_chunk)
+            with console.status(f"writing the kit's {size_label(plan.session_bytes)} session as a pcap"):
+                files = SessionFiles(proto, plan.session_bytes, plan.session_chunk)
             stack.callback(files.close)
             label = f"{size_label(files.session.data_bytes)} session"
             graph_goal = GOAL_GRAPH_DECODE if plan.graph_tensors == 10_000 else None
