@@ -178,3 +178,10 @@ def test_cache_is_shared_between_connections_of_a_concurrent_server(tmp_path) ->
             assert two.set_tensor_hash(t2, 0, fnv1a64(data)) is True
             assert bytes(two.get_tensor(t2, 0, 4096)) == data
             assert two.expect_closed(0.05) is False
+
+
+def test_hash_miss_with_a_cache_does_not_validate_the_tensor(tmp_path) -> None:
+    with running_server("6", cache_dir=str(tmp_path)) as srv, connect(srv) as c:
+        garbage = make_tensor(id=1) | {"type": 250, "buffer": 0x77, "data": 2**64 - 1}
+        assert c.set_tensor_hash(garbage, 2**64 - 1, 0xFEED) is False
+        assert c.device_count() == 1

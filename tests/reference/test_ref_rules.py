@@ -470,3 +470,52 @@ def test_gettype_checks_cover_quantized_tensors(srv) -> None:
         t, _h, _b = tensor_in(c, 64, type=GgmlType.Q8_0, ne=(40,))
         c.set_tensor(t, 0, b"z" * 34)
         assert bytes(c.get_tensor(t, 0, 34)) == b"z" * 34
+
+
+def test_get_alloc_size_drops_a_bad_src_silently(srv) -> None:
+    with connect(srv) as c:
+        main_tensor = make_tensor(id=1, ne=(10,))
+        bad_src = make_tensor(id=2) | {"type": 4}
+        assert c.get_alloc_size(0, main_tensor, [bad_src, make_tensor(id=3) | {"type": 99}]) == 40
+
+
+def test_graph_compute_duplicates_and_cycles_are_accepted(graph_srv) -> None:
+    with connect(graph_srv) as c:
+        a, h, base = tensor_in(c, 64, ne=(8,), id=1, name="first")
+        shadow = make_tensor(id=1, ne=(8,), buffer=h, data=base + 32, name="second")
+        loop = make_tensor(id=2, ne=(8,), buffer=h, data=base, src=[1, 3], op=GgmlOp.ADD, flags=16)
+        back = make_tensor(id=3, ne=(8,), buffer=h, data=base, src=[2], op=GgmlOp.SQR, flags=16)
+        before = len(graph_srv.runs)
+        c.graph_compute(0, [2], [a, shadow, loop, back])
+        assert c.device_count() == 1
+    (node,) = graph_srv.runs[before]
+    assert node.src[0].name == "first" and node.src[1].src[0] is node
+
+
+def test_v6_layout_sent_to_a_v7_server_is_misread_as_upstream_does() -> None:
+    # protocol.md §12: the offset's low byte becomes cache_flag and the rest shifts by one byte.
+    from ggml_rpc.spec.versions import V6
+
+    with running_server("7") as srv:
+        with connect(srv, protocol=V6) as c:
+            t, _h, _b = tensor_in(c, 64)
+            c.set_tensor(t, 0, b"\x00ABCDEFG")  # first data byte 0: lands one byte short, silently
+            got = bytes(c.get_tensor(t, 0, 8))
+            assert got == b"ABCDEFG\x00"
+        with connect(srv, protocol=V6) as c:
+            t, _h, _b = tensor_in(c, 64)
+            c.set_tensor(t, 0, b"\x01ABCDEFG")  # non-zero first byte: a huge offset, out of the buffer
+            assert c.expect_closed(TIMEOUT)
+        assert_served(srv)
+
+
+def test_v7_layout_sent_to_a_v6_server_closes_instead_of_aborting() -> None:
+    # protocol.md §12: upstream reads one extra leading byte and dies on the "write out of bounds" assertion.
+    from ggml_rpc.spec.versions import V7
+
+    with running_server("6") as srv:
+        with connect(srv, protocol=V7) as c:
+            t, _h, _b = tensor_in(c, 64)
+            c.set_tensor(t, 0, b"\x55" * 64)
+            assert c.expect_closed(TIMEOUT)
+        assert_served(srv)
