@@ -60,7 +60,7 @@ class BenchTarget:
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "address": self.address, "description": self.description,
-                "version": ".".join(map(str, self.version)) if self.version else None}
+                "version": ".".join(map(str, self.version)) if self.version else None, "cache_dir": self.cache_dir}
 
 
 def size_label(n: int) -> str:
