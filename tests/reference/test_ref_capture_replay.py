@@ -1,4 +1,4 @@
-"""The upstream 7.0.0 client's traffic (real capture) replayed against the reference server, command by command.
+"""Real upstream 7.0.0 and 6.0.0 client traffic replayed against the reference server, command by command.
 
 Server-assigned values (buffer handles, base addresses, tensor buffer/data) are relocated to the new server's
 from its ALLOC_BUFFER and BUFFER_GET_BASE replies.  Every command must be accepted; reply values that do not
@@ -22,6 +22,14 @@ GRAPH_COMMANDS = (Command.GRAPH_COMPUTE, Command.GRAPH_RECOMPUTE)
 # Replies that depend only on the protocol and the (CPU) backend, not on addresses or free memory.
 COMPARED = {Command.DEVICE_COUNT, Command.GET_ALIGNMENT, Command.GET_MAX_SIZE, Command.SET_TENSOR_HASH,
             Command.COPY_TENSOR, Command.GET_ALLOC_SIZE}
+
+
+def nmse(expected: memoryview, got: memoryview) -> float:
+    """Normalised mean squared error of two float32 buffers (as llama.cpp's backend tests compare results)."""
+    a = np.frombuffer(expected, dtype=np.float32).astype(np.float64)
+    b = np.frombuffer(got, dtype=np.float32).astype(np.float64)
+    denom = float(np.sum(a * a))
+    return float(np.sum((a - b) ** 2)) / denom if denom else float(np.sum((a - b) ** 2))
 
 
 class Relocator:
@@ -64,18 +72,20 @@ class Relocator:
         return f
 
 
-def test_v7_generation_session_is_accepted(real_captures, tmp_path, caplog) -> None:
-    conns = decode_file(real_captures / "v7-v7-gen-cold.pcap")
+@pytest.mark.parametrize(("name", "proto"), [("v7-v7-gen-cold.pcap", (7, 0, 0)), ("v6-v6-gen-cold.pcap", (6, 0, 0))])
+def test_generation_session_is_accepted(real_captures, tmp_path, caplog, name, proto) -> None:
+    conns = decode_file(real_captures / name)
     assert len(conns) == 11 and all(c.ok for c in conns)
     caplog.set_level(logging.INFO, logger="ggml_rpc.reference")
     sent = 0
     stopped_at = None
-    with running_server("7", cache_dir=str(tmp_path)) as srv:
+    nmse_values: list[float] = []
+    with running_server(str(proto[0]), cache_dir=str(tmp_path)) as srv:
         for conn in conns:
             replies = {id(r.request): r for r in conn.replies}
             reloc = Relocator()
             with connect(srv) as c:
-                assert c.server_version == (7, 0, 0)
+                assert c.server_version == proto
                 for req in conn.requests[1:]:  # HELLO was sent by connect()
                     fields = reloc.fields(req.command, req.fields)
                     try:
@@ -101,6 +111,8 @@ def test_v7_generation_session_is_accepted(real_captures, tmp_path, caplog) -> N
                         assert reply.fields == old.fields, req.command.name
                     elif req.command is Command.GET_TENSOR:
                         assert reply.data.nbytes == old.data.nbytes
+                        if reply.data.nbytes % 4 == 0:
+                            nmse_values.append(nmse(old.data, reply.data))
             if stopped_at is not None:
                 break
     if stopped_at is not None:
@@ -108,9 +120,12 @@ def test_v7_generation_session_is_accepted(real_captures, tmp_path, caplog) -> N
         assert closes and ("executor" in closes[-1]), closes
     else:
         assert sent == sum(len(c.requests) - 1 for c in conns)
-        # The flagged output.weight upload is the only cache entry, named and sized as upstream's.
+        # output.weight (v7: the flagged upload; v6: the only payload > 10 MiB) is the only cache entry, named and
+        # sized as upstream's.
         assert sorted(p.name for p in tmp_path.iterdir()) == ["446e2d6404939d1e"]
         assert (tmp_path / "446e2d6404939d1e").stat().st_size == 32_768_000
+        # End to end through server and executor: every read-back (logits included) matches upstream's.
+        assert len(nmse_values) == 17 and max(nmse_values) < 1e-6
 
 
 @pytest.mark.parametrize("name", ["v7-v7-test-backend-ops.pcap"])
