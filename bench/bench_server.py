@@ -27,11 +27,14 @@ from ggml_rpc.spec.codec import REQUEST_HEADER
 
 MIB = 1 << 20
 
+# `ggml-rpc serve` in a fresh interpreter, through the package's entry function (as the console script runs it).
+SERVE_CMD = [sys.executable, "-c", "import sys; from ggml_rpc.conformance.cli import main; sys.exit(main())", "serve"]
+
 
 @contextmanager
 def server_process(*extra: str):
     """``ggml-rpc serve`` on an ephemeral loopback port; yields (port, pid)."""
-    cmd = [sys.executable, "-m", "ggml_rpc.conformance.cli", "serve", "--port", "0", "--mem", "8G", *extra]
+    cmd = [*SERVE_CMD, "--port", "0", "--mem", "8G", *extra]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None

@@ -15,10 +15,13 @@ from ggml_rpc.reference.server import _is_loopback
 from ggml_rpc.spec import Command
 from refhelpers import TIMEOUT, assert_closes, connect, tensor_in
 
+# `ggml-rpc serve` in a fresh interpreter, through the package's entry function (as the console script runs it).
+SERVE_CMD = [sys.executable, "-c", "import sys; from ggml_rpc.conformance.cli import main; sys.exit(main())", "serve"]
+
 
 def test_serve_runs_and_answers() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ggml_rpc.conformance.cli", "serve", "--port", "0", "--proto", "6", "--devices", "2",
+        [*SERVE_CMD, "--port", "0", "--proto", "6", "--devices", "2",
          "--mem", "64M", "--alignment", "128", "--max-size", "1G"],
         stderr=subprocess.PIPE, text=True,
     )
@@ -111,3 +114,14 @@ def test_ipv6_loopback() -> None:
             assert c.device_count() == 1
     finally:
         ctx.__exit__(None, None, None)
+
+
+def test_port_in_use_is_a_usage_error(capsys) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        assert main(["serve", "--port", str(busy.getsockname()[1])]) == 2
+    err = capsys.readouterr().err
+    assert "cannot listen on 127.0.0.1" in err and "Traceback" not in err
