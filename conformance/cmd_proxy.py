@@ -16,7 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Forwards every connection made to --listen to --upstream, decoding both "
                        "directions on the way; --pcap records what passed, --check reports spec violations of "
                        "either side as they happen (the rules of `ggml-rpc lint`).")
-    p.add_argument("--listen", default="127.0.0.1:50053", metavar="HOST:PORT", help="address to listen on")
+    p.add_argument("--listen", default="127.0.0.1:50053", metavar="HOST:PORT",
+                   help="address to listen on (port 0: any free port, printed at start)")
     p.add_argument("--upstream", required=True, metavar="HOST:PORT", help="the real server")
     p.add_argument("--pcap", default=None, metavar="OUT", help="write what passed as a pcap file")
     p.add_argument("--check", action="store_true", help="report spec violations as they happen")
@@ -27,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from .cli import UsageError
 
-    listen = parse_address(args.listen)
+    listen = parse_address(args.listen, any_port=True)
     upstream = parse_address(args.upstream)
 
     def show(v: Violation) -> None:

@@ -39,12 +39,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def parse_address(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) to a tuple; UsageError for anything else."""
+def parse_address(text: str, *, any_port: bool = False) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) to a tuple (port 0 only with ``any_port``); UsageError otherwise."""
     from .cli import UsageError
 
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not port.isdigit() or not (0 if any_port else 1) <= int(port) < 65536:
         raise UsageError(f"expected HOST:PORT, got {text!r}")
     return host.strip("[]"), int(port)
 

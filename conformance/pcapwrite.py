@@ -85,11 +85,16 @@ class TcpFlow:
         self._c = _Side(ca.packed, client[1], isn[0])
         self._s = _Side(sa.packed, server[1], isn[1])
         self._templates = {C2S: self._template(self._c, self._s), S2C: self._template(self._s, self._c)}
+        # Word sums of the header fields that never change for a direction: the per-segment checksums are then
+        # these plus a few integers (lengths, ip id, seq/ack, flags) plus the payload's sum.
+        self._ip_const: dict[bool, int] = {}
+        self._tcp_const: dict[bool, int] = {}
+        for d, (a, b) in ((C2S, (self._c, self._s)), (S2C, (self._s, self._c))):
+            self._ip_const[d] = 0x4500 + 0x4000 + (64 << 8) + 6 + _words_sum(a.ip + b.ip)
+            self._tcp_const[d] = _words_sum(a.ip + b.ip) + 6 + a.port + b.port + WINDOW
         self._unacked = {C2S: 0, S2C: 0}  # segments sent since the receiver's last ACK
         self._open = False
         self._closed = False
-        # Sum of the TCP pseudo-header fields that never change for a direction (addresses, protocol).
-        self._pseudo = {C2S: _words_sum(self._c.ip + self._s.ip) + 6, S2C: _words_sum(self._s.ip + self._c.ip) + 6}
 
     # ---- headers -------------------------------------------------------------------------------------------
 
@@ -119,23 +124,29 @@ class TcpFlow:
         if "S" in flags or "F" in flags:
             src.seq = (src.seq + 1) & 0xFFFFFFFF
 
-    def _segment(self, direction: bool, payload: memoryview, flags: int) -> None:
+    def _segment(self, direction: bool, payload: memoryview, flags: int, payload_sum: int | None = None) -> None:
+        """One data (or pure ACK) segment from the template; checksums by arithmetic on 16-bit word sums."""
         src, dst = (self._c, self._s) if direction else (self._s, self._c)
         hdr = self._templates[direction]
         n = payload.nbytes
         if self.v6:
-            ip_off, tcp_off = 14, 54
+            tcp_off = 54
             struct.pack_into(">H", hdr, 18, 20 + n)
         else:
-            ip_off, tcp_off = 14, 34
-            struct.pack_into(">HHHBBH", hdr, 16, 40 + n, src.ip_id, 0x4000, 64, 6, 0)
+            tcp_off = 34
+            ip_sum = self._ip_const[direction] + 40 + n + src.ip_id
+            struct.pack_into(">HH", hdr, 16, 40 + n, src.ip_id)
+            struct.pack_into(">H", hdr, 24, 0xFFFF - _fold(ip_sum))
             src.ip_id = (src.ip_id + 1) & 0xFFFF
-            struct.pack_into(">H", hdr, ip_off + 10, 0xFFFF - _fold(_words_sum(hdr[ip_off:tcp_off])))
-        struct.pack_into(">IIBBHHH", hdr, tcp_off + 4, src.seq, dst.seq, 5 << 4, flags, WINDOW, 0, 0)
-        total = self._pseudo[direction] + 20 + n + _words_sum(hdr[tcp_off:]) + _words_sum(payload)
-        struct.pack_into(">H", hdr, tcp_off + 16, (0xFFFF - _fold(total)) or 0xFFFF)
+        seq, ack = src.seq, dst.seq
+        struct.pack_into(">IIBB", hdr, tcp_off + 4, seq, ack, 5 << 4, flags)
+        if payload_sum is None:
+            payload_sum = _words_sum(payload) if n else 0
+        total = (self._tcp_const[direction] + 20 + n + (seq >> 16) + (seq & 0xFFFF) + (ack >> 16) + (ack & 0xFFFF)
+                 + ((5 << 12) | flags) + payload_sum)
+        struct.pack_into(">H", hdr, tcp_off + 16, 0xFFFF - _fold(total))
         self._w._record(hdr, payload)
-        src.seq = (src.seq + n) & 0xFFFFFFFF
+        src.seq = (seq + n) & 0xFFFFFFFF
 
     def _ack(self, direction: bool) -> None:
         """A pure ACK from the side opposite to ``direction`` (the receiver of those bytes)."""
@@ -165,10 +176,18 @@ class TcpFlow:
             return
         self._w._advance(ts)
         n = mv.nbytes
-        for start in range(0, n, self.mss):
-            chunk = mv[start : start + self.mss]
-            last = start + self.mss >= n
-            self._segment(from_client, chunk, _ACK | (_PSH if last else 0))
+        mss = self.mss
+        full = n // mss
+        sums = None
+        if full > 1 and mss % 2 == 0:
+            # Every full segment's payload word sum in one numpy pass.
+            words = np.frombuffer(mv[: full * mss], dtype=">u2").reshape(full, mss // 2)
+            sums = words.sum(axis=1, dtype=np.uint64).tolist()
+        for i, start in enumerate(range(0, n, mss)):
+            chunk = mv[start : start + mss]
+            last = start + mss >= n
+            psum = sums[i] if sums is not None and i < full else None
+            self._segment(from_client, chunk, _ACK | (_PSH if last else 0), psum)
             self._unacked[from_client] += 1
             if not last and self._unacked[from_client] >= ACK_EVERY:
                 self._ack(from_client)

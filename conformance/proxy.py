@@ -15,6 +15,9 @@ request decoder knows the version from the HELLO reply before the client can sen
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
+import queue
 import socket
 import sys
 import threading
@@ -53,6 +56,37 @@ CHUNK = 1 << 20
 MAX_CHECKED_PAYLOAD = 256 << 20
 
 
+#: Bulk runs at least this long are spliced (when no pcap needs the bytes).
+SPLICE_MIN = 256 << 10
+_PIPE_SIZE = 1 << 20
+
+
+def _splice_pipe() -> tuple[int, int] | None:
+    """A pipe for :func:`os.splice` (Linux), as large as allowed; None where splicing is not available."""
+    if not hasattr(os, "splice"):
+        return None
+    r, w = os.pipe()
+    with contextlib.suppress(OSError, AttributeError):
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+    return r, w
+
+
+def _splice(src: socket.socket, dst: socket.socket, count: int, pipe: tuple[int, int]) -> int:
+    """Move ``count`` bytes from ``src`` to ``dst`` without copying them to user space; returns bytes moved
+    (fewer only if ``src`` reached end of stream)."""
+    r, w = pipe
+    left = count
+    while left:
+        n = os.splice(src.fileno(), w, min(left, _PIPE_SIZE))
+        if n == 0:
+            break
+        out = 0
+        while out < n:
+            out += os.splice(r, dst.fileno(), n - out)
+        left -= n
+    return count - left
+
+
 class _Checker:
     """Both directions of one proxied connection, framed message by message."""
 
@@ -79,6 +113,30 @@ class _Checker:
         self._rp: tuple[Request, int] | None = None
         self._rp_body = bytearray()
         self._rp_left = 0
+
+    def bulk_ahead(self, from_client: bool) -> int:
+        """Bytes coming next in this direction that the checker only counts (bulk data it need not see)."""
+        with self.lock:
+            if self.broken[from_client]:
+                return 0
+            if from_client:
+                if self._rq is not None and not self._rq_fixed and self._rq_flagged is None:
+                    return self._rq_left
+            elif self._rp is not None and self._rp[0].command is Command.GET_TENSOR:
+                return self._rp_left
+            return 0
+
+    def skip(self, from_client: bool, n: int) -> None:
+        """``n`` bulk bytes (at most :meth:`bulk_ahead`) passed without being looked at."""
+        with self.lock:
+            if from_client:
+                self._rq_left -= n
+                if self._rq is not None and not self._rq_left:
+                    self._finish_request()
+            else:
+                self._rp_left -= n
+                if self._rp is not None and not self._rp_left:
+                    self._finish_reply()
 
     def _violation(self, rule: str, index: int | None, from_client: bool, command: str | None, msg: str) -> None:
         self.report(Violation(rule, self.connection, index, "client->server" if from_client else "server->client",
@@ -299,6 +357,48 @@ class _Checker:
             self.tracker.reply(req.command, fields)
 
 
+class _Recorder:
+    """Writes the pcap on its own thread, so that segmenting, checksumming and disk writes overlap forwarding.
+
+    Pumps hand over filled buffers from a small per-pump pool (the pool bounds the memory in flight and makes a
+    pump wait when the disk falls behind); the recorder returns each buffer once its bytes are written.
+    """
+
+    def __init__(self, writer: PcapWriter) -> None:
+        self.writer = writer
+        self.queue: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="ggml-rpc-proxy-pcap")
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            op, flow, args = item
+            if op == "open":
+                flow.open(*args)
+            elif op == "close":
+                ts, client_first = args
+                flow.close(ts, client_first=client_first)
+            else:
+                from_client, buf, n, ts, pool = args
+                flow.write(from_client, memoryview(buf)[:n], ts)
+                pool.put(buf)
+
+    def submit(self, op: str, flow: TcpFlow, *args: Any) -> None:
+        self.queue.put((op, flow, args))
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+        self.writer.close()
+
+
+#: Buffers each pump may have in flight to the pcap recorder.
+POOL = 8
+
+
 @dataclass
 class ProxyStats:
     connections: int = 0
@@ -333,6 +433,7 @@ class Proxy:
         self.on_violation = on_violation
         self.stats = ProxyStats()
         self._pcap = PcapWriter(pcap) if pcap is not None else None
+        self._recorder = _Recorder(self._pcap) if self._pcap is not None else None
         self._mss = mss
         self._pcap_lock = threading.Lock()
         self._stats_lock = threading.Lock()
@@ -379,7 +480,8 @@ class Proxy:
             with self._pcap_lock:
                 kwargs = {"mss": self._mss} if self._mss else {}
                 flow = self._pcap.flow(client=(peer[0], peer[1]), server=(self.host, self.port), **kwargs)
-                flow.open(time.time())
+            assert self._recorder is not None
+            self._recorder.submit("open", flow, time.time())
         closed_first: list[bool] = []
         pumps = [threading.Thread(target=self._pump, args=(client, upstream, True, checker, flow, closed_first),
                                   daemon=True),
@@ -391,9 +493,8 @@ class Proxy:
             p.join()
         for s in (client, upstream):
             s.close()
-        if flow is not None:
-            with self._pcap_lock:
-                flow.close(time.time(), client_first=closed_first[0] if closed_first else True)
+        if flow is not None and self._recorder is not None:
+            self._recorder.submit("close", flow, time.time(), closed_first[0] if closed_first else True)
         with self._stats_lock:
             self.stats.requests += checker.requests
             self.stats.replies += checker.replies
@@ -403,8 +504,27 @@ class Proxy:
         buf = bytearray(CHUNK)
         view = memoryview(buf)
         total = 0
+        pipe = _splice_pipe() if flow is None else None
+        pool: queue.Queue | None = None
+        if flow is not None:
+            pool = queue.Queue()
+            for _ in range(POOL):
+                pool.put(bytearray(CHUNK))
         try:
             while True:
+                if pipe is not None:
+                    ahead = checker.bulk_ahead(from_client)
+                    if ahead >= SPLICE_MIN:
+                        # Bulk data nobody needs to look at: moved socket -> pipe -> socket inside the kernel.
+                        moved = _splice(src, dst, ahead, pipe)
+                        checker.skip(from_client, moved)
+                        total += moved
+                        if moved < ahead:
+                            break
+                        continue
+                if pool is not None:
+                    buf = pool.get()  # waits while the recorder is POOL buffers behind
+                    view = memoryview(buf)
                 n = src.recv_into(view)
                 if n == 0:
                     break
@@ -414,14 +534,16 @@ class Proxy:
                     checker.client_bytes(chunk)
                 else:
                     checker.server_bytes(chunk)
-                if flow is not None:
-                    with self._pcap_lock:
-                        flow.write(from_client, chunk, time.time())
+                if flow is not None and self._recorder is not None:
+                    self._recorder.submit("write", flow, from_client, buf, n, time.time(), pool)
                 dst.sendall(chunk)
                 total += n
         except OSError:
             pass
         finally:
+            if pipe is not None:
+                for fd in pipe:
+                    os.close(fd)
             closed_first.append(from_client)
             with contextlib.suppress(OSError):
                 dst.shutdown(socket.SHUT_WR)
@@ -439,8 +561,8 @@ class Proxy:
         self.sock.close()
         for t in self._threads:
             t.join(timeout=30)
-        if self._pcap is not None:
-            self._pcap.close()
+        if self._recorder is not None:
+            self._recorder.close()
 
 
 @contextlib.contextmanager

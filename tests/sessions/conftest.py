@@ -37,11 +37,15 @@ def hash_then_set(protocol: Protocol, data: bytes, *, flag: int = 1, hashed: byt
 
 
 def tshark_problems(path: Path) -> str:
-    """Packets tshark marks as malformed or with TCP analysis flags, plus expert warnings/errors ('' if none)."""
+    """Packets tshark marks as malformed, with TCP analysis flags or bad checksums, plus expert warnings/errors
+    ('' if none)."""
     exe = shutil.which("tshark")
     if exe is None:
         pytest.skip("tshark is not installed (.ci/run installs it)")
-    flagged = subprocess.run([exe, "-n", "-r", str(path), "-Y", "tcp.analysis.flags || _ws.malformed"],
+    checks = ["-o", "tcp.check_checksum:TRUE", "-o", "ip.check_checksum:TRUE"]
+    flagged = subprocess.run([exe, "-n", *checks, "-r", str(path), "-Y",
+                              "tcp.analysis.flags || _ws.malformed || tcp.checksum.status == 0 || "
+                              "ip.checksum.status == 0"],
                              capture_output=True, text=True, timeout=120, check=True).stdout
     expert = subprocess.run([exe, "-n", "-r", str(path), "-q", "-z", "expert,warn"],
                             capture_output=True, text=True, timeout=120, check=True).stdout

@@ -1,0 +1,235 @@
+"""Session tooling benchmarks: pcap writing, replay throughput, recording-proxy overhead.
+
+Run: ``python bench/bench_sessions.py [--quick] [--replay-mib 1024] [--proxy-mib 256]``.
+
+* pcap writing: MB/s of payload written as TCP segments (default MSS and Ethernet MSS 1460).  Bar: >= 200 MB/s.
+* replay: a session carrying ``--replay-mib`` of tensor data (SET_TENSORs of 64 MiB, a read back of the last one)
+  replayed against the reference server running as its own process (``ggml-rpc serve``).  The session is decoded
+  with the spec's stream decoders from chunks that share one 64 MiB data buffer, so the figure is the replayer's
+  and not the machine's free memory.  Bar: >= 300 MB/s.
+* proxy overhead: wall time of a ``--proxy-mib`` SET_TENSOR plus its read back, direct to the server versus
+  through ``ggml-rpc proxy`` (own process; with ``--check``, and with ``--check --pcap``).  Bar: <= 10 % added.
+
+Figures are medians over several runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+from ggml_rpc.conformance.capture import Connection
+from ggml_rpc.conformance.client import RpcClient
+from ggml_rpc.conformance.pcapwrite import PcapWriter
+from ggml_rpc.conformance.replay import LoadedCapture, Replayer
+from ggml_rpc.conformance.session import DecodedConnection
+from ggml_rpc.spec import (
+    V7,
+    Command,
+    ReplyDecoder,
+    RequestDecoder,
+    encode_reply,
+    hello_reply,
+    make_tensor,
+    reply_parts,
+    request_parts,
+)
+
+MIB = 1 << 20
+CHUNK = 64 * MIB
+
+
+def median_of(fn: Callable[[], float], repeat: int) -> float:
+    return statistics.median(fn() for _ in range(repeat))
+
+
+@contextlib.contextmanager
+def process(cmd: list[str], pattern: str, stream: str = "stderr") -> Iterator[int]:
+    """A kit command in its own process; yields the port parsed from its first line matching ``pattern``."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pipe = proc.stderr if stream == "stderr" else proc.stdout
+        assert pipe is not None
+        line = pipe.readline()
+        m = re.search(pattern, line)
+        if not m:
+            raise RuntimeError(f"{cmd[3]} did not start: {line!r}")
+        for p in (proc.stdout, proc.stderr):
+            threading.Thread(target=lambda p=p: [None for _ in p], daemon=True).start()
+        yield int(m.group(1))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def server(mem: str = "4G") -> contextlib.AbstractContextManager[int]:
+    cmd = [sys.executable, "-m", "ggml_rpc.conformance.cli", "serve", "--port", "0", "--proto", "7", "--mem", mem]
+    return process(cmd, r"listening on [^ ]+:(\d+)")
+
+
+def proxy(upstream: int, *extra: str) -> contextlib.AbstractContextManager[int]:
+    cmd = [sys.executable, "-m", "ggml_rpc.conformance.cli", "proxy", "--listen", "127.0.0.1:0", "--upstream",
+           f"127.0.0.1:{upstream}", *extra]
+    return process(cmd, r"ggml-rpc proxy: [^ ]+:(\d+) ->", stream="stdout")
+
+
+# ---- pcap writing ---------------------------------------------------------------------------------------------------
+
+
+def bench_pcap_write(mib: int, mss: int, repeat: int) -> float:
+    data = memoryview(np.random.default_rng(1).integers(0, 256, CHUNK, dtype=np.uint8).tobytes())
+    reply = encode_reply(V7, Command.ALLOC_BUFFER, {"remote_ptr": 1, "remote_size": 1})
+
+    def once() -> float:
+        with tempfile.TemporaryDirectory() as d:
+            t0 = time.perf_counter()
+            with PcapWriter(Path(d) / "w.pcap") as w:
+                flow = w.flow(mss=mss)
+                done = 0
+                while done < mib * MIB:
+                    n = min(CHUNK, mib * MIB - done)
+                    flow.write(True, data[:n])
+                    flow.write(False, reply)
+                    done += n
+                flow.close()
+            return time.perf_counter() - t0
+
+    return mib * MIB / median_of(once, repeat) / 1e6
+
+
+# ---- replay -------------------------------------------------------------------------------------------------------
+
+
+def replay_session(total: int) -> DecodedConnection:
+    """HELLO, ALLOC, BASE, SET_TENSORs of 64 MiB adding up to ``total``, one read back; decoded from chunks."""
+    data = memoryview(np.random.default_rng(2).integers(0, 256, CHUNK, dtype=np.uint8).tobytes())
+    handle, base = 0x5555_0000, 0x7F00_0000_0000
+    t = make_tensor(id=1, type=24, ne=(CHUNK,), buffer=handle, data=base, name="bulk")
+    reqs = RequestDecoder()
+    reps = ReplyDecoder()
+    out = DecodedConnection(Connection(0, ("127.0.0.1", 40000), ("127.0.0.1", 50052), 0.0, saw_syn=True), V7)
+
+    def request(cmd: Command, fields: dict, payload: memoryview | None = None, reply: dict | None = None,
+                reply_data: memoryview | None = None) -> None:
+        for part in request_parts(V7, cmd, fields, payload):
+            reqs.receive_data(part)
+        req = reqs.next_message()
+        assert req is not None
+        out.requests.append(req)
+        if reps.expect(req):
+            for part in reply_parts(V7, cmd, reply, reply_data):
+                reps.receive_data(part)
+            rep = reps.next_message()
+            assert rep is not None
+            out.replies.append(rep)
+
+    request(Command.HELLO, {"conn_caps": bytes(24)}, reply=hello_reply(V7.version))
+    reps.protocol = reqs.protocol = V7
+    request(Command.ALLOC_BUFFER, {"device": 0, "size": CHUNK}, reply={"remote_ptr": handle, "remote_size": CHUNK})
+    request(Command.BUFFER_GET_BASE, {"remote_ptr": handle}, reply={"base_ptr": base})
+    for _ in range(total // CHUNK):
+        request(Command.SET_TENSOR, {"tensor": t, "cache_flag": 0, "offset": 0}, data)
+    request(Command.GET_TENSOR, {"tensor": t, "offset": 0, "size": CHUNK}, reply_data=data)
+    request(Command.FREE_BUFFER, {"remote_ptr": handle})
+    return out
+
+
+def bench_replay(mib: int, repeat: int) -> tuple[float, float]:
+    """(replay MB/s, the kit client's own MB/s for the same transfers) against a reference server process."""
+    session = replay_session(mib * MIB)
+    data = session.requests[3].data
+    assert data is not None
+    with server() as port:
+        def once() -> float:
+            t0 = time.perf_counter()
+            report = Replayer([LoadedCapture("synthetic", [session])], "127.0.0.1", port).run()
+            dt = time.perf_counter() - t0
+            if report.mismatches:
+                raise RuntimeError(report.mismatches[0].line())
+            return dt
+
+        def direct() -> float:
+            t0 = time.perf_counter()
+            with RpcClient.connect("127.0.0.1", port) as c:
+                h, _ = c.alloc_buffer(0, CHUNK)
+                t = make_tensor(id=1, type=24, ne=(CHUNK,), buffer=h, data=c.buffer_get_base(h))
+                for _ in range(mib * MIB // CHUNK):
+                    c.set_tensor(t, 0, data)
+                c.get_tensor(t, 0, CHUNK)
+                c.free_buffer(h)
+            return time.perf_counter() - t0
+
+        moved = (mib * MIB + CHUNK) / 1e6
+        return moved / median_of(once, repeat), moved / median_of(direct, repeat)
+
+
+# ---- proxy overhead ------------------------------------------------------------------------------------------------
+
+
+def transfer(port: int, data: memoryview) -> float:
+    t0 = time.perf_counter()
+    with RpcClient.connect("127.0.0.1", port) as c:
+        h, _ = c.alloc_buffer(0, data.nbytes)
+        t = make_tensor(id=1, type=24, ne=(data.nbytes,), buffer=h, data=c.buffer_get_base(h))
+        c.set_tensor(t, 0, data)
+        out = bytearray(data.nbytes)
+        c.get_tensor_into(t, 0, memoryview(out))
+        c.free_buffer(h)
+    return time.perf_counter() - t0
+
+
+def bench_proxy(mib: int, repeat: int) -> dict[str, float]:
+    data = memoryview(np.random.default_rng(3).integers(0, 256, mib * MIB, dtype=np.uint8).tobytes())
+    out: dict[str, float] = {}
+    with server() as port:
+        transfer(port, data)  # warm up the server's allocator
+        out["direct"] = median_of(lambda: transfer(port, data), repeat)
+        with proxy(port, "--check") as pport:
+            out["proxy --check"] = median_of(lambda: transfer(pport, data), repeat)
+        with tempfile.TemporaryDirectory() as d, proxy(port, "--check", "--pcap", str(Path(d) / "p.pcap")) as pport:
+            out["proxy --check --pcap"] = median_of(lambda: transfer(pport, data), repeat)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer runs")
+    ap.add_argument("--replay-mib", type=int, default=1024)
+    ap.add_argument("--proxy-mib", type=int, default=256)
+    ap.add_argument("--pcap-mib", type=int, default=512)
+    ap.add_argument("--only", choices=["pcap", "replay", "proxy"], default=None)
+    args = ap.parse_args()
+    repeat = 1 if args.quick else 3
+    scale = 8 if args.quick else 1
+    if args.only in (None, "pcap"):
+        mib = max(64, args.pcap_mib // scale)
+        for mss in (65495, 1460):
+            rate = bench_pcap_write(mib, mss, repeat)
+            print(f"pcap writing, {mib} MiB payload, MSS {mss:>5}: {rate:8.0f} MB/s (bar >= 200 MB/s at the default)")
+    if args.only in (None, "replay"):
+        mib = max(128, args.replay_mib // scale)
+        rate, direct = bench_replay(mib, repeat)
+        print(f"replay, {mib} MiB of SET_TENSOR data + 64 MiB read back: {rate:8.0f} MB/s (bar >= 300 MB/s); "
+              f"the kit client alone: {direct:.0f} MB/s")
+    if args.only in (None, "proxy"):
+        mib = max(32, args.proxy_mib // scale)
+        times = bench_proxy(mib, repeat + 2)
+        base = times["direct"]
+        for name, t in times.items():
+            extra = "" if name == "direct" else f"  overhead {100 * (t / base - 1):+5.1f} % (bar <= 10 %)"
+            print(f"{mib} MiB SET_TENSOR + read back, {name:22}: {t * 1000:8.1f} ms{extra}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
