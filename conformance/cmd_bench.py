@@ -109,7 +109,9 @@ def _servers(specs: Sequence[str]) -> list[BenchTarget]:
 def _reference(proto: str) -> Iterator[BenchTarget]:
     """The reference server in its own process, with a temporary cache directory."""
     with tempfile.TemporaryDirectory(prefix="ggml-rpc-bench-cache-") as cache:
-        command = (f"{shlex.quote(sys.executable)} -m ggml_rpc.conformance.cli serve --host 127.0.0.1 "
+        # Through the entry function, as the console script runs it (``python -m`` would load the CLI module twice).
+        entry = "import sys; from ggml_rpc.conformance.cli import main; sys.exit(main())"
+        command = (f"{shlex.quote(sys.executable)} -c {shlex.quote(entry)} serve --host 127.0.0.1 "
                    f"--port {{port}} --proto {shlex.quote(proto)} --cache-dir {shlex.quote(cache)}")
         spawned = SpawnedTarget(command, cache_dir=Path(cache))
         try:
