@@ -47,8 +47,10 @@ def execute(nodes: Sequence[GraphTensor]) -> None:
             raise node_error(node, f"op {op_name(op)} is not supported by the reference executor")
         try:
             fn(node, mem)
-        except ExecutorError:
-            raise
+        except ExecutorError as exc:
+            if str(exc).startswith(op_name(op) + ":"):
+                raise
+            raise node_error(node, str(exc)) from None  # name the op, its types and shapes in every refusal
         except (ValueError, TypeError, IndexError, MemoryError, FloatingPointError) as exc:
             raise node_error(node, f"cannot compute: {exc}") from exc
 
