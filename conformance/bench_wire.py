@@ -200,6 +200,12 @@ class RoundTrips(Measurement[RpcClient]):
         state.close()
 
 
+#: Tensor ids as a real client sends them: addresses of its own tensor structs (sparse 64-bit values, so lookups
+#: by id cost what they cost in a real session; small consecutive ids would flatter a server's or decoder's lookups).
+CHAIN_ID_BASE = 0x55D0_4C00_0000
+CHAIN_ID_STRIDE = 0x150
+
+
 def chain_graph(n_tensors: int, handle: int, base: int, width: int = 16) -> tuple[np.ndarray, np.ndarray]:
     """A trivial graph of ``n_tensors`` F32 tensors of ``width`` elements: x and c, then x_{i+1} = x_i + c.
 
@@ -209,18 +215,18 @@ def chain_graph(n_tensors: int, handle: int, base: int, width: int = 16) -> tupl
         raise ValueError("a chain needs at least 3 tensors")
     row = 4 * width
     tensors = np.zeros(n_tensors, dtype=TENSOR_DTYPE)
-    ids = np.arange(1, n_tensors + 1, dtype=np.uint64)  # never 0: id 0 means "no tensor"
+    ids = np.uint64(CHAIN_ID_BASE) + np.arange(n_tensors, dtype=np.uint64) * np.uint64(CHAIN_ID_STRIDE)
     tensors["id"] = ids
     tensors["type"] = _F32
     tensors["buffer"] = handle
     tensors["ne"] = [width, 1, 1, 1]
     tensors["nb"] = [4, row, row, row]
-    tensors["data"] = base + np.arange(n_tensors, dtype=np.uint64) * row
+    tensors["data"] = np.uint64(base) + np.arange(n_tensors, dtype=np.uint64) * np.uint64(row)
     tensors["op"][2:] = int(GgmlOp.ADD)
     tensors["flags"][2:] = int(TensorFlag.COMPUTE)
-    tensors["src"][2:, 0] = ids[1:-1]  # node 2 adds x (id 1) and c (id 2); node k adds node k-1 and c
-    tensors["src"][2, 0] = 1
-    tensors["src"][2:, 1] = 2
+    tensors["src"][2:, 0] = ids[1:-1]  # node k adds node k-1 and c ...
+    tensors["src"][2, 0] = ids[0]  # ... and the first node adds x and c
+    tensors["src"][2:, 1] = ids[1]
     tensors["use_count"][:-1] = 1
     return ids[2:].copy(), tensors
 
@@ -242,7 +248,7 @@ class GraphCompute(Measurement[_Conn]):
         nodes, tensors = chain_graph(self.n, conn.handle, conn.base, self.width)
         ones = np.ones(2 * self.width, dtype=np.float32)
         conn.client.set_tensor(conn.tensor, 0, ones)  # x and c are the buffer's first two rows
-        last = make_tensor(id=self.n, type=_F32, ne=(self.width,), buffer=conn.handle,
+        last = make_tensor(id=int(tensors["id"][-1]), type=_F32, ne=(self.width,), buffer=conn.handle,
                            data=conn.base + (self.n - 1) * row)
         conn.extra.update(nodes=nodes, tensors=tensors, last=last, out=memoryview(bytearray(row)),
                           want=np.full(self.width, 1.0 + len(nodes), dtype=np.float32))
@@ -325,6 +331,8 @@ class HashHit(Measurement[_Conn]):
 
 
 __all__ = [
+    "CHAIN_ID_BASE",
+    "CHAIN_ID_STRIDE",
     "BenchTarget",
     "GetTensor",
     "GraphCompute",

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 #: Sub-commands, in the order ``--help`` lists them.
-COMMANDS = ("check", "decode", "spec", "serve", "lint", "replay", "dissector", "proxy", "pcap", "bench")
+COMMANDS = ("check", "decode", "spec", "serve", "lint", "replay", "dissector", "proxy", "pcap", "bench", "fuzz")
 
 
 class UsageError(Exception):

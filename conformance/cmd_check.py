@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from ggml_rpc.spec import V7, Protocol, parse_version_option
@@ -92,7 +93,9 @@ def run(args: argparse.Namespace) -> int:
     from .cli import UsageError
     from .report_files import write_json, write_junit
 
-    console = Console(highlight=False)
+    probe = Console()
+    # Logs and pipes get a wide table instead of rich's 80-column default (COLUMNS still wins when set).
+    console = Console(highlight=False, width=None if probe.is_terminal or "COLUMNS" in os.environ else 120)
     checks = select(CATALOGUE, args.checks)
     if not checks:
         raise UsageError(f"--checks {args.checks!r} matches no check (see --list)")
@@ -124,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         runner.stop()
     console.print(report.results_table(runner.results))
     report.failure_details(console, runner.results)
-    console.print(report.summary_line(runner, args.strict))
+    console.print(report.summary_line(runner, args.strict), soft_wrap=True)
     try:
         if args.json:
             write_json(runner, args.json, args.strict)

@@ -11,21 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from .harness import (
-    EmbeddedTarget,
-    ExternalTarget,
-    Level,
-    Outcome,
-    Result,
-    Runner,
-    SpawnedTarget,
-    Target,
-    TargetError,
-    parse_address,
-)
+if TYPE_CHECKING:
+    from .harness import Result, Runner, Target
+
+# The harness is imported only when a test asks for it: this module is loaded into every pytest run of an
+# environment where the kit is installed and must cost (and risk) nothing there.
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -42,6 +36,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def _target(config: pytest.Config) -> tuple[Target, object]:
     from ggml_rpc.spec import V7, parse_version_option
+
+    from .harness import EmbeddedTarget, ExternalTarget, SpawnedTarget, parse_address
 
     proto_text = config.getoption("--rpc-proto")
     proto = None if proto_text == "auto" else parse_version_option(proto_text)
@@ -62,6 +58,8 @@ def _target(config: pytest.Config) -> tuple[Target, object]:
 @pytest.fixture(scope="session")
 def rpc_runner(pytestconfig: pytest.Config) -> Iterator[Runner]:
     """A started :class:`~ggml_rpc.conformance.harness.Runner` for the server named on the command line."""
+    from .harness import Runner, TargetError
+
     try:
         target, proto = _target(pytestconfig)
     except ValueError as exc:
@@ -91,6 +89,8 @@ def describe(result: Result) -> str:
 
 def judge(result: Result, strict: bool) -> None:
     """Turn a check result into the pytest outcome of its test."""
+    from .harness import Level, Outcome
+
     if result.outcome is Outcome.PASS:
         return
     if result.outcome in (Outcome.SKIP, Outcome.UNSUPPORTED, Outcome.NOT_RUN):

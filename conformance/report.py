@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -86,8 +87,9 @@ class Progress:
 
 
 def header(console: Console, target_description: str, address: str, info: ServerInfo) -> None:
-    console.print(f"[bold]ggml-rpc check[/bold] {target_description} ({address}): HELLO {info.version_label} → "
-                  f"[bold]{info.verdict}[/bold]" + (f", {info.device_count} device(s)" if info.device_count else ""))
+    console.print(f"[bold]ggml-rpc check[/bold] {escape(target_description)} ({address}): HELLO "
+                  f"{info.version_label} → [bold]{escape(info.verdict)}[/bold]"
+                  + (f", {info.device_count} device(s)" if info.device_count else ""), soft_wrap=True)
 
 
 def results_table(results: Sequence[Result]) -> Table:
@@ -110,17 +112,18 @@ def results_table(results: Sequence[Result]) -> Table:
 def failure_details(console: Console, results: Sequence[Result]) -> None:
     failed = [r for r in results if r.failed]
     for r in failed:
-        console.print(Text(f"\n{r.check.id} {outcome_label(r).upper()}: {r.message}", style=STYLE[r.outcome]))
-        console.print(f"  rule: {r.check.title} ({r.check.level.value}) — {r.spec}")
+        console.print(Text(f"\n{r.check.id} {outcome_label(r).upper()}: {r.message}", style=STYLE[r.outcome]),
+                      soft_wrap=True)
+        console.print(f"  rule: {r.check.title} ({r.check.level.value}) — {r.spec}", soft_wrap=True, markup=False)
         for e in r.evidence:
-            console.print(f"  - {e.step}")
+            console.print(f"  - {e.step}", soft_wrap=True, markup=False)
             for label, value in (("sent", e.sent), ("expected", e.expected), ("got", e.got)):
                 if value:
-                    console.print(f"      {label:<8} {value}", markup=False, highlight=False)
+                    console.print(f"      {label:<8} {value}", markup=False, highlight=False, soft_wrap=True)
         if r.server_death and r.server_death.get("log_tail"):
             console.print("  server log (last lines):")
             for line in r.server_death["log_tail"][-10:]:
-                console.print(f"      {line}", markup=False, highlight=False)
+                console.print(f"      {line}", markup=False, highlight=False, soft_wrap=True)
 
 
 def summary_line(runner: Runner, strict: bool) -> Text:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from ggml_rpc.conformance.bench_kit import make_session
-from ggml_rpc.conformance.bench_wire import BenchTarget, GraphCompute, chain_graph
+from ggml_rpc.conformance.bench_wire import CHAIN_ID_BASE, CHAIN_ID_STRIDE, BenchTarget, GraphCompute, chain_graph
 from ggml_rpc.conformance.benchmark import Figure, Measurement, NotApplicable, Stats, run_measurement
 from ggml_rpc.conformance.cli import main
 from ggml_rpc.conformance.cmd_bench import QUICK
@@ -192,8 +192,10 @@ def test_chain_graph_is_a_valid_graph_compute() -> None:
                                                        "n_tensors": len(tensors), "tensors": tensors})
     (req,) = RequestDecoder(V7, expect_hello=False).feed(wire)
     got = req.fields["tensors"]
-    assert list(req.fields["nodes"]) == list(range(3, 11))
-    assert list(got["src"][2:, 0]) == [1, *range(3, 10)]  # x, then each previous node and set(got["src"][2:, 1]) == {2}
+    ids = [CHAIN_ID_BASE + k * CHAIN_ID_STRIDE for k in range(10)]  # pointer-like, as a real client's
+    assert list(got["id"]) == ids and list(req.fields["nodes"]) == ids[2:]
+    assert list(got["src"][2:, 0]) == [ids[0], *ids[2:9]]  # x, then each previous node
+    assert set(got["src"][2:, 1]) == {ids[1]}  # c
     assert int(got["data"][-1]) == 0x10000 + 9 * 64 and set(got["buffer"]) == {7}
 
 

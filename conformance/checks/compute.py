@@ -18,11 +18,22 @@ from ggml_rpc.conformance.client import ConnectionClosed
 from ggml_rpc.conformance.harness import Category, Context, Unsupported
 from ggml_rpc.reference.executor import execute
 from ggml_rpc.reference.graph import ExecutorError, build_graph
-from ggml_rpc.spec import Command, GgmlOp, GgmlType, TensorFlag, UnaryOp, make_tensor, tensor_nbytes, tensors_array
+from ggml_rpc.spec import (
+    TYPES,
+    Command,
+    GgmlOp,
+    GgmlType,
+    GluOp,
+    TensorFlag,
+    UnaryOp,
+    make_tensor,
+    tensor_nbytes,
+    tensors_array,
+)
 from ggml_rpc.spec.tensor import GGML_MAX_SRC
 
 CO = Category.COMPUTE
-F32, F16, I32 = int(GgmlType.F32), int(GgmlType.F16), int(GgmlType.I32)
+F32, F16, I32, Q8_0 = int(GgmlType.F32), int(GgmlType.F16), int(GgmlType.I32), int(GgmlType.Q8_0)
 _DTYPES = {F32: np.dtype("<f4"), F16: np.dtype("<f2"), I32: np.dtype("<i4")}
 _ALIGN = 64
 
@@ -86,9 +97,12 @@ class GraphBuilder:
         self._offset = off + n
         return t
 
-    def input(self, type_id: int, ne: Sequence[int], values: np.ndarray) -> dict:
+    def input(self, type_id: int, ne: Sequence[int], values: np.ndarray | bytes) -> dict:
+        """A leaf tensor holding ``values`` (numbers, or raw bytes for block-quantised types)."""
         t = self._place(type_id, ne)
-        raw = np.ascontiguousarray(values, dtype=_DTYPES[type_id]).tobytes()
+        raw = values if isinstance(values, bytes) else np.ascontiguousarray(values, dtype=_DTYPES[type_id]).tobytes()
+        if len(raw) != tensor_nbytes(t):
+            raise ValueError(f"{len(raw)} bytes for a {tensor_nbytes(t)}-byte tensor")
         off = t["data"] - self.buf.base
         self.mirror.memory[off : off + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
         self.client.set_tensor(t, 0, raw)
@@ -105,6 +119,20 @@ class GraphBuilder:
         self.nodes.append(t["id"])
         self.ops.append(op.name)
         return t
+
+    def cpy(self, a: dict, type_id: int) -> dict:
+        """CPY of ``a`` into a new destination of ``type_id``: as ggml builds it, the node is a view of the
+        destination (op CPY, sources a and the destination)."""
+        dst = self._place(type_id, tuple(a["ne"]))
+        self.tensors.append(dst)
+        self._id += 1
+        node = make_tensor(id=self._id, type=type_id, ne=tuple(dst["ne"]), nb=tuple(dst["nb"]), buffer=dst["buffer"],
+                           data=dst["data"], op=int(GgmlOp.CPY), src=[a["id"], dst["id"]], view_src=dst["id"],
+                           flags=int(TensorFlag.COMPUTE))
+        self.tensors.append(node)
+        self.nodes.append(node["id"])
+        self.ops.append("CPY")
+        return node
 
     def view(self, op: GgmlOp, of: dict, ne: Sequence[int], nb: Sequence[int]) -> dict:
         """A node that only re-describes ``of``'s memory (TRANSPOSE, PERMUTE, VIEW, RESHAPE)."""
@@ -243,12 +271,7 @@ def layout(ctx: Context) -> str:
     a = g.input(F32, (8, 4), r.standard_normal((4, 8)))
     at = g.view(GgmlOp.TRANSPOSE, a, (4, 8), (a["nb"][1], a["nb"][0], a["nb"][2], a["nb"][3]))
     cont = g.op(GgmlOp.CONT, [at], (4, 8))
-    half = g._place(F16, (8, 4))
-    half.update(op=int(GgmlOp.CPY), src=[a["id"], half["id"]] + [0] * (GGML_MAX_SRC - 2),
-                flags=int(TensorFlag.COMPUTE))
-    g.tensors.append(half)
-    g.nodes.append(half["id"])
-    g.ops.append("CPY")
+    half = g.cpy(a, F16)
     return g.compare([cont, half], NMSE_MATH, "layout ops")
 
 
@@ -271,3 +294,62 @@ def recompute(ctx: Context) -> str:
         raise fail("the server closed the connection on GRAPH_RECOMPUTE after a successful GRAPH_COMPUTE",
                    expected="the stored graph re-run", got="connection closed") from None
     return g._judge([out], [got], NMSE_EXACT, "GRAPH_RECOMPUTE with new input data") + f"; {first}"
+
+
+@_check("COMPUTE-011", "GLU (fused SWIGLU, split GEGLU) matches the reference", CO, section=Command.GRAPH_COMPUTE)
+def glu(ctx: Context) -> str:
+    g, r = GraphBuilder(ctx), _rng()
+    x = g.input(F32, (32, 2), r.standard_normal((2, 32)))
+    a = g.input(F32, (16, 2), r.standard_normal((2, 16)))
+    b = g.input(F32, (16, 2), r.standard_normal((2, 16)))
+    outs = [g.op(GgmlOp.GLU, [x], (16, 2), params=[int(GluOp.SWIGLU), 0]),
+            g.op(GgmlOp.GLU, [a, b], (16, 2), params=[int(GluOp.GEGLU), 0])]
+    return g.compare(outs, NMSE_MATH, "glu")
+
+
+@_check("COMPUTE-012", "reductions SUM_ROWS, MEAN and SUM match the reference", CO, section=Command.GRAPH_COMPUTE)
+def reductions(ctx: Context) -> str:
+    g, r = GraphBuilder(ctx), _rng()
+    x = g.input(F32, (16, 3), r.standard_normal((3, 16)))
+    outs = [g.op(GgmlOp.SUM_ROWS, [x], (1, 3)), g.op(GgmlOp.MEAN, [x], (1, 3)), g.op(GgmlOp.SUM, [x], (1,))]
+    return g.compare(outs, NMSE_MATH, "reductions")
+
+
+@_check("COMPUTE-013", "REPEAT and CONCAT match the reference", CO, section=Command.GRAPH_COMPUTE)
+def repeat_concat(ctx: Context) -> str:
+    g, r = GraphBuilder(ctx), _rng()
+    small = g.input(F32, (4, 1), r.standard_normal((1, 4)))
+    a = g.input(F32, (4, 2), r.standard_normal((2, 4)))
+    b = g.input(F32, (4, 3), r.standard_normal((3, 4)))
+    outs = [g.op(GgmlOp.REPEAT, [small], (4, 3)), g.op(GgmlOp.CONCAT, [a, b], (4, 5), params=[1])]
+    return g.compare(outs, NMSE_EXACT, "repeat/concat")
+
+
+def quantize_q8_0(x: np.ndarray) -> bytes:
+    """Q8_0 blocks of a float array whose rows are multiples of 32: per block an f16 scale and 32 int8."""
+    blocks = x.astype(np.float32).reshape(-1, TYPES[Q8_0].blck)
+    d = np.abs(blocks).max(axis=1) / 127.0
+    safe = np.where(d == 0, 1.0, d)
+    q = np.clip(np.rint(blocks / safe[:, None]), -127, 127).astype(np.int8)
+    out = np.zeros(len(blocks), dtype=[("d", "<f2"), ("q", "i1", (32,))])
+    out["d"], out["q"] = d.astype(np.float16), q
+    return out.tobytes()
+
+
+@_check("COMPUTE-014", "MUL_MAT with Q8_0 weights matches the reference", CO, section=Command.GRAPH_COMPUTE)
+def mul_mat_q8_0(ctx: Context) -> str:
+    g, r = GraphBuilder(ctx), _rng()
+    w = g.input(Q8_0, (64, 8), quantize_q8_0(r.standard_normal((8, 64))))
+    x = g.input(F32, (64, 3), r.standard_normal((3, 64)))
+    outs = [g.op(GgmlOp.MUL_MAT, [w, x], (8, 3))]
+    return g.compare(outs, NMSE_MATMUL, "quantised matrix multiplication")
+
+
+@_check("COMPUTE-015", "SOFT_MAX with a causal mask matches the reference", CO, section=Command.GRAPH_COMPUTE)
+def soft_max_mask(ctx: Context) -> str:
+    g, r = GraphBuilder(ctx), _rng()
+    x = g.input(F32, (8, 4), r.standard_normal((4, 8)))
+    mask = np.where(np.arange(8)[None, :] > np.arange(4)[:, None] + 4, -np.inf, 0.0)
+    m = g.input(F32, (8, 4), mask)
+    outs = [g.op(GgmlOp.SOFT_MAX, [x, m], (8, 4), params=op_params(1.0, 0.0))]
+    return g.compare(outs, NMSE_MATH, "masked soft_max")

@@ -558,5 +558,10 @@ BREAKERS: dict[str, Callable[[], Breaker]] = {
     "COMPUTE-007": lambda: CorruptOutputs([GgmlOp.ROPE]),
     "COMPUTE-008": lambda: CorruptOutputs([GgmlOp.GET_ROWS]),
     "COMPUTE-009": lambda: CorruptOutputs([GgmlOp.CONT, GgmlOp.CPY]),
+    "COMPUTE-011": lambda: CorruptOutputs([GgmlOp.GLU]),
+    "COMPUTE-012": lambda: CorruptOutputs([GgmlOp.SUM_ROWS, GgmlOp.MEAN, GgmlOp.SUM]),
+    "COMPUTE-013": lambda: CorruptOutputs([GgmlOp.REPEAT, GgmlOp.CONCAT]),
+    "COMPUTE-014": lambda: CorruptOutputs([GgmlOp.MUL_MAT]),
+    "COMPUTE-015": lambda: CorruptOutputs([GgmlOp.SOFT_MAX]),
     "COMPUTE-010": lambda: Stateful(lambda conn, msg: Act(forward=None) if msg.cmd == C.GRAPH_RECOMPUTE else None),
 }

@@ -1,0 +1,168 @@
+"""``ggml-rpc fuzz``: stateful, model-based fuzzing of a ggml RPC server, with shrunk reproducers."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from .harness import ExternalTarget, SpawnedTarget, Target, TargetError, parse_address
+
+DEFAULT_OUT = "fuzz-findings"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "fuzz", help="fuzz a server against the reference server's logic; save shrunk reproducers",
+        description="Sends valid and near-valid requests (one rule broken) of every command, drawn by a hypothesis "
+        "state machine, to the server and to an in-process model (the reference server's own connection logic), "
+        "and reports crashes, hangs, wrong replies and out-of-buffer data. Each finding is shrunk and saved as a "
+        "pcap that `ggml-rpc replay` re-runs, plus a one-line summary. Exit code 1 when anything was found.")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--server", metavar="HOST:PORT", help="fuzz a running server (default: the embedded "
+                       "reference server)")
+    where.add_argument("--spawn", metavar="CMD", help="start the server with this command line ({port} is replaced "
+                       "by a free port) and restart it after every crash")
+    p.add_argument("--proto", default="auto", help="auto (from the server's HELLO; 7 for the embedded server), 6, 7 "
+                   "or 7.0.1")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--examples", type=int, default=None, metavar="N", help="stop after N examples")
+    budget.add_argument("--seconds", type=float, default=None, metavar="S", help="stop after S seconds "
+                        "(default: 60 when no budget is given)")
+    p.add_argument("--seed", type=int, default=0, help="campaign seed (same seed, same examples)")
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"where findings are saved (default "
+                   f"{DEFAULT_OUT}/)")
+    p.add_argument("--wait-restart", type=float, default=0.0, metavar="S", help="when the target dies and was not "
+                   "spawned here, wait up to S seconds for it to come back instead of stopping")
+    p.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds without reply or close that "
+                   "make a hang (default 5)")
+    p.add_argument("--steps", type=int, default=None, metavar="N", help="messages per example at most")
+    p.set_defaults(func=run)
+
+
+class Status:
+    """The live status line (rewritten in place on a terminal, one line every few seconds otherwise)."""
+
+    def __init__(self, stream=None) -> None:  # noqa: ANN001 - a text stream
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self._last = 0.0
+
+    def update(self, campaign) -> None:  # noqa: ANN001 - a Campaign
+        now = time.monotonic()
+        if not self.tty and now - self._last < 5.0:
+            return
+        self._last = now
+        st = campaign.stats
+        line = (f"{st.examples} examples, {st.messages} messages ({st.broken} near-valid), {st.rate:,.0f} execs/s, "
+                f"{len(campaign.findings)} finding(s), {st.seconds:.0f} s")
+        if self.tty:
+            self.stream.write("\r\033[K" + line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def finding(self, saved) -> None:  # noqa: ANN001 - a SavedFinding
+        if self.tty:
+            self.stream.write("\r\033[K")
+        self.stream.write(f"FINDING {saved.line()}\n")
+        if saved.pcap is not None:
+            self.stream.write(f"  reproducer: {saved.pcap}\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _target(args: argparse.Namespace) -> Target:
+    from .cli import UsageError
+
+    if args.spawn:
+        host, port = "127.0.0.1", 0
+        if args.server:
+            host, port = parse_address(args.server)
+        t = SpawnedTarget(args.spawn, host=host)
+        t.port = port
+        if "{port}" not in args.spawn and not port:
+            raise UsageError("--spawn needs a {port} placeholder in CMD")
+        return t
+    try:
+        host, port = parse_address(args.server)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return ExternalTarget(host, port)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ggml_rpc.spec import V7, parse_version_option
+
+    from .cli import UsageError
+    from .fuzz import Options, embedded_campaign, target_campaign
+    from .fuzz.setup import SetupError
+
+    if args.examples is not None and args.examples < 1:
+        raise UsageError("--examples must be at least 1")
+    if args.seconds is not None and args.seconds <= 0:
+        raise UsageError("--seconds must be positive")
+    if args.timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    try:
+        protocol = None if args.proto == "auto" else parse_version_option(args.proto)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    seconds = args.seconds if args.seconds is not None or args.examples is not None else 60.0
+    options = Options(examples=args.examples, seconds=seconds, seed=args.seed, out_dir=Path(args.out),
+                      timeout=args.timeout, wait_restart=args.wait_restart)
+    if args.steps is not None:
+        if args.steps < 1:
+            raise UsageError("--steps must be at least 1")
+        options.steps = args.steps
+    status = Status()
+    hooks = {"progress": status.update, "on_finding": status.finding}
+    if args.server is None and args.spawn is None:
+        campaign = embedded_campaign(protocol or V7, options, **hooks)
+    else:
+        target = _target(args)
+        try:
+            target.start()
+        except TargetError as exc:
+            raise UsageError(str(exc)) from None
+        try:
+            campaign = target_campaign(target, options, protocol=protocol, **hooks)
+        except SetupError as exc:
+            target.stop()
+            raise UsageError(str(exc)) from None
+    target = campaign.target
+    print(f"fuzzing {target.description} ({target.address}), protocol {campaign.protocol.label}, seed {args.seed}",
+          file=sys.stderr)
+    try:
+        if args.server is None and args.spawn is None:
+            target.start()
+        campaign.run()
+    finally:
+        target.stop()
+        status.done()
+    print_summary(campaign)
+    return 1 if campaign.findings else 0
+
+
+def print_summary(campaign, out=None) -> None:  # noqa: ANN001 - a Campaign and a text stream
+    out = out or sys.stdout
+    st = campaign.stats
+    kinds = {k: 0 for k in ("crash", "hang", "wrong-reply", "out-of-buffer")}
+    for f in campaign.findings:
+        kinds[f.kind] += 1
+    out.write(f"{st.examples} examples, {st.messages} messages ({st.broken} near-valid) in {st.seconds:.1f} s: "
+              f"{st.rate:,.0f} execs/s; max RSS {st.max_rss_kib / 1024:.0f} MiB; target restarts {st.restarts}\n")
+    if st.by_rule:
+        out.write("rules broken: " + ", ".join(f"{k} {v}" for k, v in sorted(st.by_rule.items())) + "\n")
+    out.write("findings: " + ", ".join(f"{v} {k}" for k, v in kinds.items()) + "\n")
+    for f in campaign.findings:
+        out.write(f"  {f.line()}\n")
+        if f.pcap is not None:
+            out.write(f"    {f.pcap}  (ggml-rpc replay {f.pcap} --server HOST:PORT)\n")
+    if campaign.stopped_because and campaign.stopped_because != "budget spent":
+        out.write(f"stopped: {campaign.stopped_because}\n")

@@ -1,0 +1,31 @@
+"""Fuzzing any ggml RPC server against the reference server's own logic (``ggml-rpc fuzz``).
+
+* :mod:`.generate` and :mod:`.nearvalid`: requests derived from the spec's payload schemas -- valid ones steered
+  towards the server's state, and near-valid ones that break exactly one rule;
+* :mod:`.model`: the oracle, the reference server's per-connection dispatcher run in-process;
+* :mod:`.machine`: the hypothesis state machine (bundles of connections, buffers, tensors; a rule per command);
+* :mod:`.example` and :mod:`.campaign`: invariants, findings, shrinking rounds, budgets, target restarts;
+* :mod:`.findings`: reproducers (pcap + one-line summary) that ``ggml-rpc replay`` re-runs.
+"""
+
+from .campaign import BudgetSpent, Campaign, Options, Stats, TargetGone
+from .findings import Finding, SavedFinding
+from .setup import TargetFacts, embedded_campaign, learn_target, target_campaign
+from .targets import FUZZ_DEVICE_MEMORY, EmbeddedFuzzTarget, fuzz_config
+
+__all__ = [
+    "FUZZ_DEVICE_MEMORY",
+    "BudgetSpent",
+    "Campaign",
+    "EmbeddedFuzzTarget",
+    "Finding",
+    "Options",
+    "SavedFinding",
+    "Stats",
+    "TargetFacts",
+    "TargetGone",
+    "embedded_campaign",
+    "fuzz_config",
+    "learn_target",
+    "target_campaign",
+]

@@ -1,0 +1,311 @@
+"""A fuzz campaign: hypothesis runs of the state machine in rounds, against one target, within a budget.
+
+Each round is one hypothesis run (a derived seed, a bounded number of examples).  A finding ends its round after
+hypothesis has shrunk it; the reproducer is saved and the campaign goes on with the next round, skipping findings
+it already has (same kind on the same command).  A target that died is restarted when the campaign knows how
+(embedded or spawned), waited for with ``wait_restart``, or else the campaign says so and stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ggml_rpc.conformance.harness import Target
+from ggml_rpc.reference.connection import ServerConfig
+from ggml_rpc.spec import CONN_CAPS_SIZE, Command, Protocol, encode_request
+from hypothesis import HealthCheck, Phase, Verbosity, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis.stateful import get_state_machine_test
+
+from .example import Example
+from .findings import Finding, SavedFinding, save
+from .machine import build_machine
+from .message import FuzzMessage
+from .model import ModelCache
+from .wire import Refused, TargetConnection
+
+#: Examples per hypothesis run (one round).
+ROUND_EXAMPLES = 10
+#: Messages per example at most (hypothesis' stateful step count).
+STEPS_PER_EXAMPLE = 60
+
+
+class TargetGone(Exception):  # noqa: N818 - a state, reported as such
+    """The target died and cannot be brought back."""
+
+
+class BudgetSpent(Exception):  # noqa: N818
+    """The example or time budget is used up (checked between rounds)."""
+
+
+@dataclass
+class Stats:
+    examples: int = 0
+    messages: int = 0
+    broken: int = 0
+    started: float = field(default_factory=time.monotonic)
+    restarts: int = 0
+    max_rss_kib: int = 0
+    by_command: Counter = field(default_factory=Counter)
+    by_rule: Counter = field(default_factory=Counter)
+
+    @property
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+    @property
+    def rate(self) -> float:
+        s = self.seconds
+        return self.messages / s if s > 0 else 0.0
+
+
+def rss_kib(pid: int | str = "self") -> int:
+    """Resident set size of a process in KiB (0 where /proc is not available)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+@dataclass
+class Options:
+    examples: int | None = None
+    seconds: float | None = None
+    seed: int = 0
+    out_dir: Path | None = None
+    timeout: float = 5.0
+    wait_restart: float = 0.0
+    #: Compare server-specific values (alignment, memory...) exactly: the target is the embedded reference.
+    exact: bool = False
+    steps: int = STEPS_PER_EXAMPLE
+    round_examples: int = ROUND_EXAMPLES
+
+
+class Campaign:
+    """Fuzz one target with one protocol's state machine."""
+
+    def __init__(self, target: Target, protocol: Protocol, model_config: ServerConfig, options: Options, *,
+                 devices: int = 1, alignment: int = 32,
+                 progress: Callable[[Campaign], None] | None = None,
+                 on_finding: Callable[[SavedFinding], None] | None = None) -> None:
+        self.target = target
+        self.protocol = protocol
+        self.model_config = model_config
+        self.options = options
+        self.devices = devices
+        self.alignment = alignment
+        self.timeout = options.timeout
+        self.exact = options.exact
+        self.model_cache = ModelCache()
+        self.stats = Stats()
+        self.findings: list[SavedFinding] = []
+        self.stopped_because = ""
+        self._progress = progress
+        self._on_finding = on_finding
+        self._last_status = 0.0
+        self._seen: set[tuple[str, str]] = set()
+        self._example: Example | None = None
+        self._first_failure: tuple[Finding, list] | None = None
+        self._shrink_started: float | None = None
+        self._dead = False
+        #: Why the target cannot be used any more ('' while it can).
+        self.gone = ""
+        self._machine = build_machine(self)
+
+    # ---- target liveness ---------------------------------------------------------------------------------------
+
+    def alive(self) -> bool:
+        """Does the target accept a connection and answer HELLO?"""
+        try:
+            conn = TargetConnection(self.target.host, self.target.port, timeout=self.timeout)
+        except Refused:
+            self._dead = True
+            return False
+        try:
+            hello = encode_request(self.protocol, Command.HELLO, {"conn_caps": bytes(CONN_CAPS_SIZE)})
+            conn.send(hello)
+            rec = conn.read(8 + 28)
+            ok = len(rec.data) == 36
+        finally:
+            conn.close()
+        if not ok:
+            self._dead = True
+        return ok
+
+    def _revive(self) -> None:
+        """Bring a dead target back (restart / wait) or raise TargetGone."""
+        if self.target.can_restart:
+            self.target.restart()
+            self.stats.restarts += 1
+            self._dead = False
+            if self.alive():
+                return
+            raise TargetGone("the target did not come back after a restart")
+        if self.options.wait_restart > 0:
+            deadline = time.monotonic() + self.options.wait_restart
+            while time.monotonic() < deadline:
+                if self.alive():
+                    self._dead = False
+                    return
+                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+            raise TargetGone(f"the target did not come back within {self.options.wait_restart:g} s")
+        raise TargetGone("the target died (no --spawn to restart it, no --wait-restart)")
+
+    # ---- hooks used by examples --------------------------------------------------------------------------------
+
+    def new_example(self) -> Example:
+        if self._dead and not self.gone and not self.alive():
+            try:
+                self._revive()
+            except TargetGone as exc:
+                # Raising through hypothesis would look like a flaky test: later examples are inert instead.
+                self.gone = str(exc)
+        self._dead = False
+        self.model_cache.clear()
+        cache_dir = self.target.cache_dir
+        if cache_dir is not None and cache_dir.exists():
+            from .model import clear_directory
+
+            clear_directory(cache_dir)
+        self.stats.examples += 1
+        self._example = Example(self)
+        return self._example
+
+    def count_message(self, msg: FuzzMessage) -> None:
+        st = self.stats
+        st.messages += 1
+        st.by_command[msg.name] += 1
+        if msg.broken:
+            st.broken += 1
+            st.by_rule[msg.tags[0] if msg.tags else msg.broken.split(":", 1)[0]] += 1
+        if st.messages & 255 == 0:
+            now = time.monotonic()
+            if now - self._last_status >= 0.5:
+                self._last_status = now
+                st.max_rss_kib = max(st.max_rss_kib, rss_kib())
+                if self._progress is not None:
+                    self._progress(self)
+
+    def found(self, example: Example, finding: Finding) -> None:
+        if self._first_failure is None:
+            self._first_failure = (finding, [list(w) for w in example.transcript])
+            self._shrink_started = time.monotonic()
+
+    def _check_budget(self) -> None:
+        o = self.options
+        if o.examples is not None and self.stats.examples >= o.examples:
+            raise BudgetSpent("examples")
+        if o.seconds is not None and self.stats.seconds >= o.seconds:
+            raise BudgetSpent("seconds")
+
+    # ---- the run -----------------------------------------------------------------------------------------------
+
+    def run(self) -> list[SavedFinding]:
+        rounds = 0
+        warnings.simplefilter("ignore", RuntimeWarning)  # the model's executor on fuzzed numbers (NaN, inf)
+        try:
+            while True:
+                try:
+                    self._check_budget()
+                except BudgetSpent:
+                    self.stopped_because = "budget spent"
+                    break
+                self._round(rounds)
+                if self.gone:
+                    self._record_unshrunk(self.gone)
+                    self.stopped_because = f"target died: {self.gone}"
+                    break
+                rounds += 1
+        finally:
+            self._close_example()
+            self.model_cache.remove()
+            self.stats.max_rss_kib = max(self.stats.max_rss_kib, rss_kib())
+        return self.findings
+
+    def _round(self, number: int) -> None:
+        s = settings(max_examples=self.options.round_examples, stateful_step_count=self.options.steps,
+                     deadline=None, database=None, phases=[Phase.generate, Phase.shrink],
+                     verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
+                     print_blob=False)
+        test = get_state_machine_test(self._machine, settings=s)
+        test = hypothesis_seed(self.options.seed * 1_000_003 + number)(test)
+        self._first_failure = None
+        self._shrink_started = None
+        try:
+            test()
+        except Exception as exc:  # hypothesis re-raises the shrunk failure (or a group / flaky wrapper of it)
+            finding = _find_finding(exc)
+            if finding is None:
+                raise
+            ex = self._example
+            if ex is not None and ex.finding is not None and not self.gone:
+                self._save(ex.finding, ex.transcript, shrunk=True)
+            else:
+                self._record_unshrunk("the shrunk example did not reproduce")
+        finally:
+            self._close_example()
+
+    def _close_example(self) -> None:
+        ex = self._example
+        if ex is not None:
+            with contextlib.suppress(Exception):
+                if ex.tconn is not None:
+                    ex.tconn.close()
+                for m in ex.models.values():
+                    m.close()
+
+    def _record_unshrunk(self, why: str) -> None:
+        if self._first_failure is None:
+            return
+        finding, transcript = self._first_failure
+        self._first_failure = None
+        saved = self._save(finding, transcript, shrunk=False)
+        if saved is not None:
+            saved.notes.append(f"not shrunk: {why}")
+
+    def _save(self, finding: Finding, transcript: list, *, shrunk: bool) -> SavedFinding | None:
+        if finding.signature in self._seen:
+            return None
+        self._seen.add(finding.signature)
+        death = self.target.death_info() if finding.kind in ("crash", "hang") else None
+        saved = SavedFinding(finding.kind, finding.message, finding.command, finding.broken,
+                             messages=sum(sum(1 for c, _ in conn if c) for conn in transcript),
+                             connections=sum(1 for conn in transcript if conn), death=death, shrunk=shrunk)
+        if self.options.out_dir is not None:
+            probe = [(True, encode_request(self.protocol, Command.HELLO, {"conn_caps": bytes(CONN_CAPS_SIZE)})),
+                     (False, _hello_reply(self.protocol))]
+            save(saved, [*transcript, probe], self.options.out_dir, len(self.findings) + 1)
+        self.findings.append(saved)
+        if self._on_finding is not None:
+            self._on_finding(saved)
+        return saved
+
+
+def _hello_reply(protocol: Protocol) -> bytes:
+    from ggml_rpc.spec import encode_reply, hello_reply
+
+    return encode_reply(protocol, Command.HELLO, hello_reply(protocol.version))
+
+
+def _find_finding(exc: BaseException) -> Finding | None:
+    if isinstance(exc, Finding):
+        return exc
+    for sub in getattr(exc, "exceptions", ()) or ():
+        found = _find_finding(sub)
+        if found is not None:
+            return found
+    cause = exc.__cause__ or exc.__context__
+    return _find_finding(cause) if cause is not None else None
+
+
+__all__ = ["BudgetSpent", "Campaign", "Options", "Stats", "TargetGone", "rss_kib"]

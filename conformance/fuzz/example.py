@@ -1,0 +1,313 @@
+"""One fuzz example: connections to the target, each with its in-process model twin, and the invariants.
+
+Every message goes to the model first (the reference server's own dispatcher, see :mod:`.model`), then to the
+target with the target's handles and addresses (learnt from ALLOC_BUFFER / BUFFER_GET_BASE replies, as
+``ggml-rpc replay`` relocates them).  Then:
+
+* the model replied: the target must send a reply of the same size; HELLO, data read back, hash hit/miss, copy
+  results, allocation success are compared exactly (server-specific values too when the target is the embedded
+  reference server, whose configuration the model shares);
+* the model closed: the target must close without sending a byte (bytes are a wrong reply, GET_TENSOR data an
+  out-of-buffer read; no close within the timeout is a hang);
+* the model neither replied nor closed (a no-reply command): nothing may have arrived, and the connection must stay
+  open;
+* after every unexpected close, and at the end of the example, the target must still accept a connection and
+  answer HELLO (otherwise: a crash).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ggml_rpc.conformance.replay import RECORDED_ONLY, Relocator
+from ggml_rpc.spec import CONN_CAPS_SIZE, Command, fnv1a64
+from ggml_rpc.spec.layout import flat_layout
+
+from .findings import Finding, Writes
+from .generate import BufferRef, ConnRef, Scope
+from .message import FuzzMessage
+from .model import ModelConnection
+from .wire import Refused, TargetConnection
+
+if TYPE_CHECKING:
+    from .campaign import Campaign
+
+#: Largest read-back of a written tensor.
+MAX_READ = 4096
+#: What places a tensor: a read-back uses the known tensor when these fields of the written one match.
+_PLACE = ("buffer", "data", "type", "ne", "nb")
+
+HELLO = FuzzMessage(Command.HELLO, {"conn_caps": bytes(CONN_CAPS_SIZE)})
+
+
+class Example:
+    """State of one hypothesis example (a program of connections and messages)."""
+
+    def __init__(self, campaign: Campaign) -> None:
+        self.c = campaign
+        self.protocol = campaign.protocol
+        self.scope = Scope(campaign.protocol, devices=campaign.devices, alignment=campaign.alignment)
+        self.models: dict[ConnRef, ModelConnection] = {}
+        self.current: ConnRef | None = None
+        self.tconn: TargetConnection | None = None
+        self.reloc = Relocator()
+        self.transcript: list[Writes] = []
+        self._writes: Writes = []
+        self.messages = 0
+        self.refs = 0
+        self.computed = False
+        self.finding: Finding | None = None
+        self.last: FuzzMessage | None = None
+
+    # ---- connections -----------------------------------------------------------------------------------------
+
+    def new_ref(self) -> ConnRef:
+        self.refs += 1
+        return ConnRef(self.refs)
+
+    def _model_open(self, ref: ConnRef) -> bool:
+        m = self.models.get(ref)
+        return m is not None and not m.closed
+
+    @property
+    def inert(self) -> bool:
+        """The target is gone for good: steps send nothing (the campaign is stopping)."""
+        return bool(self.c.gone)
+
+    def prepare(self, ref: ConnRef) -> None:
+        """Make ``ref`` the open connection (re-opening it when it ended) and point the scope at its state."""
+        if self.inert:
+            return
+        if ref is not self.current or not self._model_open(ref) or self.tconn is None:
+            self.open(ref)
+        model = self.models[ref]
+        live = model.buffers
+        s = self.scope
+        s.buffers = [b for b in s.all_buffers if b.conn is ref and b.incarnation == ref.incarnation
+                     and b.handle in live]
+        handles = {b.handle for b in s.buffers}
+        s.tensors = [t for t in s.all_tensors if t.buffer.handle in handles]
+
+    def has_graph(self, ref: ConnRef) -> bool:
+        """Has the model a stored graph on this connection (GRAPH_RECOMPUTE would run)?"""
+        m = self.models.get(ref)
+        return m is not None and not m.closed and bool(m.conn.graphs)
+
+    def open(self, ref: ConnRef, first: FuzzMessage = HELLO) -> None:
+        """A new connection (new model twin, new TCP connection), starting with ``first`` (normally HELLO)."""
+        if self.inert:
+            return
+        self.close_current()
+        ref.incarnation += 1
+        try:
+            tconn = TargetConnection(self.c.target.host, self.c.target.port, timeout=self.c.timeout)
+        except Refused as exc:
+            self._fail("crash", f"the target refuses connections ({exc}) after "
+                       f"{self.last.describe() if self.last else 'the previous example'}", self.last)
+        old = self.models.pop(ref, None)
+        if old is not None:
+            old.close()
+        self.models[ref] = ModelConnection(self.c.model_config, self.c.model_cache.cache, name=f"model {ref!r}")
+        self.current, self.tconn = ref, tconn
+        self._writes = []
+        self.transcript.append(self._writes)
+        self.computed = False
+        self.send(ref, first, opening=True)
+
+    def close_current(self) -> None:
+        """End the open connection the way a client leaves: the target must close without a byte."""
+        ref, tconn = self.current, self.tconn
+        self.current, self.tconn = None, None
+        if tconn is None or ref is None:
+            return
+        model = self.models.get(ref)
+        try:
+            if model is None or model.closed or tconn.closed:
+                return
+            model.exchange(b"", end=True)
+            tconn.shutdown_write()
+            rec = tconn.until_closed()
+            if rec.data:
+                self._fail("wrong-reply", f"the target sent {len(rec.data)} byte(s) that no request asked for "
+                           f"(first: {rec.data[:16].hex(' ')})", self.last)
+            if rec.timed_out:
+                self._fail("hang", f"the target did not close within {self.c.timeout:g} s after the client "
+                           "finished sending", self.last)
+        finally:
+            tconn.close()
+            if model is not None:
+                model.close()
+
+    def finish(self) -> None:
+        """End of the example: close, then the target must still answer a new connection."""
+        if self.finding is not None or self.inert:  # failed or stopping: just let go of everything
+            if self.tconn is not None:
+                self.tconn.close()
+            for m in self.models.values():
+                m.close()
+            return
+        try:
+            self.close_current()
+            if not self.c.alive():
+                self._fail("crash", "the target stopped accepting connections after "
+                           f"{self.last.describe() if self.last else 'this example'}", self.last)
+        finally:
+            for m in self.models.values():
+                m.close()
+
+    # ---- messages --------------------------------------------------------------------------------------------
+
+    def _relocate(self, fields: dict) -> dict:
+        return self.reloc.fields(fields)
+
+    def send(self, ref: ConnRef, msg: FuzzMessage, *, opening: bool = False) -> bytes | None:
+        """Send one message on ``ref`` to both sides and check the invariants; the model's reply payload or None."""
+        if self.inert:
+            return None
+        if not opening:
+            self.prepare(ref)
+        model = self.models[ref]
+        tconn = self.tconn
+        assert tconn is not None
+        mbytes, end = msg.encode(self.protocol)
+        tbytes, _ = msg.encode(self.protocol, self._relocate)
+        out = model.exchange(mbytes, end=end)
+        self._writes.append((True, mbytes))
+        if out.reply:
+            self._writes.append((False, out.reply))
+        self.messages += 1
+        self.last = msg
+        self.c.count_message(msg)
+        tconn.send(tbytes)
+        if end:
+            tconn.shutdown_write()
+        if msg.command is Command.SET_TENSOR and msg.data:
+            self.scope.hashes.append(fnv1a64(msg.data))
+        if out.reply:
+            self._check_reply(msg, out.reply, tconn)
+            return out.reply[8:]
+        if out.closed:
+            rec = tconn.until_closed()
+            self._end_target()
+            if rec.data:
+                kind = "out-of-buffer" if msg.command is Command.GET_TENSOR and msg.wire_command is None \
+                    else "wrong-reply"
+                self._fail(kind, f"the target sent {len(rec.data)} byte(s) where the reference closes the "
+                           f"connection ({out.reason})", msg)
+            if rec.timed_out:
+                self._fail("hang", f"the target neither closed nor answered within {self.c.timeout:g} s where "
+                           f"the reference closes ({out.reason})", msg)
+            return None
+        if msg.command in (Command.GRAPH_COMPUTE, Command.GRAPH_RECOMPUTE):
+            self.computed = True
+        rec = tconn.pending()
+        if rec.data:
+            self._fail("wrong-reply", f"the target sent {len(rec.data)} byte(s) for a command without reply", msg)
+        if rec.closed:
+            self._end_target()
+            self._closed_unexpectedly(msg, "keeps the connection open")
+        return None
+
+    def _end_target(self) -> None:
+        if self.tconn is not None:
+            self.tconn.close()
+
+    def _closed_unexpectedly(self, msg: FuzzMessage, model_did: str) -> None:
+        self._end_target()
+        if not self.c.alive():
+            self._fail("crash", f"the target died on {msg.describe()} (it no longer accepts connections)", msg)
+        self._fail("wrong-reply", f"the target closed the connection where the reference {model_did}", msg)
+
+    def _check_reply(self, msg: FuzzMessage, want: bytes, tconn: TargetConnection) -> None:
+        head = tconn.read(8)
+        if head.timed_out:
+            self._fail("hang", f"no reply within {self.c.timeout:g} s", msg)
+        if len(head.data) < 8:
+            self._closed_unexpectedly(msg, "replies")
+        if head.data != want[:8]:
+            got = int.from_bytes(head.data, "little")
+            self._end_target()
+            self._fail("wrong-reply", f"reply size {got}, the reference replies {len(want) - 8} bytes", msg)
+        body = tconn.read(len(want) - 8)
+        if body.timed_out:
+            self._fail("hang", f"reply body incomplete after {self.c.timeout:g} s", msg)
+        if len(body.data) < len(want) - 8:
+            self._closed_unexpectedly(msg, "replies")
+        self._compare(msg, want[8:], body.data)
+
+    def _compare(self, msg: FuzzMessage, want: bytes, got: bytes) -> None:
+        cmd = msg.command
+        spec = self.protocol.commands[cmd]
+        schema = spec.reply.schema  # type: ignore[union-attr]
+        if cmd is Command.GET_TENSOR:
+            if want != got and (self.c.exact or not self.computed):
+                at = next(i for i in range(len(want)) if want[i] != got[i])
+                self._fail("wrong-reply", f"data read back differs from the reference at byte {at} of {len(want)} "
+                           f"({got[at:at + 8].hex(' ')} instead of {want[at:at + 8].hex(' ')})", msg)
+            return
+        w = flat_layout(schema).unpack(want)
+        g = flat_layout(schema).unpack(got)
+        if cmd is Command.ALLOC_BUFFER:
+            if bool(w["remote_ptr"]) != bool(g["remote_ptr"]) or (w["remote_ptr"] and w["remote_size"] !=
+                                                                   g["remote_size"]):
+                self._fail("wrong-reply", f"allocation {g}, the reference {w}", msg)
+            self.reloc.buffer(w["remote_ptr"], g["remote_ptr"])
+            return
+        if cmd is Command.BUFFER_GET_BASE:
+            if bool(w["base_ptr"]) != bool(g["base_ptr"]):
+                self._fail("wrong-reply", f"base {g['base_ptr']:#x}, the reference {w['base_ptr']:#x}", msg)
+            self.reloc.base(msg.fields["remote_ptr"], w["base_ptr"], g["base_ptr"])
+            return
+        if cmd in RECORDED_ONLY and not self.c.exact:
+            return
+        if w != g:
+            self._fail("wrong-reply", f"reply {g}, the reference replies {w}", msg)
+
+    def _fail(self, kind: str, message: str, msg: FuzzMessage | None) -> None:
+        finding = Finding(kind, message, command=msg.name if msg else "", broken=msg.broken if msg else None)
+        self.finding = finding
+        self.c.found(self, finding)
+        raise finding
+
+    # ---- composite steps ---------------------------------------------------------------------------------------
+
+    def read_back(self, ref: ConnRef, msg: FuzzMessage) -> None:
+        """GET_TENSOR of what ``msg`` wrote (its whole tensor, at most MAX_READ bytes), when it is still there."""
+        model = self.models.get(ref)
+        if self.inert or model is None or model.closed or ref is not self.current:
+            return
+        f = msg.fields
+        if "dst" in f:
+            tensors = [f["dst"]]
+        elif "tensor" in f:
+            tensors = [f["tensor"]]
+        elif "tensors" in f:
+            tensors = [t for t in f["tensors"] if t["id"] in set(int(n) for n in f["nodes"])]
+        else:  # a whole buffer: every live tensor in it
+            tensors = [t.fields for t in self.scope.tensors if t.buffer.handle == f.get("remote_ptr")]
+        live = {t.fields["id"]: t for t in self.scope.tensors}
+        for t in tensors[:2]:
+            ref_t = live.get(t["id"])
+            if ref_t is None or not ref_t.nbytes or any(ref_t.fields[k] != t[k] for k in _PLACE):
+                continue
+            size = min(ref_t.nbytes, MAX_READ)
+            self.send(ref, FuzzMessage(Command.GET_TENSOR, {"tensor": ref_t.fields, "offset": 0, "size": size},
+                                       tags=("read-back",)))
+            if model.closed:
+                return
+
+    def alloc(self, ref: ConnRef, size: int, device: int) -> BufferRef | None:
+        """ALLOC_BUFFER then BUFFER_GET_BASE, as a client does; the buffer (model handle and base) or None."""
+        reply = self.send(ref, FuzzMessage(Command.ALLOC_BUFFER, {"device": device, "size": size}))
+        if not reply:
+            return None
+        f = flat_layout(self.protocol.commands[Command.ALLOC_BUFFER].reply.schema).unpack(reply)  # type: ignore
+        if not f["remote_ptr"]:
+            return None
+        base_reply = self.send(ref, FuzzMessage(Command.BUFFER_GET_BASE, {"remote_ptr": f["remote_ptr"]}))
+        if not base_reply:
+            return None
+        base = int.from_bytes(base_reply[:8], "little")
+        buf = BufferRef(ref, ref.incarnation, f["remote_ptr"], base, f["remote_size"], device)
+        self.scope.all_buffers.append(buf)
+        return buf

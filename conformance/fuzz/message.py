@@ -1,0 +1,80 @@
+"""A fuzzed request as values, and its bytes for either side (the model's addresses or the target's).
+
+The same :class:`FuzzMessage` is encoded twice: once as drawn (the model's handles and addresses) and once through
+a relocation function (the target's).  Wire-level breakage -- a lying size header, a cut message, a patched count,
+another command byte -- is applied after encoding, identically on both sides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ggml_rpc.spec import Command, Protocol, command_name
+from ggml_rpc.spec.codec import REQUEST_HEADER, encode_payload
+
+#: A size claim at most this far above the real payload is backed by zero bytes (the message stays whole);
+#: a larger claim is sent as is and the connection is then ended (the server must not wait for the rest).
+PAD_LIMIT = 4096
+
+Relocate = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@dataclass(slots=True)
+class FuzzMessage:
+    """One request: the layout it is built from, and what (if anything) is broken on purpose."""
+
+    command: Command
+    fields: dict[str, Any]
+    data: bytes | None = None
+    #: Command byte on the wire when it is not ``command`` (an id the version does not have).
+    wire_command: int | None = None
+    #: Size header claim when it is not the payload length.
+    size: int | None = None
+    #: Send only this many bytes of the message, then end the connection.
+    cut: int | None = None
+    #: (payload offset, bytes) written over the encoded payload (a count that lies).
+    patch: tuple[int, bytes] | None = None
+    #: The rule broken on purpose ("bound: tensor.data past its buffer"), None for a valid message.
+    broken: str | None = None
+    #: Free-form labels for statistics.
+    tags: tuple[str, ...] = field(default=())
+
+    @property
+    def name(self) -> str:
+        if self.wire_command is not None and self.wire_command != int(self.command):
+            return command_name(self.wire_command)
+        return self.command.name
+
+    def describe(self) -> str:
+        text = self.name
+        if self.broken:
+            text += f" [{self.broken}]"
+        return text
+
+    def encode(self, protocol: Protocol, relocate: Relocate | None = None) -> tuple[bytes, bool]:
+        """(bytes to send, whether the connection ends after them)."""
+        spec = protocol.commands.get(self.command)
+        if spec is None:
+            raise KeyError(f"{self.command.name} is not a command of protocol {protocol.label}")
+        fields = relocate(self.fields) if relocate is not None else self.fields
+        payload = bytearray(b"".join(bytes(p) for p in encode_payload(spec.request, fields, self.data)))
+        if self.patch is not None:
+            at, raw = self.patch
+            payload[at : at + len(raw)] = raw
+        end = False
+        claim = len(payload) if self.size is None else self.size
+        if claim <= len(payload):
+            body = bytes(payload[:claim])
+        elif claim - len(payload) <= PAD_LIMIT:
+            body = bytes(payload) + bytes(claim - len(payload))
+        else:
+            body = bytes(payload)
+            end = True
+        cmd = int(self.command) if self.wire_command is None else self.wire_command
+        wire = REQUEST_HEADER.pack(cmd, claim) + body
+        if self.cut is not None and self.cut < len(wire):
+            wire = wire[: self.cut]
+            end = True
+        return wire, end

@@ -1,0 +1,280 @@
+"""Near-valid requests: a valid request with exactly one rule broken, the rule chosen from the schema.
+
+Every leaf field of a payload (nested tensors included) is classified by its declared name into the rule it
+carries -- an **id** (a handle or a tensor id), a **bound** (an offset, a size, an address, a shape, a device
+index), a **type** (ggml type, op), a **flag** (cache flag, tensor flags) -- and every counted array's count field
+into **count**.  Two wire-level rules apply to any message: a lying **size** header and a **truncation** (the
+message cut, then the connection ended).  Breaking a rule means replacing one value by a boundary value of that
+rule, computed from the state the request refers to (one past the buffer end, a handle of another connection, a
+removed type...).  A new command gets its near-valid variants from its schema like any other.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from construct import Struct
+from ggml_rpc.spec import (
+    GGML_OP_COUNT,
+    GGML_TYPE_COUNT,
+    NATIVE_CALLBACK_OPS,
+    TYPES,
+    Payload,
+    Protocol,
+    Shape,
+    TensorFlag,
+    ggml_nbytes,
+)
+from ggml_rpc.spec.schema_walk import element_size, int_range
+from hypothesis import strategies as st
+
+from .generate import Scope, payload_fields
+from .message import FuzzMessage
+
+RULES = ("size", "id", "bound", "type", "count", "truncation", "flag")
+
+#: Which rule a field carries, by the name the schemas give it.
+FIELD_RULES: dict[str, str] = {
+    "remote_ptr": "id", "buffer": "id", "id": "id", "src": "id", "view_src": "id", "nodes": "id",
+    "offset": "bound", "size": "bound", "data": "bound", "view_offs": "bound", "ne": "bound", "nb": "bound",
+    "device": "bound",
+    "type": "type", "op": "type",
+    "cache_flag": "flag", "flags": "flag",
+}
+
+REMOVED_TYPES = tuple(t for t, info in TYPES.items() if info.removed)
+U64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One place a rule can be broken: the rule, the dotted path of the field ('' for wire rules), its format."""
+
+    rule: str
+    path: str
+    fmt: str = ""
+    #: Array fields: number of elements (an int) or the name of the count field; 1 for scalars.
+    count: int | str = 1
+
+
+def _walk(schema: Struct, prefix: str, out: list[Target]) -> None:
+    for info in payload_fields(schema):
+        path = prefix + info.name
+        if info.kind in ("struct", "struct_array"):
+            assert info.struct is not None
+            sub = path + ("." if info.kind == "struct" else ".*.")
+            _walk(info.struct, sub, out)
+            continue
+        if isinstance(info.count, str) and info.kind == "array":
+            pass  # counted int array: its elements keep their own rule below
+        rule = FIELD_RULES.get(info.name)
+        if rule is not None and info.kind in ("int", "array"):
+            out.append(Target(rule, path, info.fmt, info.count if info.kind == "array" else 1))
+    for count_name in [f.count for f in payload_fields(schema) if isinstance(f.count, str)]:
+        out.append(Target("count", prefix + count_name, "I"))
+
+
+@cache
+def targets(payload: Payload) -> tuple[Target, ...]:
+    """Every place of ``payload`` where one rule can be broken (wire rules first)."""
+    out = [Target("size", ""), Target("truncation", "")]
+    if payload.shape is not Shape.RAW:
+        _walk(payload.schema, "", out)
+    return tuple(out)
+
+
+def count_offset(payload: Payload, values: dict[str, Any], count_name: str) -> int:
+    """Byte offset of a count field inside the encoded payload, walking the schema with the drawn arrays."""
+    offset = 0
+    for info in payload_fields(payload.schema):
+        if info.name == count_name:
+            return offset
+        if isinstance(info.count, str):
+            offset += element_size(info) * len(values[info.name])
+        else:
+            offset += info.length if info.kind != "int" else struct.calcsize("<" + info.fmt)
+    raise KeyError(count_name)
+
+
+def _get(values: Any, parts: list[str]) -> Any:
+    for p in parts:
+        values = values[int(p)] if isinstance(values, list) else values[p]
+    return values
+
+
+def _set(values: Any, parts: list[str], new: Any) -> Any:
+    """A copy of ``values`` with the leaf at ``parts`` replaced (containers on the path are copied)."""
+    if not parts:
+        return new
+    head, rest = parts[0], parts[1:]
+    if isinstance(values, list):
+        copy = list(values)
+        copy[int(head)] = _set(copy[int(head)], rest, new)
+        return copy
+    copy = dict(values)
+    copy[head] = _set(copy[head], rest, new)
+    return copy
+
+
+def _boundaries(fmt: str) -> list[int]:
+    lo, hi = int_range(fmt)
+    vals = {lo, hi, hi - 1, 0, 1}
+    if hi > 0xFF:
+        vals |= {(hi + 1) // 2, 1 << 31 if hi > 1 << 31 else hi}
+    return sorted(v for v in vals if lo <= v <= hi)
+
+
+def _nbytes(t: dict[str, Any]) -> int:
+    try:
+        return ggml_nbytes(t["type"], t["ne"], t["nb"])
+    except (KeyError, ValueError):
+        return 0
+
+
+def _tensor_of(values: dict[str, Any], parts: list[str]) -> dict[str, Any] | None:
+    """The tensor dict that holds the leaf at ``parts`` (None for top-level fields)."""
+    for cut in range(len(parts) - 1, 0, -1):
+        node = _get(values, parts[:cut])
+        if isinstance(node, dict) and "buffer" in node and "ne" in node:
+            return node
+    top = values.get("tensor")
+    return top if isinstance(top, dict) else None
+
+
+def _bound_values(scope: Scope, values: dict[str, Any], parts: list[str], leaf: str, current: int,
+                  fmt: str) -> list[int]:
+    """Out-of-bounds candidates for one bound field, from the state it refers to."""
+    cands = _boundaries(fmt)
+    t = _tensor_of(values, parts)
+    nbytes = _nbytes(t) if t is not None else 0
+    buf = scope.buffer_for(t["buffer"]) if t is not None else None
+    if leaf == "device":
+        cands += [scope.devices, scope.devices + 1]
+    elif leaf == "data" and buf is not None:
+        cands += [buf.base - 1, buf.base + buf.size, buf.base + buf.size - max(1, nbytes) + 1,
+                  (U64 - max(nbytes, 1) + 2) & U64]
+    elif leaf == "offset":
+        room = (buf.base + buf.size - t["data"]) if (buf is not None and t is not None) else nbytes
+        cands += [nbytes, nbytes + 1, room, room + 1, (U64 - (t["data"] if t else 0) + 1) & U64]
+    elif leaf == "size":
+        off = values.get("offset", 0)
+        cands += [nbytes - off + 1, nbytes + 1, 1 << 32]
+    elif leaf in ("ne", "nb"):
+        cands += [current + 1, current * 2, current * 4096]
+    lo, hi = int_range(fmt)
+    return sorted({c for c in cands if lo <= c <= hi and c != current})
+
+
+def _id_values(scope: Scope, leaf: str, current: int, fmt: str, values: dict[str, Any]) -> list[int]:
+    lo, hi = int_range(fmt)
+    cands = [0, 1, hi, current ^ 1, (current + 0x1000) & hi]
+    if leaf in ("remote_ptr", "buffer"):
+        cands += [b.handle for b in scope.all_buffers[-8:]]  # handles of other (maybe closed) connections
+    if leaf in ("src", "view_src", "nodes", "id") and "tensors" in values:
+        cands += [int(t["id"]) ^ 0xDEAD for t in values["tensors"][:2]]
+    return sorted({c for c in cands if lo <= c <= hi and c != current})
+
+
+def _type_values(leaf: str) -> list[int]:
+    if leaf == "type":
+        return [GGML_TYPE_COUNT, GGML_TYPE_COUNT + 1, 0xFFFFFFFF, *REMOVED_TYPES]
+    return [GGML_OP_COUNT, 0xFFFFFFFF, *sorted(NATIVE_CALLBACK_OPS)]
+
+
+def _flag_values(leaf: str, current: int) -> list[int]:
+    if leaf == "cache_flag":
+        return [v for v in (1, 2, 0xFF, 0) if v != current]
+    compute = int(TensorFlag.COMPUTE)
+    return sorted({current ^ compute, -1, 0x7FFFFFFF, compute | int(TensorFlag.PARAM)} - {current})
+
+
+def _leaf_paths(values: dict[str, Any], target: Target) -> list[list[str]]:
+    """Concrete element paths for a target path with ``*`` (array of structs) and array leaves."""
+    paths: list[list[str]] = [[]]
+    for part in target.path.split("."):
+        nxt = []
+        for p in paths:
+            if part == "*":
+                n = len(_get(values, p))
+                nxt += [[*p, str(i)] for i in range(n)]
+            else:
+                nxt.append([*p, part])
+        paths = nxt
+    out = []
+    for p in paths:
+        try:
+            leaf = _get(values, p)
+        except (KeyError, IndexError, TypeError):
+            continue
+        if isinstance(leaf, list):
+            out += [[*p, str(i)] for i in range(len(leaf))]
+        elif isinstance(leaf, int):
+            out.append(p)
+    return out
+
+
+def size_claims(payload: Payload, actual: int) -> list[int]:
+    """Lying size headers for a payload of this shape (the real length excluded)."""
+    head = payload.header_size
+    cands = {0, 1 << 32, 1 << 62, 1 << 63, U64}
+    if payload.shape is Shape.FIXED:
+        cands |= {head + 1, head + 8, max(0, head - 1)}
+    else:
+        cands |= {max(0, head - 1), actual + 1, actual + 4096, actual + 4097}
+    return sorted(c for c in cands if c != actual)
+
+
+@st.composite
+def break_one(draw: st.DrawFn, scope: Scope, msg: FuzzMessage, protocol: Protocol) -> FuzzMessage:
+    """``msg`` with exactly one rule broken (the rule and the place drawn from the payload's targets)."""
+    payload = protocol.commands[msg.command].request
+    wire, _ = msg.encode(protocol)
+    options = [t for t in targets(payload) if t.rule in ("size", "truncation") or _leaf_paths(msg.fields, t)
+               or t.rule == "count"]
+    target = draw(st.sampled_from(options))
+    out = FuzzMessage(msg.command, msg.fields, msg.data, tags=(target.rule,))
+    if target.rule == "size":
+        out.size = draw(st.sampled_from(size_claims(payload, len(wire) - 9)))
+        out.broken = f"size: header claims {out.size} bytes"
+        return out
+    if target.rule == "truncation":
+        out.cut = draw(st.integers(1, len(wire) - 1)) if len(wire) > 1 else 0
+        out.broken = f"truncation: cut after {out.cut} of {len(wire)} bytes"
+        return out
+    if target.rule == "count":
+        name = target.path
+        real = len(msg.fields[{f.count: f.name for f in payload_fields(payload.schema)
+                               if isinstance(f.count, str)}[name]])
+        lie = draw(st.sampled_from(sorted({real + 1, max(0, real - 1), 0, 0xFFFFFFFF, 1 << 31} - {real})))
+        out.patch = (count_offset(payload, msg.fields, name), struct.pack("<I", lie))
+        out.broken = f"count: {name} = {lie} for {real}"
+        return out
+    parts = draw(st.sampled_from(_leaf_paths(msg.fields, target)))
+    leaf = target.path.rsplit(".", 1)[-1]
+    current = _get(msg.fields, parts)
+    fmt = target.fmt
+    if target.rule == "bound":
+        cands = _bound_values(scope, msg.fields, parts, leaf, current, fmt)
+    elif target.rule == "id":
+        cands = _id_values(scope, leaf, current, fmt, msg.fields)
+    elif target.rule == "type":
+        cands = _type_values(leaf)
+    else:
+        cands = _flag_values(leaf, current)
+    lo, hi = int_range(fmt)
+    cands = [c for c in cands if lo <= c <= hi and c != current] or [hi if current != hi else lo]
+    value = draw(st.sampled_from(cands))
+    new_fields = _set(msg.fields, parts, value)
+    if target.rule == "type" and leaf == "op":
+        # An op only runs when its node is computed: keep the COMPUTE flag on the broken node.
+        tparts = parts[:-1]
+        node = _get(new_fields, tparts)
+        if isinstance(node, dict) and "flags" in node:
+            new_fields = _set(new_fields, [*tparts, "flags"], int(node["flags"]) | int(TensorFlag.COMPUTE))
+    out.fields = new_fields
+    out.broken = f"{target.rule}: {'.'.join(parts)} = {value:#x}" if value >= 0 else \
+        f"{target.rule}: {'.'.join(parts)} = {value}"
+    return out

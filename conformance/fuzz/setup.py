@@ -1,0 +1,70 @@
+"""Building a campaign: for the embedded reference server, or for any server after learning its facts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ggml_rpc.conformance.client import ConnectionClosed, RpcClient
+from ggml_rpc.conformance.harness import Target
+from ggml_rpc.reference.devices import DeviceConfig
+from ggml_rpc.reference.server import Server
+from ggml_rpc.spec import HandshakeError, Protocol, ProtocolError
+
+from .campaign import Campaign, Options
+from .targets import FUZZ_DEVICE_MEMORY, EmbeddedFuzzTarget, fuzz_config
+
+
+class SetupError(Exception):
+    """The target cannot be fuzzed (unreachable, not a ggml RPC server, a version the kit does not cover)."""
+
+
+@dataclass(frozen=True)
+class TargetFacts:
+    """What the model needs to know about a server it judges."""
+
+    protocol: Protocol
+    devices: int
+    alignment: int
+    max_size: int
+
+
+def learn_target(host: str, port: int, *, timeout: float = 5.0, protocol: Protocol | None = None) -> TargetFacts:
+    """HELLO (version), DEVICE_COUNT, GET_ALIGNMENT and GET_MAX_SIZE of device 0."""
+    try:
+        with RpcClient.connect(host, port, timeout=timeout, protocol=protocol) as c:
+            if protocol is not None and c.server_version is not None and c.server_version[0] != protocol.major:
+                v = ".".join(map(str, c.server_version))
+                raise SetupError(f"the server announces protocol {v}, not {protocol.label} as --proto says")
+            assert c.protocol is not None
+            devices = c.device_count()
+            alignment = c.get_alignment(0) if devices else 32
+            max_size = c.get_max_size(0) if devices else 0
+            return TargetFacts(c.protocol, devices, alignment, max_size)
+    except HandshakeError as exc:
+        raise SetupError(f"{host}:{port}: {exc}") from None
+    except (OSError, ConnectionClosed, ProtocolError) as exc:
+        raise SetupError(f"cannot talk to {host}:{port}: {exc}") from None
+
+
+def embedded_campaign(protocol: Protocol, options: Options, *, server_cls: type[Server] = Server,
+                      devices: int = 1, **hooks: Callable[..., Any]) -> Campaign:
+    """A campaign against a reference server (or a subclass) started here; call ``target.start()`` first."""
+    config = fuzz_config(protocol, devices=devices)
+    target = EmbeddedFuzzTarget(config, server_cls)
+    options = replace(options, exact=True)
+    return Campaign(target, protocol, config, options, devices=devices, alignment=config.device.alignment,
+                    **hooks)
+
+
+def target_campaign(target: Target, options: Options, *, protocol: Protocol | None = None,
+                    **hooks: Callable[..., Any]) -> Campaign:
+    """A campaign against a started external or spawned target; the model takes the facts it announces."""
+    facts = learn_target(target.host, target.port, timeout=options.timeout, protocol=protocol)
+    if facts.devices < 1:
+        raise SetupError("the server reports no device")
+    device = DeviceConfig(memory=FUZZ_DEVICE_MEMORY, alignment=facts.alignment, max_size=facts.max_size)
+    config = replace(fuzz_config(facts.protocol, devices=facts.devices), device=device)
+    return Campaign(target, facts.protocol, config, options, devices=facts.devices, alignment=facts.alignment,
+                    **hooks)

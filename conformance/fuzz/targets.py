@@ -1,0 +1,122 @@
+"""Fuzz targets: the harness's external and spawned servers, and an embedded reference server that can restart.
+
+The embedded target takes a server class, so tests can fuzz a deliberately broken variant of the reference.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import signal
+import tempfile
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from ggml_rpc.conformance.harness import Target, TargetError
+from ggml_rpc.reference.connection import ServerConfig
+from ggml_rpc.reference.server import Server, make_config
+from ggml_rpc.spec import DEFAULT_HOST, Protocol
+
+#: Device memory of the embedded target and of the model: small, so a fuzzed BUFFER_CLEAR stays cheap.
+FUZZ_DEVICE_MEMORY = 64 << 20
+
+
+def fuzz_config(protocol: Protocol, *, devices: int = 1, mem: int = FUZZ_DEVICE_MEMORY) -> ServerConfig:
+    """The configuration of the embedded target and of the model that judges it."""
+    return make_config(protocol, devices=devices, mem=mem)
+
+
+def _serve(server_cls: type[Server], config: ServerConfig, host: str, conn: Connection) -> None:
+    """Child process: listen, say on which port, serve until terminated."""
+    logging.disable(logging.CRITICAL)
+    server = server_cls(config, host, 0)
+    conn.send(server.port)
+    conn.close()
+    server.serve_forever()
+
+
+class EmbeddedFuzzTarget(Target):
+    """A reference server (or a subclass of it) in a child process, with its own hash cache directory.
+
+    A process of its own keeps the target off the fuzzer's interpreter lock (two busy threads of one process
+    hand the lock over only every few milliseconds) and makes a crash a real process death.  ``restart`` starts
+    a fresh one (on a new port), as a process supervisor would.
+    """
+
+    can_restart = True
+
+    def __init__(self, config: ServerConfig, server_cls: type[Server] = Server, *, cache: bool = True,
+                 host: str = DEFAULT_HOST) -> None:
+        self.config = config
+        self.server_cls = server_cls
+        self.host = host
+        self.use_cache = cache
+        self.proc: multiprocessing.process.BaseProcess | None = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self.restarts = 0
+        self.description = f"embedded reference server, protocol {config.protocol.label}"
+        if server_cls is not Server:
+            self.description += f" ({server_cls.__name__})"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def cache_dir(self) -> Path | None:
+        return Path(self._tmp.name) if self._tmp is not None else None
+
+    def start(self) -> None:
+        config = self.config
+        if self.use_cache:
+            self._tmp = tempfile.TemporaryDirectory(prefix="ggml-rpc-fuzz-target-cache-")
+            config = replace(config, cache_dir=self._tmp.name)
+        ctx = multiprocessing.get_context("fork")
+        parent, child = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(target=_serve, args=(self.server_cls, config, self.host, child),
+                                name="ggml-rpc-fuzz-target", daemon=True)
+        self.proc.start()
+        child.close()
+        if not parent.poll(20):
+            self.stop()
+            raise TargetError("the embedded server did not start")
+        self.port = parent.recv()
+        parent.close()
+
+    def death_info(self) -> dict[str, Any] | None:
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.is_alive():
+            return {"status": "still running but not answering", "log_tail": []}
+        code = proc.exitcode
+        if code is not None and code < 0:
+            try:
+                status = f"killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                status = f"killed by signal {-code}"
+        else:
+            status = f"exited with code {code}"
+        return {"status": status, "exit_code": code, "log_tail": []}
+
+    def stop(self) -> None:
+        proc = self.proc
+        if proc is not None:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(5)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(5)
+            proc.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.restarts += 1
+        self.start()

@@ -1,0 +1,125 @@
+"""The fuzzer's side of a connection to the server under test: send whole messages, read what comes back.
+
+Every read has a deadline, so a server that neither answers nor closes is seen as a hang rather than waited for.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import time
+from dataclasses import dataclass
+
+
+class Refused(Exception):
+    """The server does not accept connections any more."""
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """What the server did within the deadline: ``data`` it sent, and whether it ``closed`` (EOF or reset)."""
+
+    data: bytes
+    closed: bool
+    timed_out: bool
+
+
+class TargetConnection:
+    """A TCP connection to the target, with bounded reads."""
+
+    def __init__(self, host: str, port: int, *, timeout: float) -> None:
+        self.timeout = timeout
+        try:
+            self.sock = socket.create_connection((host, port), timeout=timeout)
+        except ConnectionRefusedError as exc:
+            raise Refused(f"connection refused by {host}:{port}") from exc
+        except OSError as exc:
+            raise Refused(f"cannot connect to {host}:{port}: {exc}") from exc
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.setblocking(False)
+        self.closed = False
+
+    def send(self, data: bytes | bytearray | memoryview) -> bool:
+        """Send everything; False when the server has already closed (reset / broken pipe)."""
+        view = memoryview(data).cast("B")
+        deadline = time.monotonic() + self.timeout
+        while view.nbytes:
+            try:
+                n = self.sock.send(view)
+                view = view[n:]
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                select.select([], [self.sock], [], left)
+            except OSError:
+                return False
+        return True
+
+    def shutdown_write(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def read(self, n: int) -> Received:
+        """Up to exactly ``n`` bytes, stopping early at EOF/reset or after the timeout."""
+        out = bytearray()
+        deadline = time.monotonic() + self.timeout
+        while len(out) < n:
+            try:
+                chunk = self.sock.recv(n - len(out))
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return Received(bytes(out), False, True)
+                select.select([self.sock], [], [], left)
+                continue
+            except OSError:
+                return Received(bytes(out), True, False)
+            if not chunk:
+                return Received(bytes(out), True, False)
+            out += chunk
+        return Received(bytes(out), False, False)
+
+    def pending(self) -> Received:
+        """Bytes that already arrived (no waiting); ``closed`` if the server already closed."""
+        out = bytearray()
+        while True:
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except BlockingIOError:
+                return Received(bytes(out), False, False)
+            except OSError:
+                return Received(bytes(out), True, False)
+            if not chunk:
+                return Received(bytes(out), True, False)
+            out += chunk
+
+    def until_closed(self, limit: int = 1 << 16) -> Received:
+        """Wait for the server to close; anything it sends first is returned (at most ``limit`` bytes)."""
+        out = bytearray()
+        deadline = time.monotonic() + self.timeout
+        while len(out) < limit:
+            try:
+                chunk = self.sock.recv(limit - len(out))
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return Received(bytes(out), False, True)
+                select.select([self.sock], [], [], left)
+                continue
+            except OSError:
+                return Received(bytes(out), True, False)
+            if not chunk:
+                return Received(bytes(out), True, False)
+            out += chunk
+        return Received(bytes(out), False, False)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            try:
+                self.sock.close()
+            except OSError:
+                pass
