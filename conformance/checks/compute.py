@@ -37,10 +37,14 @@ F32, F16, I32, Q8_0 = int(GgmlType.F32), int(GgmlType.F16), int(GgmlType.I32), i
 _DTYPES = {F32: np.dtype("<f4"), F16: np.dtype("<f2"), I32: np.dtype("<i4")}
 _ALIGN = 64
 
-#: NMSE limits: exact-ish f32 element-wise math, reductions and transcendental approximations, f16 storage.
+#: NMSE limits.  llama.cpp's backend tests use 1e-7 by default, 5e-4 for MUL_MAT and 1e-4 for ROPE; transcendental
+#: functions, norms and soft_max get 1e-5 here because ggml's CPU kernels use approximations (an f16 GELU table,
+#: vectorised exp) that a numpy reference does not reproduce bit for bit.
 NMSE_EXACT = 1e-7
 NMSE_MATH = 1e-5
 NMSE_MATMUL = 5e-4
+#: llama.cpp's backend tests allow ROPE 1e-4 (angles are float32 recurrences).
+NMSE_ROPE = 1e-4
 
 
 def op_params(*values: float | int) -> list[int]:
@@ -253,7 +257,7 @@ def rope(ctx: Context) -> str:
     for mode in (0, 2):
         params = op_params(0, 16, mode, 0, 4096, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
         outs.append(g.op(GgmlOp.ROPE, [x, pos], (16, 2, 3), params=params))
-    return g.compare(outs, NMSE_MATH, "rope")
+    return g.compare(outs, NMSE_ROPE, "rope")
 
 
 @_check("COMPUTE-008", "GET_ROWS gathers the indexed rows", CO, section=Command.GRAPH_COMPUTE)
