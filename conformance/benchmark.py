@@ -229,7 +229,7 @@ def machine() -> dict[str, Any]:
 
 def record(
     targets: Sequence[dict[str, Any]], server: Sequence[FigureResult], kit: Sequence[FigureResult], *, quick: bool,
-    repeat: int, started: float, seconds: float, command: str,
+    repeat: int, started: float, seconds: float, command: str, bulk_comparisons: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """The JSON document ``--json`` writes (shape documented in BENCHMARKS.md)."""
     return {
@@ -243,6 +243,7 @@ def record(
         "targets": list(targets),
         "server_figures": [f.as_dict() for f in server],
         "kit_figures": [f.as_dict() for f in kit],
+        "bulk_comparisons": list(bulk_comparisons),
     }
 
 

@@ -174,24 +174,10 @@ def run(args: argparse.Namespace) -> int:
             _probe(t)
         header(console, targets, plan_text(plan, repeat, args))
         measurements = _server_measurements(plan)
-        files: SessionFiles | None = None
         kit: list[Measurement] = []
         if not args.no_kit:
-            proto = targets[0].protocol
-            assert proto is not None
-            with console.status(f"writing the kit's {size_label(plan.session_bytes)} session as a pcap"):
-                files = SessionFiles(proto, plan.session_bytes, plan.session_chunk)
-            stack.callback(files.close)
-            label = f"{size_label(files.session.data_bytes)} session"
-            graph_goal = GOAL_GRAPH_DECODE if plan.graph_tensors == 10_000 else None
-            kit = [PcapWrite(files, GOAL_PCAP_WRITE), GraphDecode(proto, plan.graph_tensors, graph_goal)]
-            if args.capture is not None:
-                # The replay goal is set for a session of bulk data; a real session also computes: no goal.
-                measurements.append(Replay(_load_capture(args.capture), args.capture.name))
-                kit.append(PcapDecode(args.capture, args.capture.name, GOAL_DECODE))
-            else:
-                measurements.append(Replay(files, label, GOAL_REPLAY))
-                kit.append(PcapDecode(files.pcap, label, GOAL_DECODE))
+            replay, kit = _kit_measurements(args, plan, targets[0], console, stack)
+            measurements.append(replay)
         names = [t.name for t in targets]
         total = sum(steps_of(repeat, len(targets)) for _ in measurements) + sum(steps_of(repeat, 1) for _ in kit)
         server_results: list[FigureResult] = []
@@ -202,29 +188,57 @@ def run(args: argparse.Namespace) -> int:
             for m in kit:
                 kit_results.append(run_measurement(m, [None], ["kit"], repeat, progress.update))
         seconds = time.perf_counter() - t0
-        console.print(figures_table("Servers", server_results, names))
-        if kit_results:
-            console.print(figures_table("Kit", kit_results, ["kit"]))
         comparisons = bulk_comparisons(server_results, names, plan)
-        for c in comparisons:
-            style = "green" if c["met"] else "red"
-            console.print(f"reference at [{style}]{c['reference_vs_target']:.2f}x[/{style}] of {c['target']} on "
-                          f"{c['label']} (goal >= {BULK_RATIO_GOAL}x)")
-        failed = [(f.figure.label, r.target, r.error) for f in (*server_results, *kit_results) for r in f.results
-                  if r.error]
-        for label, target, error in failed:
-            console.print(f"[red]error[/red] {label} on {target}: {error}")
+        failed = _print_results(console, server_results, kit_results, names, comparisons)
         console.print(f"{len(server_results) + len(kit_results)} figures, {repeat} samples each, "
                       f"{seconds:.1f} s", style="dim")
         if args.json:
             doc = record([t.as_dict() for t in targets], server_results, kit_results, quick=args.quick,
-                         repeat=repeat, started=started, seconds=seconds, command=command_line(args))
-            doc["bulk_comparisons"] = comparisons
+                         repeat=repeat, started=started, seconds=seconds, command=command_line(args),
+                         bulk_comparisons=comparisons)
             try:
                 write_json(args.json, doc)
             except OSError as exc:
                 raise UsageError(f"cannot write {args.json}: {exc.strerror or exc}") from None
     return 1 if failed else 0
+
+
+def _kit_measurements(
+    args: argparse.Namespace, plan: Plan, first: BenchTarget, console: Console, stack: contextlib.ExitStack
+) -> tuple[Measurement, list[Measurement]]:
+    """The replay figure (taken on every server) and the kit's own figures, on the generated session."""
+    proto = first.protocol
+    assert proto is not None  # learnt by the probe
+    with console.status(f"writing the kit's {size_label(plan.session_bytes)} session as a pcap"):
+        files = SessionFiles(proto, plan.session_bytes, plan.session_chunk)
+    stack.callback(files.close)
+    label = f"{size_label(files.session.data_bytes)} session"
+    graph_goal = GOAL_GRAPH_DECODE if plan.graph_tensors == 10_000 else None
+    kit: list[Measurement] = [PcapWrite(files, GOAL_PCAP_WRITE), GraphDecode(proto, plan.graph_tensors, graph_goal)]
+    if args.capture is None:
+        kit.append(PcapDecode(files.pcap, label, GOAL_DECODE))
+        return Replay(files, label, GOAL_REPLAY), kit
+    kit.append(PcapDecode(args.capture, args.capture.name, GOAL_DECODE))
+    # The replay goal is set for a session of bulk data; a real session also computes: no goal.
+    return Replay(_load_capture(args.capture), args.capture.name), kit
+
+
+def _print_results(
+    console: Console, server: Sequence[FigureResult], kit: Sequence[FigureResult], names: Sequence[str],
+    comparisons: Sequence[dict],
+) -> list[tuple[str, str, str]]:
+    """The tables, the bulk comparisons and the errors; returns the errors as (figure, target, error)."""
+    console.print(figures_table("Servers", server, names))
+    if kit:
+        console.print(figures_table("Kit", kit, ["kit"]))
+    for c in comparisons:
+        style = "green" if c["met"] else "red"
+        console.print(f"reference at [{style}]{c['reference_vs_target']:.2f}x[/{style}] of {c['target']} on "
+                      f"{c['label']} (goal >= {BULK_RATIO_GOAL}x)")
+    failed = [(f.figure.label, r.target, r.error) for f in (*server, *kit) for r in f.results if r.error]
+    for label, target, error in failed:
+        console.print(f"[red]error[/red] {label} on {target}: {error}")
+    return failed
 
 
 def bulk_comparisons(results: Sequence[FigureResult], names: Sequence[str], plan: Plan) -> list[dict]:
