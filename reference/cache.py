@@ -42,6 +42,10 @@ class HashCache:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
+        # Saves under way (payload still arriving or being written): a miss waits for them, briefly, so that a
+        # client that uploads on one connection and asks on the next finds its entry on a --concurrent server too.
+        self._saving = 0
+        self._idle = threading.Condition(self._lock)
         # name -> size, least recently used first.
         self._entries: OrderedDict[str, int] = OrderedDict()
         self._scan()
@@ -68,6 +72,26 @@ class HashCache:
 
     def path_for(self, digest: int) -> Path:
         return self.directory / cache_file_name(digest)
+
+    # ---- saves in progress ------------------------------------------------------------------------------------
+
+    def begin_save(self) -> None:
+        with self._idle:
+            self._saving += 1
+
+    def end_save(self) -> None:
+        with self._idle:
+            self._saving -= 1
+            if not self._saving:
+                self._idle.notify_all()
+
+    def wait_for_saves(self, timeout: float) -> bool:
+        """Wait until no save is under way (at most ``timeout`` seconds); True if there was one to wait for."""
+        with self._idle:
+            if not self._saving:
+                return False
+            self._idle.wait_for(lambda: not self._saving, timeout)
+            return True
 
     # ---- lookup ----------------------------------------------------------------------------------------------
 

@@ -46,6 +46,8 @@ log = logging.getLogger("ggml_rpc.reference")
 DEFAULT_MAX_GRAPH_BYTES = 256 << 20
 _GRAPH_CHUNK = 1 << 20
 _SIZE_LIMIT = 1 << 63  # upstream: a length error it does not catch (process abort)
+#: Longest a SET_TENSOR_HASH miss waits for saves under way on other connections (--concurrent only).
+_SAVE_WAIT = 5.0
 
 
 @dataclass(frozen=True)
@@ -354,14 +356,23 @@ class Connection:
         region = self._region(t, f["offset"], n, "SET_TENSOR")
         if n == 0:
             return
-        self._read_into(region)
         rule = self.protocol.cache_rule
-        if self.cache is not None and rule.server_saves(n, f.get(rule.flag_field or "", 0)):
-            self.cache.save(region)
+        cache = self.cache
+        if cache is None or not rule.server_saves(n, f.get(rule.flag_field or "", 0)):
+            self._read_into(region)
+            return
+        cache.begin_save()
+        try:
+            self._read_into(region)
+            cache.save(region)
+        finally:
+            cache.end_save()
 
     def _set_tensor_hash(self, f: dict[str, Any]) -> None:
         # Upstream answers a miss without looking at the tensor at all.
         n = self.cache.entry_size(f["hash"]) if self.cache is not None else None
+        if n is None and self.cache is not None and self.cache.wait_for_saves(_SAVE_WAIT):
+            n = self.cache.entry_size(f["hash"])  # another connection was saving: maybe this very entry
         if n is None:
             self._reply(Command.SET_TENSOR_HASH, {"result": 0})
             return

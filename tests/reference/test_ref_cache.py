@@ -185,3 +185,30 @@ def test_hash_miss_with_a_cache_does_not_validate_the_tensor(tmp_path) -> None:
         garbage = make_tensor(id=1) | {"type": 250, "buffer": 0x77, "data": 2**64 - 1}
         assert c.set_tensor_hash(garbage, 2**64 - 1, 0xFEED) is False
         assert c.device_count() == 1
+
+
+def test_a_miss_waits_for_a_save_under_way_on_another_connection(tmp_path) -> None:
+    import threading
+    import time
+
+    from ggml_rpc.spec import request_parts
+
+    data = payload(64 * 1024, 15)
+    digest = fnv1a64(data)
+    with running_server("7", cache_dir=str(tmp_path), concurrent=True) as srv:
+        with connect(srv) as uploader, connect(srv) as asker:
+            t1, _h, _b = tensor_in(uploader, len(data))
+            t2, _h2, _b2 = tensor_in(asker, len(data))
+            parts = request_parts(uploader.protocol, Command.SET_TENSOR, {"tensor": t1, "offset": 0, "cache_flag": 1},
+                                  data)
+            uploader.send_raw([*parts[:-1], data[:1000]])  # the upload is under way...
+            time.sleep(0.2)
+            answer = {}
+            asking = threading.Thread(target=lambda: answer.setdefault("hit", asker.set_tensor_hash(t2, 0, digest)))
+            asking.start()
+            time.sleep(0.2)
+            assert asking.is_alive()  # ...so the miss waits for it
+            uploader.send_raw(data[1000:])
+            asking.join(10)
+            assert answer == {"hit": True}
+            assert bytes(asker.get_tensor(t2, 0, len(data))) == data
