@@ -3,6 +3,12 @@
 ``CATALOGUE`` is what ``ggml-rpc check --list`` prints; ``by_id`` finds one check.  The checks live in one module
 per category and register themselves when imported.  Imports are absolute so that a test runner importing this
 folder under another name (pytest's rootdir-based names) still shares one registry.
+
+Adding a check: write a function taking a :class:`~ggml_rpc.conformance.harness.Context` in the module of its
+category and declare it with ``@check("ID", "title", Category.X, section=..., majors=..., level=...)`` (from
+``_support``); it passes by returning (optionally a note), fails by raising ``fail(...)`` with evidence, skips with
+``Skipped`` and declines with ``Unsupported``.  Then give it a breaker in ``tests/conformance/breakers.py`` (a
+server broken in exactly that rule): the test suite refuses a check that cannot fail.
 """
 
 from __future__ import annotations
