@@ -125,47 +125,48 @@ class CacheFlagTracker:
         return Violation("CACHE-FLAG", self.connection, index, "client->server", "SET_TENSOR", message)
 
 
-def other_framing(protocol: Protocol, payload: memoryview) -> Protocol | None:
-    """The covered version whose SET_TENSOR layout fits this payload when ``protocol``'s does not."""
-    mine = protocol.commands[Command.SET_TENSOR].request
-    for other in PROTOCOLS:
-        theirs = other.commands[Command.SET_TENSOR].request
-        if theirs.schema is mine.schema or payload.nbytes < theirs.header_size:
-            continue
-        layout = flat_layout(theirs.schema)
-        fields = layout.unpack(payload)
-        try:
-            nbytes = tensor_nbytes(fields["tensor"])
-        except (KeyError, ValueError):
-            continue
-        if fields["offset"] + payload.nbytes - layout.size <= nbytes:
-            return other
-    return None
-
-
-def _exact_fit(protocol: Protocol, payload: memoryview) -> int | None:
-    """How far a SET_TENSOR payload read in ``protocol``'s layout ends before its tensor's end (None: unreadable)."""
+def _fit(protocol: Protocol, head: memoryview, size: int) -> int | None:
+    """How far a SET_TENSOR of ``size`` payload bytes, read in ``protocol``'s layout, ends before its tensor's end
+    (negative: past it; None: unreadable).  ``head`` holds at least the layout's header."""
     req = protocol.commands[Command.SET_TENSOR].request
-    if payload.nbytes < req.header_size:
+    if size < req.header_size or head.nbytes < req.header_size:
         return None
     layout = flat_layout(req.schema)
-    fields = layout.unpack(payload)
+    fields = layout.unpack(head[: layout.size])
     try:
         nbytes = tensor_nbytes(fields["tensor"])
     except (KeyError, ValueError):
         return None
-    return nbytes - (fields["offset"] + payload.nbytes - layout.size)
+    return nbytes - (fields["offset"] + size - layout.size)
 
 
-def shifted_framing(protocol: Protocol, payload: memoryview) -> Protocol | None:
+def _others(protocol: Protocol) -> list[Protocol]:
+    mine = protocol.commands[Command.SET_TENSOR].request.schema
+    return [p for p in PROTOCOLS if p.commands[Command.SET_TENSOR].request.schema is not mine]
+
+
+def other_framing(protocol: Protocol, head: memoryview, size: int | None = None) -> Protocol | None:
+    """The covered version whose SET_TENSOR layout fits this payload when ``protocol``'s does not.
+
+    ``head`` is the payload or its first bytes (at least the largest header); ``size`` the whole payload's length
+    (default: ``head``'s), so bulk data need not be at hand.
+    """
+    size = head.nbytes if size is None else size
+    for other in _others(protocol):
+        fit = _fit(other, head, size)
+        if fit is not None and fit >= 0:
+            return other
+    return None
+
+
+def shifted_framing(protocol: Protocol, head: memoryview, size: int | None = None) -> Protocol | None:
     """A SET_TENSOR that fits ``protocol``'s layout only one byte short of its tensor's end while another version's
     layout fills the tensor exactly: the silent mis-framing (a v6 payload whose first data byte is 0 read as v7)."""
-    if _exact_fit(protocol, payload) != 1:
+    size = head.nbytes if size is None else size
+    if _fit(protocol, head, size) != 1:
         return None
-    for other in PROTOCOLS:
-        if other.commands[Command.SET_TENSOR].request.schema is protocol.commands[Command.SET_TENSOR].request.schema:
-            continue
-        if _exact_fit(other, payload) == 0:
+    for other in _others(protocol):
+        if _fit(other, head, size) == 0:
             return other
     return None
 

@@ -46,6 +46,7 @@ from ggml_rpc.spec import (
 )
 from ggml_rpc.spec.codec import REPLY_HEADER, REQUEST_HEADER
 from ggml_rpc.spec.messages import Shape
+from ggml_rpc.spec.versions import PROTOCOLS
 
 from .lint import CacheFlagTracker, Violation, other_framing, shifted_framing
 from .pcapwrite import PcapWriter, TcpFlow
@@ -59,6 +60,7 @@ MAX_CHECKED_PAYLOAD = 256 << 20
 #: Bulk runs at least this long are spliced (when no pcap needs the bytes).
 SPLICE_MIN = 256 << 10
 _PIPE_SIZE = 1 << 20
+_LONGEST_HEADER = max(p.commands[Command.SET_TENSOR].request.header_size for p in PROTOCOLS)
 
 
 def _splice_pipe() -> tuple[int, int] | None:
@@ -200,7 +202,8 @@ class _Checker:
         self._rq_flagged = None
         self._rq_left = size
         if req.shape is Shape.HEADER_DATA:
-            self._rq_fixed = min(req.header_size, size)
+            # The longest SET_TENSOR header of any version: enough to tell one version's framing from another's.
+            self._rq_fixed = min(_LONGEST_HEADER, size)
         elif size <= MAX_CHECKED_PAYLOAD:
             self._rq_fixed = size
         else:
@@ -248,7 +251,7 @@ class _Checker:
         header = spec.request.header_size if spec.request.shape is Shape.HEADER_DATA else size
         req = Request(command, fields, None, size, 0, index, memoryview(self._rq_body))
         if command is Command.SET_TENSOR:
-            found = self._check_set_tensor(fields, size - header)
+            found = self._check_set_tensor(fields, size - header, size)
             if found is not None:
                 rule, msg = found
                 self._violation(rule, index, True, command.name, msg)
@@ -270,7 +273,7 @@ class _Checker:
             if v is not None:
                 self.report(v)
 
-    def _check_set_tensor(self, f: dict[str, Any], n: int) -> tuple[str, str] | None:
+    def _check_set_tensor(self, f: dict[str, Any], n: int, total: int) -> tuple[str, str] | None:
         """Content and framing rules of a SET_TENSOR whose data streamed through (only its size is known)."""
         try:
             nbytes = tensor_nbytes(f["tensor"])
@@ -278,15 +281,15 @@ class _Checker:
             return "REQUEST", f"tensor: {exc}"
         if self.protocol is None or not n:
             return None
-        probe = memoryview(bytes(self._rq_body) + bytes(n))  # header + placeholder data: only sizes matter here
+        head = memoryview(bytes(self._rq_body))  # only the header: the data streamed through, its size is enough
         if f["offset"] + n > nbytes:
             msg = f"region offset {f['offset']} + {n} bytes runs past the tensor's {nbytes} bytes"
-            other = other_framing(self.protocol, probe)
+            other = other_framing(self.protocol, head, total)
             if other is not None:
                 return "FRAMING", f"{msg}; it fits the {other.label} layout"
             return "REQUEST", msg
         if f["offset"] + n == nbytes - 1:
-            other = shifted_framing(self.protocol, probe)
+            other = shifted_framing(self.protocol, head, total)
             if other is not None:
                 return "FRAMING", (f"ends one byte short of its tensor in the {self.protocol.label} layout and "
                                    f"fills it exactly in the {other.label} one: probably {other.label} framing")

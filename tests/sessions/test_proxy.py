@@ -103,3 +103,24 @@ def test_cli_usage_errors():
     assert main(["proxy", "--upstream", "nonsense"]) == 2
     assert main(["pcap", "record", "--scenario", "inference"]) == 2
     assert main(["pcap", "record", "--scenario", "cache-flag-abuse", "--proto", "6", "-o", "/tmp/x.pcap"]) == 2
+
+
+@pytest.mark.parametrize(("server_proto", "client_layout"), [("7", "6"), ("6", "7")])
+def test_live_check_names_the_other_versions_framing(server_proto, client_layout):
+    """A SET_TENSOR in the other version's layout is reported as FRAMING before the server sees it."""
+    from ggml_rpc.spec import Command, encode_request, parse_version_option
+
+    layout = parse_version_option(client_layout)
+    data = bytes(range(1, 256)) * 4  # first byte non-zero: the v6-on-v7 shift runs past the tensor
+    seen = []
+    with running_server(server_proto) as srv, running_proxy(srv.address, check=True, on_violation=seen.append) as px:
+        with RpcClient.connect(px.host, px.port) as c:
+            handle, _ = c.alloc_buffer(0, 4096)
+            t = make_tensor(id=1, type=24, ne=(len(data),), buffer=handle, data=c.buffer_get_base(handle))
+            fields = {"tensor": t, "offset": 0}
+            if layout.cache_rule.flag_field:
+                fields["cache_flag"] = 0
+            c.send_raw(encode_request(layout, Command.SET_TENSOR, fields, data))
+            c.expect_closed(2.0)
+    assert [v.rule for v in seen] == ["FRAMING"]
+    assert layout.label in seen[0].message
