@@ -299,3 +299,18 @@ def get_empty(ctx: Context) -> None:
     got = buf.client.get_tensor(buf.tensor(0, 16), 0, 0)
     if got:
         raise fail("GET_TENSOR of 0 bytes returned data", expected="(no bytes)", got=hexdump(got))
+
+
+@_check("DATA-029", "an ALLOC_BUFFER the device cannot satisfy answers remote_ptr 0 and keeps the connection", DA,
+        section=C.ALLOC_BUFFER)
+def alloc_too_big(ctx: Context) -> None:
+    client = ctx.connect()
+    size = 1 << 62
+    handle, got = client.alloc_buffer(0, size)
+    ctx.note(f"ALLOC_BUFFER of {size} bytes", got=f"handle {handle:#x}, remote_size {got}")
+    if handle != 0 or got != 0:
+        raise fail("an allocation of 2^62 bytes was not refused in band", expected="remote_ptr 0, remote_size 0",
+                   got=f"remote_ptr {handle:#x}, remote_size {got}")
+    sent = request_bytes(ctx.protocol, C.ALLOC_BUFFER, {"device": 0, "size": size})
+    expect_open(ctx, client, sent, "after a refused ALLOC_BUFFER")
+

@@ -217,7 +217,11 @@ def set_tensor_outside(ctx: Context) -> None:
     def overlong(buf: Buf) -> bytes:
         return _set_tensor(ctx, buf.tensor(buf.size - 16, 16), 0, b"\x41" * 32)
 
+    def empty_at_end(buf: Buf) -> bytes:
+        return _set_tensor(ctx, buf.tensor(0, buf.size), buf.size, b"")
+
     bad_on_fresh(ctx, at_end, "SET_TENSOR at offset == buffer size")
+    bad_on_fresh(ctx, empty_at_end, "SET_TENSOR of 0 bytes at offset == buffer size")
     bad_on_fresh(ctx, overlong, "SET_TENSOR running 16 bytes past the buffer")
 
 

@@ -527,6 +527,8 @@ BREAKERS: dict[str, Callable[[], Breaker]] = {
     "DATA-027": lambda: Inject(cmd_is(C.GRAPH_RECOMPUTE), REPLY_HEADER.pack(0)),
     "DATA-028": lambda: Stateful(lambda conn, msg: Act(forward=None, answer=REPLY_HEADER.pack(1) + b"\x41")
                                  if msg.cmd == C.GET_TENSOR and msg.fields and msg.fields["size"] == 0 else None),
+    "DATA-029": lambda: close_on(lambda conn, msg: msg.cmd == C.ALLOC_BUFFER and msg.fields is not None
+                                 and msg.fields["size"] > 1 << 50),
     # cache, v7
     "CACHE-V7-001": lambda: flag_fn(lambda flag, n: flag != 0, 0),
     "CACHE-V7-002": lambda: flag_fn(lambda flag, n: flag == 0 and n > HASH_THRESHOLD, 1),
