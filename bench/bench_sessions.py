@@ -31,12 +31,14 @@ import numpy as np
 from ggml_rpc.conformance.capture import Connection
 from ggml_rpc.conformance.client import RpcClient
 from ggml_rpc.conformance.pcapwrite import PcapWriter
-from ggml_rpc.conformance.replay import LoadedCapture, Replayer
+from ggml_rpc.conformance.replay import LoadedCapture, Replayer, load_captures
 from ggml_rpc.conformance.session import DecodedConnection
 from ggml_rpc.spec import (
     V7,
     Command,
+    Reply,
     ReplyDecoder,
+    Request,
     RequestDecoder,
     encode_reply,
     hello_reply,
@@ -173,6 +175,34 @@ def bench_replay(mib: int, repeat: int) -> tuple[float, float]:
         return moved / median_of(once, repeat), moved / median_of(direct, repeat)
 
 
+def bench_replay_pcap(mib: int) -> tuple[float, float, float]:
+    """The same session written to a pcap, then read, decoded and replayed: (pcap MB, load s, replay s)."""
+    session = replay_session(mib * MIB)
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "session.pcap"
+        with PcapWriter(path) as w:
+            flow = w.flow()
+            for msg in session.messages():
+                flow.write(msg in session.requests, request_or_reply_parts(msg))
+            flow.close()
+        size = path.stat().st_size / 1e6
+        t0 = time.perf_counter()
+        captures = load_captures([path])
+        load = time.perf_counter() - t0
+        with server() as port:
+            report = Replayer(captures, "127.0.0.1", port).run()
+        if report.mismatches:
+            raise RuntimeError(report.mismatches[0].line())
+        return size, load, report.seconds
+
+
+def request_or_reply_parts(msg: Request | Reply) -> bytes:
+    """The wire bytes of one decoded message (re-encoded from its fields; bulk data joined once)."""
+    if isinstance(msg, Reply):
+        return b"".join(bytes(p) for p in reply_parts(V7, msg.command, msg.fields, msg.data))
+    return b"".join(bytes(p) for p in request_parts(V7, msg.command, msg.fields, msg.data))
+
+
 # ---- proxy overhead ------------------------------------------------------------------------------------------------
 
 
@@ -247,6 +277,10 @@ def main() -> int:
         rate, direct = bench_replay(mib, repeat)
         print(f"replay, {mib} MiB of SET_TENSOR data + 64 MiB read back: {rate:8.0f} MB/s (bar >= 300 MB/s); "
               f"the kit client alone: {direct:.0f} MB/s")
+        size, load, seconds = bench_replay_pcap(mib)
+        moved = (mib * MIB + CHUNK) / 1e6
+        print(f"replay from a {size:.0f} MB pcap: reading and decoding {load:.2f} s ({size / load:.0f} MB/s), "
+              f"replaying {seconds:.2f} s ({moved / seconds:.0f} MB/s), end to end {moved / (load + seconds):.0f} MB/s")
     if args.only in (None, "proxy"):
         mib = max(32, args.proxy_mib // scale)
         times = bench_proxy(mib, 3 if args.quick else 7)
