@@ -202,7 +202,7 @@ def test_a_miss_waits_for_a_save_under_way_on_another_connection(tmp_path) -> No
             parts = request_parts(uploader.protocol, Command.SET_TENSOR, {"tensor": t1, "offset": 0, "cache_flag": 1},
                                   data)
             uploader.send_raw([*parts[:-1], data[:1000]])  # the upload is under way...
-            time.sleep(0.2)
+            time.sleep(0.5)
             answer = {}
             asking = threading.Thread(target=lambda: answer.setdefault("hit", asker.set_tensor_hash(t2, 0, digest)))
             asking.start()
