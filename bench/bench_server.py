@@ -179,9 +179,16 @@ def synthetic_graph(n: int) -> tuple[np.ndarray, np.ndarray, dict]:
     return arr["id"][1:].copy(), arr, {0xAB: Buf}
 
 
-def bench_graph_build(n: int, repeat: int) -> float:
+def bench_graph_build(n: int, repeat: int) -> tuple[float, float]:
+    """Median wall-clock and minimum CPU seconds of rebuilding an n-node graph."""
     nodes, arr, buffers = synthetic_graph(n)
-    return statistics.median(timed(lambda: build_graph(nodes, arr, buffers), repeat))
+    wall = statistics.median(timed(lambda: build_graph(nodes, arr, buffers), repeat))
+    cpu = []
+    for _ in range(repeat):
+        t0 = time.process_time()
+        build_graph(nodes, arr, buffers)
+        cpu.append(time.process_time() - t0)
+    return wall, min(cpu)
 
 
 def bench_graph_round_trip(port: int, n: int, repeat: int) -> tuple[float, float]:
@@ -233,7 +240,8 @@ def main() -> int:
             compute, recompute = bench_graph_round_trip(port, n, repeat)
             print(f"{n}-node GRAPH_COMPUTE + read: {compute * 1e3:.2f} ms; GRAPH_RECOMPUTE + read: "
                   f"{recompute * 1e3:.2f} ms   (upstream 0.42 / 0.12 ms)")
-    print(f"build_graph of 2000 nodes (in process): {bench_graph_build(2000, 20) * 1e3:.2f} ms")
+    wall, cpu = bench_graph_build(2000, 20)
+    print(f"build_graph of 2000 nodes (in process): {wall * 1e3:.2f} ms median, {cpu * 1e3:.2f} ms CPU at best")
     return 0
 
 
