@@ -12,6 +12,8 @@ from ggml_rpc.spec import Command as C
 from ggml_rpc.spec import make_tensor
 
 ISO = Category.ISOLATION
+#: How long a second connection's HELLO may wait before the server counts as serving one connection at a time.
+SECOND_HELLO_WAIT = 2.0
 
 
 def _leftover(ctx: Context) -> tuple[int, int]:
@@ -46,7 +48,7 @@ def closed_data(ctx: Context) -> None:
 def _second_connection(ctx: Context) -> RpcClient:
     """A second live connection, or Skipped when the server serves one connection at a time."""
     try:
-        return ctx.connect(timeout=1.0)
+        return ctx.connect(timeout=SECOND_HELLO_WAIT)
     except Exception as exc:
         cause = exc.__cause__ if exc.__cause__ is not None else exc
         if isinstance(cause, (TimeoutError, socket.timeout, ConnectionClosed)) or "timed out" in str(exc):
