@@ -212,3 +212,18 @@ def test_a_miss_waits_for_a_save_under_way_on_another_connection(tmp_path) -> No
             asking.join(10)
             assert answer == {"hit": True}
             assert bytes(asker.get_tensor(t2, 0, len(data))) == data
+
+
+def test_an_existing_entry_is_not_rewritten_but_a_damaged_one_is_replaced(tmp_path, monkeypatch) -> None:
+    writes = []
+    real_write = os.write
+    monkeypatch.setattr(cache_mod, "_write", lambda fd, data: writes.append(len(data)) or real_write(fd, data))
+    cache = HashCache(tmp_path)
+    data = payload(4096, 16)
+    digest = fnv1a64(data)
+    assert cache.save(data) == digest and writes == [4096]
+    assert cache.save(data) == digest and writes == [4096]  # v6 re-uploads: no second write
+    (tmp_path / cache_file_name(digest)).write_bytes(b"x" * 4096)  # damaged behind the cache's back
+    assert cache.load(digest, 4096) is None and not (tmp_path / cache_file_name(digest)).exists()
+    assert cache.save(data) == digest and writes == [4096, 4096]
+    assert bytes(cache.load(digest, 4096)) == data
