@@ -312,3 +312,15 @@ def test_spec_links_point_at_anchors_of_the_generated_reference() -> None:
     for c in CATALOGUE:
         for proto in (V6, V7, None):
             assert c.spec_link(proto).split("#", 1)[1] in anchors, (c.id, c.spec_link(proto))
+
+
+def test_spawned_serve_process_passes_strict_with_white_box_cache(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    serve = f"{shlex.quote(sys.executable)} -m ggml_rpc.conformance.cli serve --port {{port}} --proto 6 " \
+            f"--cache-dir {shlex.quote(str(cache))}"
+    code, report = run_check(["--spawn", serve, "--cache-dir", str(cache), "--strict"], tmp_path)
+    assert code == 0, report["summary"]
+    assert report["server"]["verdict"] == "speaks 6.0"
+    assert by_id(report)["CACHE-V6-005"]["outcome"] == "pass"
+    assert report["summary"]["not run"] == 0
