@@ -156,3 +156,24 @@ def test_a_client_stream_that_breaks_the_spec_must_make_the_server_close(tmp_pat
     with running_server("7") as srv:
         report = replay([path], srv.host, srv.port, as_protocol=V7)
     assert report.mismatches == [] and report.compared["close"] == 1
+
+
+def test_a_hit_the_target_cannot_have_and_no_capture_can_supply_is_a_mismatch_with_the_reason(tmp_path):
+    t = make_tensor(id=1, ne=(4,), buffer=0x55, data=0x1000, name="w")
+    writes = [*_session(bytes(range(16)))[:6],
+              (True, encode_request(V7, Command.SET_TENSOR_HASH, {"tensor": t, "offset": 0, "hash": 0x1234})),
+              (False, encode_reply(V7, Command.SET_TENSOR_HASH, {"result": 1}))]
+    path = tmp_path / "warm.pcap"
+    write_session(path, [writes])
+    with running_server("7", cache_dir=str(tmp_path / "c")) as srv:
+        report = replay([path], srv.host, srv.port)
+    (m,) = report.mismatches
+    assert m.command == "SET_TENSOR_HASH" and m.index == 3
+    assert "no loaded capture holds data with that hash" in m.got
+
+
+def test_reads_of_regions_written_after_a_graph_stay_exact(real_captures, tmp_path):
+    with running_server("7", cache_dir=str(tmp_path)) as srv:
+        report = replay([real_captures / "v7-v7-test-backend-ops.pcap"], srv.host, srv.port, until_compute=False)
+    assert report.mismatches == []
+    assert report.compared["exact"] > 100 and report.compared["computed"] > 100
