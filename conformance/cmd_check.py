@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--timeout must be positive")
     proto = _protocol(args.proto)
     target = _target(args, proto)
-    runner = Runner(target, expect=proto, timeout=args.timeout)
+    runner = Runner(target, expect=proto, timeout=args.timeout, probe_timeout=args.timeout)
     try:
         runner.start()
     except TargetError as exc:

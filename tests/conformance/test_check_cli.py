@@ -324,3 +324,35 @@ def test_spawned_serve_process_passes_strict_with_white_box_cache(tmp_path: Path
     assert report["server"]["verdict"] == "speaks 6.0"
     assert by_id(report)["CACHE-V6-005"]["outcome"] == "pass"
     assert report["summary"]["not run"] == 0
+
+
+@pytest.mark.parametrize(("answer", "message"), [(None, "timed out"), (b"HTTP/1.1 400 Bad Request\r\n\r\n", "HELLO")])
+def test_a_server_that_does_not_speak_the_protocol_is_a_usage_error(
+    answer: bytes | None, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            held.append(conn)
+            if answer is not None:
+                conn.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        assert main(["check", "--server", f"127.0.0.1:{port}", "--timeout", "0.5"]) == 2
+    finally:
+        listener.close()
+        for c in held:
+            c.close()
+    err = capsys.readouterr().err
+    assert "does not answer HELLO" in err and message in err
+    assert err.count("\n") == 1
