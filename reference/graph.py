@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Protocol
 
 import numpy as np
@@ -101,6 +102,17 @@ def _nbytes(types: np.ndarray, ne32: np.ndarray, nb32: np.ndarray) -> tuple[list
         out[k] = ggml_nbytes(int(types[k]), ne32[k].tolist(), nb32[k].tolist())
         total[k] = min(out[k], _U64_MAX)
     return out, total
+
+
+def _names(raw: np.ndarray) -> list[str]:
+    """Tensor names as upstream copies them (up to the first NUL), decoded in one call for the whole array."""
+    items = raw.tolist()  # numpy drops the trailing NULs
+    if any(b"\0" in r for r in items):
+        items = [r.split(b"\0", 1)[0] for r in items]
+    if not items:
+        return []
+    # NUL cannot occur inside the items now, so it separates them safely (and ends any broken UTF-8 sequence).
+    return b"\0".join(items).decode("utf-8", "replace").split("\0")
 
 
 def _resolve(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
@@ -206,28 +218,36 @@ def build_graph(node_ids: np.ndarray, tensors: np.ndarray, buffers: Mapping[int,
     off_l = np.where(known, rel, 0).tolist()
     mem_l = [mems[u] for u in inverse.tolist()]
 
-    # 3. Build the objects, then link references.
-    id_l = rows["id"].tolist()
-    type_l = types.tolist()
+    # 3. Build the objects (column-wise, one map call), then link references.
+    m = len(order)
     ne, nb = rows["ne"], rows["nb"]
-    ne_l = list(zip(*(ne[:, i].tolist() for i in range(4)), strict=True))
-    nb_l = list(zip(*(nb[:, i].tolist() for i in range(4)), strict=True))
-    op_l = rows["op"].tolist()
-    flags_l = rows["flags"].tolist()
-    voffs_l = rows["view_offs"].tolist()
-    use_l = rows["use_count"].tolist()
-    op_params = np.ascontiguousarray(rows["op_params"])
-    names = [raw.split(b"\0", 1)[0].decode("utf-8", "replace") if raw else "" for raw in rows["name"].tolist()]
-    built: list[GraphTensor] = [
-        GraphTensor(id_l[k], type_l[k], ne_l[k], nb_l[k], op_l[k], op_params[k], flags_l[k], [None] * 10, None,
-                    voffs_l[k], data_l[k], names[k], use_l[k], mem_l[k], off_l[k], nbytes[k])
-        for k in range(len(order))
-    ]
-    by_row = dict(zip(order, built, strict=True))
+    built: list[GraphTensor] = list(
+        map(
+            GraphTensor,
+            rows["id"].tolist(),
+            types.tolist(),
+            zip(*(ne[:, i].tolist() for i in range(4)), strict=True),
+            zip(*(nb[:, i].tolist() for i in range(4)), strict=True),
+            rows["op"].tolist(),
+            list(np.ascontiguousarray(rows["op_params"])),
+            rows["flags"].tolist(),
+            [[None] * 10 for _ in range(m)],
+            repeat(None, m),
+            rows["view_offs"].tolist(),
+            data_l,
+            _names(rows["name"]),
+            rows["use_count"].tolist(),
+            mem_l,
+            off_l,
+            nbytes,
+        )
+    )
+    by_row: list[GraphTensor | None] = [None] * n
+    for row, t in zip(order, built, strict=True):
+        by_row[row] = t
     slots = e_slot.tolist()
-    e_rows = e_row.tolist()
-    for j, row in enumerate(e_rows):
-        t = by_row.get(row)
+    for j, row in enumerate(e_row.tolist()):
+        t = by_row[row]
         if t is None:
             continue  # an unreached tensor's references were never followed
         if slots[j] == 10:
@@ -235,7 +255,7 @@ def build_graph(node_ids: np.ndarray, tensors: np.ndarray, buffers: Mapping[int,
         else:
             t.src[slots[j]] = by_row[tgt[j]]
 
-    nodes = [by_row[r] for r in node_rows.tolist()]
+    nodes: list[GraphTensor] = [by_row[r] for r in node_rows.tolist()]  # type: ignore[misc]
     for k, t in enumerate(nodes):
         if t.op in NATIVE_CALLBACK_OPS:
             raise GraphError(f"node {k} ({t.name or hex(t.id)}) is a {op_name(t.op)} op, whose op_params hold "
