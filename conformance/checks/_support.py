@@ -123,11 +123,15 @@ def request_bytes(protocol: Protocol, command: Command, fields: dict | None = No
 PROBE = raw_request(Command.DEVICE_COUNT, b"")
 
 
+#: A peer that keeps talking is cut off after this much evidence.
+DRAIN_LIMIT = 64 << 10
+
+
 def _drain(sock: socket.socket, first_timeout: float) -> tuple[bytes, bool]:
-    """Read until EOF/reset (closed=True) or until the peer falls silent (closed=False)."""
+    """Read until EOF/reset (closed=True) or until the peer falls silent or has said enough (closed=False)."""
     got = bytearray()
     sock.settimeout(first_timeout)
-    while True:
+    while len(got) < DRAIN_LIMIT:
         try:
             chunk = sock.recv(65536)
         except (ConnectionResetError, BrokenPipeError):
@@ -140,6 +144,7 @@ def _drain(sock: socket.socket, first_timeout: float) -> tuple[bytes, bool]:
             return bytes(got), True
         got += chunk
         sock.settimeout(0.2)  # the peer answered: collect what follows, briefly
+    return bytes(got), False
 
 
 def expect_close(ctx: Context, client: RpcClient, sent: bytes, rule: str, *, probe: bool = True) -> None:
