@@ -26,6 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     rec.add_argument("--server", default=None, metavar="HOST:PORT",
                      help="record against this server (default: a fresh reference server with the hash cache on)")
     rec.add_argument("--mss", type=int, default=None, help="TCP segment size in the pcap (default 65495)")
+    rec.add_argument("--hash-weight-bytes", type=int, default=64 * 1024, metavar="N",
+                     help="size of model-load's hash-path weight (default 64 KiB, to keep fixtures small; upstream "
+                     "clients hash only transfers above 10 MiB = 10485760 bytes)")
     rec.add_argument("--all", default=None, metavar="DIR",
                      help="record every scenario for every version it exists in into DIR, with manifest.json")
     rec.set_defaults(func=run_record)
@@ -70,7 +73,8 @@ def run_record(args: argparse.Namespace) -> int:
         raise UsageError("--scenario and -o are required (or --all DIR)")
     server = parse_address(args.server) if args.server else None
     try:
-        r = record(args.scenario, args.proto, args.output, server=server, mss=args.mss)
+        r = record(args.scenario, args.proto, args.output, server=server, mss=args.mss,
+                   hash_weight_bytes=args.hash_weight_bytes)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:

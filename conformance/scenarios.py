@@ -57,8 +57,10 @@ def _align(n: int) -> int:
 class Session:
     """What a scenario gets: connections to the server (through the recorder) in the scenario's version."""
 
-    def __init__(self, host: str, port: int, protocol: Protocol) -> None:
+    def __init__(self, host: str, port: int, protocol: Protocol, *, hash_weight_bytes: int = 64 * 1024) -> None:
         self.host, self.port, self.protocol = host, port, protocol
+        #: Size of the weight that takes the hash path (above 10 MiB: what upstream clients hash).
+        self.hash_weight_bytes = hash_weight_bytes
         self.notes: list[str] = []
 
     def connect(self, *, hello: bool = True) -> RpcClient:
@@ -106,19 +108,18 @@ def _hash_path(s: Session, c: RpcClient, t: dict, data: bytes) -> bool:
 
 # ---- model-load -------------------------------------------------------------------------------------------------
 
-OUTPUT_WEIGHT = (256, 64)  # 64 KiB F32: the weight that takes the hash path
-
-
 def model_load(s: Session) -> None:
+    rows = max(1, s.hash_weight_bytes // (256 * 4))
+    output_weight = (256, rows)  # F32 [256, rows]: the weight that takes the hash path
     with s.connect() as c:
         _probe(c)
-    out_data = _f32(7, OUTPUT_WEIGHT[1], OUTPUT_WEIGHT[0])
+    out_data = _f32(7, rows, 256)
     with s.connect() as c:
         c.device_count()
         c.get_alignment(0)
         c.get_max_size(0)
         c.get_device_memory(0)
-        buf = _alloc(c, 256 * 1024)
+        buf = _alloc(c, 192 * 1024 + _align(len(out_data)))
         tok = _weight(buf, 0x100, "token_embd.weight", F32, (64, 32), 64 * 32 * 4)
         norm = _weight(buf, 0x101, "blk.0.attn_norm.weight", F32, (64,), 64 * 4)
         q_rows, q_cols = 8, 96  # Q8_0 with ne[0] % 512 != 0: the client asks alloc size and inits it
@@ -126,7 +127,7 @@ def model_load(s: Session) -> None:
         ffn = _weight(buf, 0x102, "blk.0.ffn_down.weight", Q8_0, (q_cols, q_rows), q_bytes)
         c.get_alloc_size(0, ffn)
         c.init_tensor(ffn)
-        out = _weight(buf, 0x103, "output.weight", F32, OUTPUT_WEIGHT, len(out_data))
+        out = _weight(buf, 0x103, "output.weight", F32, output_weight, len(out_data))
         c.buffer_clear(buf.handle, 0)
         c.set_tensor(tok, 0, _f32(1, 32, 64))
         c.set_tensor(norm, 0, np.ones(64, np.float32).tobytes())
@@ -137,8 +138,8 @@ def model_load(s: Session) -> None:
         c.get_tensor(out, 0, 4096)
         c.free_buffer(buf.handle)
     with s.connect() as c:
-        buf = _alloc(c, 128 * 1024)
-        out = _weight(buf, 0x203, "output.weight", F32, OUTPUT_WEIGHT, len(out_data))
+        buf = _alloc(c, _align(len(out_data)))
+        out = _weight(buf, 0x203, "output.weight", F32, output_weight, len(out_data))
         hit = _hash_path(s, c, out, out_data)
         s.notes.append(f"warm connection: output.weight hash {'hit' if hit else 'miss'}")
         c.get_tensor(out, 0, len(out_data))
@@ -397,7 +398,7 @@ def _reference(protocol: Protocol) -> Iterator[tuple[str, int]]:
 
 
 def record(name: str, proto: str | Protocol, out: str | Path, *, server: tuple[str, int] | None = None,
-           mss: int | None = None) -> Recording:
+           mss: int | None = None, hash_weight_bytes: int = 64 * 1024) -> Recording:
     """Run scenario ``name`` in version ``proto`` against ``server`` (default: a fresh reference server) and write
     the traffic to ``out``."""
     sc = SCENARIOS[name]
@@ -407,7 +408,7 @@ def record(name: str, proto: str | Protocol, out: str | Path, *, server: tuple[s
     with contextlib.ExitStack() as stack:
         target = server or stack.enter_context(_reference(protocol))
         with running_proxy(target, pcap=out, mss=mss) as px:
-            session = Session(px.host, px.port, protocol)
+            session = Session(px.host, px.port, protocol, hash_weight_bytes=hash_weight_bytes)
             sc.run(session)
             # The proxy finishes each connection after both sides closed; wait for the last ones.
         stats = px.stats

@@ -78,3 +78,16 @@ def test_cold_then_warm_model_load(capsys):
     assert main(["replay", "--as", "6", str(FIXTURES / "v7-model-load.pcap")]) == 0
     out = capsys.readouterr().out
     assert "that the target cannot hold yet; sent its 65536 bytes" in out
+
+
+@pytest.mark.parametrize("proto", ["6", "7"])
+def test_model_load_above_the_hash_threshold_hits_warm_in_both_versions(tmp_path, proto, capsys):
+    """With a weight above 10 MiB (what upstream clients hash) a v6 server caches it too: the warm connection hits;
+    the recording replays clean in its version and --as the other."""
+    out = tmp_path / "big.pcap"
+    assert main(["pcap", "record", "--scenario", "model-load", "--proto", proto, "-o", str(out),
+                 "--hash-weight-bytes", str(10 * 1024 * 1024 + 4096)]) == 0
+    assert "warm connection: output.weight hash hit" in capsys.readouterr().out
+    assert lint_file(out) == []
+    assert main(["replay", str(out)]) == 0
+    assert main(["replay", str(out), "--as", "7" if proto == "6" else "6"]) == 0
