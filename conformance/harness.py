@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ggml_rpc.spec import PROTOCOLS, V6, Command, HandshakeError, Protocol, ProtocolError, protocol_for
-from ggml_rpc.spec.docs import command_anchor, version_slug
+from ggml_rpc.spec.docs import command_anchor
 
 from .client import ConnectionClosed, RpcClient
 
@@ -742,5 +742,5 @@ def iter_groups(results: Iterable[Result]) -> Iterator[tuple[Category, list[Resu
 __all__ = [
     "SPEC_DOC", "Category", "Check", "CheckFailed", "Context", "EmbeddedTarget", "Evidence", "ExternalTarget",
     "Level", "Outcome", "Result", "Runner", "ServerInfo", "Skipped", "SpawnedTarget", "Target", "TargetError",
-    "Unsupported", "hexdump", "iter_groups", "parse_address", "select", "verdict_for", "version_slug",
+    "Unsupported", "hexdump", "iter_groups", "parse_address", "select", "verdict_for",
 ]
