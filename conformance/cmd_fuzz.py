@@ -44,12 +44,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 class Status:
     """The live status line (rewritten in place on a terminal, one line every few seconds otherwise)."""
 
-    def __init__(self, stream=None) -> None:  # noqa: ANN001 - a text stream
+    def __init__(self, stream=None) -> None:
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self._last = 0.0
 
-    def update(self, campaign) -> None:  # noqa: ANN001 - a Campaign
+    def update(self, campaign) -> None:
         now = time.monotonic()
         if not self.tty and now - self._last < 5.0:
             return
@@ -63,7 +63,7 @@ class Status:
             self.stream.write(line + "\n")
         self.stream.flush()
 
-    def finding(self, saved) -> None:  # noqa: ANN001 - a SavedFinding
+    def finding(self, saved) -> None:
         if self.tty:
             self.stream.write("\r\033[K")
         self.stream.write(f"FINDING {saved.line()}\n")
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     return 1 if campaign.findings else 0
 
 
-def print_summary(campaign, out=None) -> None:  # noqa: ANN001 - a Campaign and a text stream
+def print_summary(campaign, out=None) -> None:
     out = out or sys.stdout
     st = campaign.stats
     kinds = {k: 0 for k in ("crash", "hang", "wrong-reply", "out-of-buffer")}

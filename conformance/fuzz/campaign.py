@@ -9,8 +9,8 @@ it already has (same kind on the same command).  A target that died is restarted
 from __future__ import annotations
 
 import contextlib
-import warnings
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,11 +36,11 @@ ROUND_EXAMPLES = 10
 STEPS_PER_EXAMPLE = 60
 
 
-class TargetGone(Exception):  # noqa: N818 - a state, reported as such
+class TargetGone(Exception):
     """The target died and cannot be brought back."""
 
 
-class BudgetSpent(Exception):  # noqa: N818
+class BudgetSpent(Exception):
     """The example or time budget is used up (checked between rounds)."""
 
 
@@ -88,6 +88,10 @@ class Options:
     #: Compare server-specific values (alignment, memory...) exactly: the target is the embedded reference.
     exact: bool = False
     steps: int = STEPS_PER_EXAMPLE
+    #: Stop after this many (distinct) findings; None: run the whole budget.
+    max_findings: int | None = None
+    #: Stop shrinking a finding after this many seconds and keep the smallest failing example seen so far.
+    shrink_seconds: float = 60.0
     round_examples: int = ROUND_EXAMPLES
 
 
@@ -116,10 +120,13 @@ class Campaign:
         self._seen: set[tuple[str, str]] = set()
         self._example: Example | None = None
         self._first_failure: tuple[Finding, list] | None = None
+        self._first_size = 0
         self._shrink_started: float | None = None
         self._dead = False
         #: Why the target cannot be used any more ('' while it can).
         self.gone = ""
+        #: Shrinking ran out of time: later examples of the round are inert, the smallest failure is kept.
+        self.giving_up = False
         self._machine = build_machine(self)
 
     # ---- target liveness ---------------------------------------------------------------------------------------
@@ -141,6 +148,10 @@ class Campaign:
         if not ok:
             self._dead = True
         return ok
+
+    def mark_dead(self) -> None:
+        """The target is (maybe) down: the next example checks it and brings it back first."""
+        self._dead = True
 
     def _revive(self) -> None:
         """Bring a dead target back (restart / wait) or raise TargetGone."""
@@ -164,6 +175,9 @@ class Campaign:
     # ---- hooks used by examples --------------------------------------------------------------------------------
 
     def new_example(self) -> Example:
+        if self._shrink_started is not None and not self.giving_up and \
+                time.monotonic() - self._shrink_started > self.options.shrink_seconds:
+            self.giving_up = True
         if self._dead and not self.gone and not self.alive():
             try:
                 self._revive()
@@ -197,9 +211,14 @@ class Campaign:
                     self._progress(self)
 
     def found(self, example: Example, finding: Finding) -> None:
-        if self._first_failure is None:
-            self._first_failure = (finding, [list(w) for w in example.transcript])
+        """Keep the smallest failing example of the round's first kind of failure (what shrinking converges to)."""
+        first = self._first_failure
+        if first is None:
             self._shrink_started = time.monotonic()
+        elif first[0].signature != finding.signature or example.messages >= self._first_size:
+            return
+        self._first_failure = (finding, [list(w) for w in example.transcript])
+        self._first_size = example.messages
 
     def _check_budget(self) -> None:
         o = self.options
@@ -221,6 +240,9 @@ class Campaign:
                     self.stopped_because = "budget spent"
                     break
                 self._round(rounds)
+                if self.options.max_findings is not None and len(self.findings) >= self.options.max_findings:
+                    self.stopped_because = f"{len(self.findings)} finding(s)"
+                    break
                 if self.gone:
                     self._record_unshrunk(self.gone)
                     self.stopped_because = f"target died: {self.gone}"
@@ -241,19 +263,44 @@ class Campaign:
         test = hypothesis_seed(self.options.seed * 1_000_003 + number)(test)
         self._first_failure = None
         self._shrink_started = None
+        self.giving_up = False
         try:
             test()
         except Exception as exc:  # hypothesis re-raises the shrunk failure (or a group / flaky wrapper of it)
-            finding = _find_finding(exc)
-            if finding is None:
+            if self.giving_up:
+                # Inert examples make hypothesis complain about flakiness: expected, the smallest failure is kept.
+                self._record_unshrunk(f"shrinking stopped after {self.options.shrink_seconds:g} s; smallest "
+                                      "failing example kept")
+                return
+            if self.gone:
+                return  # run() records the failure and stops
+            if _find_finding(exc) is None:
                 raise
             ex = self._example
-            if ex is not None and ex.finding is not None and not self.gone:
+            if ex is not None and ex.finding is not None:
                 self._save(ex.finding, ex.transcript, shrunk=True)
             else:
                 self._record_unshrunk("the shrunk example did not reproduce")
         finally:
             self._close_example()
+
+    def _replay_crashes(self, pcap: Path | None) -> bool:
+        """Restart the target, replay ``pcap`` with ``ggml-rpc replay``'s engine: does the target die again?"""
+        from ggml_rpc.conformance.replay import ReplayError, replay
+
+        if pcap is None:
+            return False
+        try:
+            self.target.restart()
+            self.stats.restarts += 1
+            replay([pcap], self.target.host, self.target.port, timeout=self.timeout)
+        except ReplayError:
+            return not self.alive()
+        except Exception:
+            return False
+        finally:
+            self._dead = True  # make the next example check (and restart) the target
+        return not self.alive()
 
     def _close_example(self) -> None:
         ex = self._example
@@ -277,18 +324,58 @@ class Campaign:
         if finding.signature in self._seen:
             return None
         self._seen.add(finding.signature)
-        death = self.target.death_info() if finding.kind in ("crash", "hang") else None
-        saved = SavedFinding(finding.kind, finding.message, finding.command, finding.broken,
-                             messages=sum(sum(1 for c, _ in conn if c) for conn in transcript),
-                             connections=sum(1 for conn in transcript if conn), death=death, shrunk=shrunk)
+        transcript = [conn for conn in transcript if conn]
+        saved = SavedFinding(finding.kind, finding.message, finding.command, finding.broken, messages=0,
+                             connections=0, death=finding.death, shrunk=shrunk)
         if self.options.out_dir is not None:
             probe = [(True, encode_request(self.protocol, Command.HELLO, {"conn_caps": bytes(CONN_CAPS_SIZE)})),
                      (False, _hello_reply(self.protocol))]
-            save(saved, [*transcript, probe], self.options.out_dir, len(self.findings) + 1)
+            number = len(self.findings) + 1
+            if finding.kind == "crash" and len(transcript) > 1 and self.target.can_restart:
+                # Connections share nothing but the hash cache: the one that crashed the server is usually
+                # enough.  Keep it alone if a replay of it alone still kills a fresh target.
+                save(saved, [transcript[-1], probe], self.options.out_dir, number)
+                if self._replay_crashes(saved.pcap):
+                    transcript = [transcript[-1]]
+                    saved.notes.append("earlier connections dropped: the last one alone crashes a fresh target")
+                else:
+                    _forget(self.options.out_dir, saved)
+            if saved.pcap is None or not saved.pcap.exists():
+                save(saved, [*transcript, probe], self.options.out_dir, number)
+        saved.messages = sum(sum(1 for c, _ in conn if c) for conn in transcript)
+        saved.connections = len(transcript)
+        if saved.summary_file is not None:
+            _rewrite_line(self.options.out_dir, saved)
         self.findings.append(saved)
         if self._on_finding is not None:
             self._on_finding(saved)
         return saved
+
+
+def _forget(out_dir: Path, saved: SavedFinding) -> None:
+    """Remove a reproducer written on trial (and its line in findings.txt)."""
+    for path in (saved.pcap, saved.summary_file):
+        if path is not None:
+            path.unlink(missing_ok=True)
+    index = out_dir / "findings.txt"
+    if index.exists():
+        lines = index.read_text().splitlines(keepends=True)
+        index.write_text("".join(lines[:-1]))
+    saved.pcap = saved.summary_file = None
+
+
+def _rewrite_line(out_dir: Path | None, saved: SavedFinding) -> None:
+    """The summary files carry the final message/connection counts."""
+    if out_dir is None or saved.summary_file is None:
+        return
+    lines = saved.summary_file.read_text().splitlines()
+    lines[0] = saved.line()
+    lines += [n for n in saved.notes if n not in lines]
+    saved.summary_file.write_text("\n".join(lines) + "\n")
+    index = out_dir / "findings.txt"
+    rows = index.read_text().splitlines()
+    rows[-1] = f"{saved.summary_file.stem}: {saved.line()}"
+    index.write_text("\n".join(rows) + "\n")
 
 
 def _hello_reply(protocol: Protocol) -> bytes:

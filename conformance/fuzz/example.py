@@ -58,6 +58,7 @@ class Example:
         self.computed = False
         self.finding: Finding | None = None
         self.last: FuzzMessage | None = None
+        self._last_ref: ConnRef | None = None
 
     # ---- connections -----------------------------------------------------------------------------------------
 
@@ -71,8 +72,8 @@ class Example:
 
     @property
     def inert(self) -> bool:
-        """The target is gone for good: steps send nothing (the campaign is stopping)."""
-        return bool(self.c.gone)
+        """The target is gone for good, or shrinking ran out of time: steps send nothing."""
+        return bool(self.c.gone) or self.c.giving_up
 
     def prepare(self, ref: ConnRef) -> None:
         """Make ``ref`` the open connection (re-opening it when it ended) and point the scope at its state."""
@@ -87,6 +88,12 @@ class Example:
                      and b.handle in live]
         handles = {b.handle for b in s.buffers}
         s.tensors = [t for t in s.all_tensors if t.buffer.handle in handles]
+
+    def active(self) -> ConnRef:
+        """The connection commands go to: the current one, or the last one used (re-opened), or a first one."""
+        ref = self.current or self._last_ref or self.new_ref()
+        self.prepare(ref)
+        return ref
 
     def has_graph(self, ref: ConnRef) -> bool:
         """Has the model a stored graph on this connection (GRAPH_RECOMPUTE would run)?"""
@@ -109,6 +116,7 @@ class Example:
             old.close()
         self.models[ref] = ModelConnection(self.c.model_config, self.c.model_cache.cache, name=f"model {ref!r}")
         self.current, self.tconn = ref, tconn
+        self._last_ref = ref
         self._writes = []
         self.transcript.append(self._writes)
         self.computed = False
@@ -266,6 +274,9 @@ class Example:
     def _fail(self, kind: str, message: str, msg: FuzzMessage | None) -> None:
         finding = Finding(kind, message, command=msg.name if msg else "", broken=msg.broken if msg else None)
         self.finding = finding
+        if kind in ("crash", "hang"):
+            finding.death = self.c.target.death_info()
+            self.c.mark_dead()
         self.c.found(self, finding)
         raise finding
 

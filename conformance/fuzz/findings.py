@@ -27,6 +27,8 @@ class Finding(Exception):
         self.message = message
         self.command = command
         self.broken = broken
+        #: Exit status / log tail of the target when it died (crash, hang), taken when it was noticed.
+        self.death: dict | None = None
 
     @property
     def signature(self) -> tuple[str, str]:
@@ -56,7 +58,7 @@ class SavedFinding:
         rule = f" [{self.broken}]" if self.broken else ""
         size = f"{self.messages} message(s) in {self.connections} connection(s)"
         death = f"; target: {self.death.get('status')}" if self.death else ""
-        return f"{self.kind}{where}{rule}: {self.message} ({size}{'' if self.shrunk else ', not shrunk'}{death})"
+        return f"{self.kind}{where}{rule}: {self.message} ({size}{'' if self.shrunk else ', not fully shrunk'}{death})"
 
 
 def save(finding: SavedFinding, transcript: list[Writes], out_dir: Path, number: int) -> SavedFinding:

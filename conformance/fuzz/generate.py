@@ -136,9 +136,9 @@ _NULL = null_tensor()
 
 
 def _known_tensor(draw: st.DrawFn, scope: Scope) -> dict[str, Any]:
-    """Mostly a live tensor of the connection; one time in eight (or when there is none) any tensor at all."""
+    """Mostly a live tensor of the connection; one time in 16 (or when there is none) any tensor at all."""
     ts = scope.tensors
-    if not ts or draw(st.integers(0, 7)) == 7:
+    if not ts or draw(st.integers(0, 15)) == 15:
         return draw(_RANDOM_TENSOR)
     return ts[draw(st.integers(0, len(ts) - 1))].fields
 
@@ -194,8 +194,9 @@ def graph_fields(draw: st.DrawFn, scope: Scope) -> dict[str, Any]:
         return {"device": device, "nodes": [t["id"]], "tensors": [t]}
     out = draw(st.sampled_from(scope.tensors))
     # Sources of the same type and shape (the node itself included), so element-wise ops can run.
-    same = [t for t in scope.tensors if t.fields["type"] == out.fields["type"] and t.fields["ne"] == out.fields["ne"]]
-    n_src = draw(st.integers(0, 2))
+    same = [t for t in scope.tensors if t.fields["type"] == out.fields["type"] and t.fields["ne"] == out.fields["ne"]
+            and t is not out]
+    n_src = draw(st.integers(0, 2)) if same else 0
     srcs = [draw(st.sampled_from(same)) for _ in range(n_src)]
     node = dict(out.fields)
     node["op"] = draw(st.sampled_from(GRAPH_OPS))
@@ -242,11 +243,19 @@ def valid_request(draw: st.DrawFn, scope: Scope, command: Command) -> FuzzMessag
 
 
 @st.composite
-def placed_tensor(draw: st.DrawFn, scope: Scope, buf: BufferRef) -> TensorRef:
-    """A contiguous tensor inside ``buf`` (aligned as the server's alignment asks)."""
+def placed_tensor(draw: st.DrawFn, scope: Scope, buf: BufferRef, like: TensorRef | None = None) -> TensorRef:
+    """A contiguous tensor inside ``buf`` (aligned as the server's alignment asks); ``like``: same type and shape."""
+    tid = scope.new_id()
+    if like is not None and like.nbytes:
+        t = dict(like.fields, id=tid, name=f"t{tid}".encode().ljust(64, b"\0"))
+        align = max(1, scope.alignment)
+        slots = (buf.size - like.nbytes) // align
+        if slots >= 0:
+            t["data"] = buf.base + draw(st.integers(0, slots)) * align
+            t["buffer"] = buf.handle
+            return TensorRef(t, buf, like.nbytes)
     ttype = draw(st.sampled_from(PLACE_TYPES))
     info = TYPES[ttype]
-    tid = scope.new_id()
     blocks_fit = buf.size // info.size
     if blocks_fit == 0:
         fields_ = make_tensor(id=tid, type=ttype, ne=(0, 1, 1, 1), buffer=buf.handle, data=buf.base, name=f"t{tid}")

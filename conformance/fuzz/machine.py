@@ -68,9 +68,14 @@ def build_machine(campaign: Campaign) -> type[RuleBasedStateMachine]:
             self.ex.prepare(ref)
             return ref
 
-        @rule(target=buffers, conn=connections, size=ALLOC_SIZES, device=devices)
-        def alloc_buffer(self, conn: ConnRef, size: int, device: int) -> Any:
-            buf = self.ex.alloc(conn, size, device)
+        @rule(conn=connections)
+        def switch_connection(self, conn: ConnRef) -> None:
+            """Go back to an earlier connection (re-opened if it ended: its old buffers are then stale)."""
+            self.ex.prepare(conn)
+
+        @rule(target=buffers, size=ALLOC_SIZES, device=devices)
+        def alloc_buffer(self, size: int, device: int) -> Any:
+            buf = self.ex.alloc(self.ex.active(), size, device)
             return buf if buf is not None else multiple()
 
         @rule(target=tensors, buf=buffers, data=st.data())
@@ -79,11 +84,11 @@ def build_machine(campaign: Campaign) -> type[RuleBasedStateMachine]:
             self.ex.scope.all_tensors.append(t)
             return t
 
-        @rule(conn=connections, how=st.sampled_from(("handshake", "unknown command", "hello again")),
-              data=st.data())
-        def break_connection(self, conn: ConnRef, how: str, data: st.DataObject) -> None:
+        @rule(how=st.sampled_from(("handshake", "unknown command", "hello again")), data=st.data())
+        def break_connection(self, how: str, data: st.DataObject) -> None:
             """Break the connection itself: a bad first message, a command id the version lacks, a second HELLO."""
             ex = self.ex
+            conn = ex.active()
             hello = FuzzMessage(Command.HELLO, {"conn_caps": bytes(24)})
             if how == "handshake":
                 other = data.draw(st.sampled_from(reqs))
@@ -107,7 +112,10 @@ def build_machine(campaign: Campaign) -> type[RuleBasedStateMachine]:
             ex = self.ex
             buf = ex.alloc(conn, data.draw(st.integers(64, 4096)), data.draw(devices))
             if buf is not None:
-                ex.scope.all_tensors.append(data.draw(placed_tensor(ex.scope, buf)))
+                first = data.draw(placed_tensor(ex.scope, buf))
+                ex.scope.all_tensors.append(first)
+                # A second tensor of the same type and shape, so that a graph can combine the two.
+                ex.scope.all_tensors.append(data.draw(placed_tensor(ex.scope, buf, like=first)))
             ex.prepare(conn)
 
         def teardown(self) -> None:
@@ -118,9 +126,9 @@ def build_machine(campaign: Campaign) -> type[RuleBasedStateMachine]:
         stateful = needs_state(payload)
         before = PREREQUISITES.get(command)
 
-        def send(self: FuzzMachine, conn: ConnRef, data: st.DataObject) -> None:
+        def send(self: FuzzMachine, data: st.DataObject) -> None:
             ex = self.ex
-            ex.prepare(conn)
+            conn = ex.active()
             if stateful and not ex.scope.tensors:
                 # Nothing to refer to yet on this connection: make a buffer and a tensor first.
                 self._setup(conn, data)
@@ -135,7 +143,7 @@ def build_machine(campaign: Campaign) -> type[RuleBasedStateMachine]:
                 ex.read_back(conn, msg)
 
         send.__name__ = f"send_{command.name.lower()}"
-        return rule(conn=FuzzMachine.connections, data=st.data())(send)
+        return rule(data=st.data())(send)
 
     for command in reqs:
         setattr(FuzzMachine, f"send_{command.name.lower()}", command_rule(command))

@@ -5,6 +5,7 @@ The embedded target takes a server class, so tests can fuzz a deliberately broke
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import multiprocessing
 import signal
@@ -31,6 +32,7 @@ def fuzz_config(protocol: Protocol, *, devices: int = 1, mem: int = FUZZ_DEVICE_
 def _serve(server_cls: type[Server], config: ServerConfig, host: str, conn: Connection) -> None:
     """Child process: listen, say on which port, serve until terminated."""
     logging.disable(logging.CRITICAL)
+    faulthandler.disable()  # a deliberate abort (test variants) needs no interpreter traceback
     server = server_cls(config, host, 0)
     conn.send(server.port)
     conn.close()
@@ -89,6 +91,7 @@ class EmbeddedFuzzTarget(Target):
         proc = self.proc
         if proc is None:
             return None
+        proc.join(2.0)  # a dying process (core dump) takes a moment to be reaped
         if proc.is_alive():
             return {"status": "still running but not answering", "log_tail": []}
         code = proc.exitcode

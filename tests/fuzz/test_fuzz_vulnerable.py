@@ -1,0 +1,88 @@
+"""The fuzzer finds a server with one §10 bug re-enabled, shrinks it, and the saved reproducer replays to the
+same failure; a target that dies and cannot be restarted stops the campaign instead of looping on refusals."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from ggml_rpc.conformance.fuzz import EmbeddedFuzzTarget, Options, embedded_campaign, fuzz_config, target_campaign
+from ggml_rpc.conformance.harness import ExternalTarget
+from ggml_rpc.conformance.replay import ReplayError, replay
+from ggml_rpc.reference import running_server
+from ggml_rpc.spec import V7
+from vulnerable import VulnerableServer
+
+
+@pytest.fixture(scope="module")
+def crash(tmp_path_factory):
+    out = tmp_path_factory.mktemp("findings")
+    campaign = embedded_campaign(V7, Options(seconds=120, seed=0, out_dir=out, max_findings=1, shrink_seconds=30),
+                                 server_cls=VulnerableServer)
+    campaign.target.start()
+    t0 = time.monotonic()
+    try:
+        campaign.run()
+    finally:
+        campaign.target.stop()
+    return campaign, time.monotonic() - t0, out
+
+
+def test_finds_the_crash_within_the_ci_budget(crash):
+    campaign, seconds, out = crash
+    assert seconds < 150
+    assert [f.kind for f in campaign.findings] == ["crash"]
+    f = campaign.findings[0]
+    assert f.death is not None and "SIGABRT" in f.death["status"]
+    # The minimal reproducer names the rule that was broken: a tensor address outside its buffer.
+    assert f.broken is not None and f.broken.startswith(("bound: tensor.data", "bound: src.data", "bound: dst.data",
+                                                         "bound: op.data", "bound: srcs"))
+    assert f.pcap is not None and f.pcap.exists() and f.summary_file is not None
+    line = f.summary_file.read_text().splitlines()[0]
+    assert line.startswith("crash on ") and "SIGABRT" in line
+    assert (out / "findings.txt").read_text().count("\n") == 1
+    assert f.messages <= 12 and f.connections == 1
+
+
+def test_reproducer_replays_clean_against_the_reference(crash):
+    f = crash[0].findings[0]
+    with running_server("7") as srv:
+        report = replay([f.pcap], srv.host, srv.port, timeout=10)
+        assert report.ok, [m.line() for m in report.mismatches]
+        assert report.connections == 2  # the crashing connection and the HELLO probe
+
+
+def test_reproducer_replays_to_the_same_crash(crash):
+    f = crash[0].findings[0]
+    target = EmbeddedFuzzTarget(fuzz_config(V7), VulnerableServer, cache=False)
+    target.start()
+    try:
+        # The server dies on the recorded message: the HELLO probe that follows is refused, or (while the dying
+        # process still holds its listening socket) accepted and then reset.
+        try:
+            report = replay([f.pcap], target.host, target.port, timeout=10)
+        except ReplayError as exc:
+            assert "cannot connect" in str(exc)
+        else:
+            assert [(m.connection, m.command, m.kind) for m in report.mismatches] == [(1, "HELLO", "transport")]
+        info = target.death_info()
+        assert info is not None and "SIGABRT" in info["status"]
+    finally:
+        target.stop()
+
+
+def test_a_dead_external_target_stops_the_campaign(tmp_path):
+    server = EmbeddedFuzzTarget(fuzz_config(V7), VulnerableServer, cache=False)
+    server.start()
+    try:
+        external = ExternalTarget(server.host, server.port)
+        campaign = target_campaign(external, Options(seconds=120, seed=0, out_dir=tmp_path, wait_restart=0.5))
+        t0 = time.monotonic()
+        campaign.run()
+        assert time.monotonic() - t0 < 60
+        assert campaign.stopped_because.startswith("target died")
+        assert "did not come back within 0.5 s" in campaign.stopped_because
+        assert [f.kind for f in campaign.findings] == ["crash"]
+        assert campaign.findings[0].pcap is not None and campaign.findings[0].pcap.exists()
+    finally:
+        server.stop()

@@ -1,0 +1,39 @@
+"""A deliberately vulnerable reference server, for tests only: protocol.md §10 item 16 re-enabled.
+
+Upstream 6/7 checks that a tensor's data lies inside its buffer with an assertion, so a tensor with a valid buffer
+handle and an address outside that buffer aborts the whole server process (remote denial of service).  The
+reference server closes only the connection; this variant aborts its process instead, exactly as upstream does.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+from ggml_rpc.reference.connection import Close, Connection
+from ggml_rpc.reference.server import Server
+
+
+class AbortingConnection(Connection):
+    """The reference connection, except that the buffer-range check kills the process (SIGABRT)."""
+
+    def _tensor(self, t: Mapping[str, Any], command: str, what: str = "tensor"):
+        try:
+            return super()._tensor(t, command, what)
+        except Close as exc:
+            if "buffer-range assertion" in str(exc):
+                os.abort()
+            raise
+
+
+class VulnerableServer(Server):
+    """Serves every connection with :class:`AbortingConnection`."""
+
+    def _handle(self, conn: socket.socket, peer: tuple) -> None:
+        try:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            AbortingConnection(conn, self.config, self.cache, name="vulnerable").serve()
+        finally:
+            conn.close()
