@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from ggml_rpc.conformance.cli import main
@@ -124,3 +126,30 @@ def test_live_check_names_the_other_versions_framing(server_proto, client_layout
             c.expect_closed(2.0)
     assert [v.rule for v in seen] == ["FRAMING"]
     assert layout.label in seen[0].message
+
+
+def test_proxy_command_records_and_checks_until_interrupted(tmp_path):
+    """`ggml-rpc proxy` as a user runs it: listen on a free port, forward, record, report, stop on Ctrl-C."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    pcap = tmp_path / "cli.pcap"
+    with running_server("7", cache_dir=str(tmp_path / "c")) as srv:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from ggml_rpc.conformance.cli import main; sys.exit(main())",
+             "proxy", "--listen", "127.0.0.1:0", "--upstream", f"{srv.host}:{srv.port}", "--pcap", str(pcap),
+             "--check"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None
+            port = int(re.search(r"127\.0\.0\.1:(\d+) ->", proc.stdout.readline()).group(1))  # type: ignore[union-attr]
+            cache_flag_abuse(Session("127.0.0.1", port, srv.protocol))
+            time.sleep(0.3)  # the proxy finishes the connection after both sides closed
+        finally:
+            proc.send_signal(signal.SIGINT)
+            out, _err = proc.communicate(timeout=30)
+    assert proc.returncode == 1  # --check found the planted violations
+    assert out.count("VIOLATION") == 3 and "[CACHE-FLAG]" in out
+    assert "1 connection(s)" in out
+    assert len(lint_file(pcap)) == 3
