@@ -441,6 +441,7 @@ class Proxy:
         self._pcap_lock = threading.Lock()
         self._stats_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._active: set[socket.socket] = set()  # sockets of open sessions (cut by stop() after the grace time)
         self._stopping = threading.Event()
 
     @property
@@ -475,6 +476,8 @@ class Proxy:
                   file=sys.stderr)
             client.close()
             return
+        with self._stats_lock:
+            self._active.update((client, upstream))
         for s in (client, upstream):
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         checker = _Checker(index, self._report)
@@ -494,6 +497,8 @@ class Proxy:
             p.start()
         for p in pumps:
             p.join()
+        with self._stats_lock:
+            self._active.difference_update((client, upstream))
         for s in (client, upstream):
             s.close()
         if flow is not None and self._recorder is not None:
@@ -556,12 +561,20 @@ class Proxy:
                 else:
                     self.stats.bytes_s2c += total
 
-    def stop(self) -> None:
-        """Stop accepting, wait for the open sessions to end, close the pcap."""
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop accepting, give open sessions ``grace`` seconds to end, then cut them; close the pcap."""
         self._stopping.set()
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+        deadline = time.monotonic() + grace
+        for t in self._threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        with self._stats_lock:
+            active = list(self._active)
+        for s in active:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
         for t in self._threads:
             t.join(timeout=30)
         if self._recorder is not None:

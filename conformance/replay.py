@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 from ggml_rpc.spec import (
-    HASH_THRESHOLD,
     Command,
     GgmlType,
     Protocol,
@@ -327,18 +326,14 @@ class Replayer:
                     if req.command is Command.SET_TENSOR and req.data is not None and req.data.nbytes:
                         yield req.data
 
-    def _data_for(self, digest: int, tensor: dict[str, Any]) -> memoryview | None:
+    def _data_for(self, digest: int) -> memoryview | None:
+        """A SET_TENSOR payload of any loaded capture with this hash (all payloads are hashed once, when first
+        needed: only replays that need a cache state the target lacks pay for it)."""
         if self._by_hash is None:
             self._by_hash = {}
             for data in self._payloads():
-                if data.nbytes > HASH_THRESHOLD // 2:  # hash-path candidates only: keeps the scan cheap
-                    self._by_hash.setdefault(fnv1a64(data), data)
-        found = self._by_hash.get(digest)
-        if found is None:
-            for data in self._payloads():
-                if data.nbytes <= HASH_THRESHOLD // 2 and fnv1a64(data) == digest:
-                    return data
-        return found
+                self._by_hash.setdefault(fnv1a64(data), data)
+        return self._by_hash.get(digest)
 
     # -- running --
 
@@ -478,7 +473,7 @@ class Replayer:
                 client: RpcClient) -> bool:
         """The capture hit a cache entry the target cannot hold: send the data instead (or report why not)."""
         digest = req.fields["hash"]
-        data = self._data_for(digest, req.fields["tensor"])
+        data = self._data_for(digest)
         name = _label(req.fields["tensor"])
         if data is None:
             self._mismatch(path, dc, req, "exact", f"a cache hit for {digest:016x} ({name})",
