@@ -31,9 +31,10 @@ import numpy as np
 from ggml_rpc.conformance.capture import Connection
 from ggml_rpc.conformance.client import RpcClient
 from ggml_rpc.conformance.pcapwrite import PcapWriter
-from ggml_rpc.conformance.replay import LoadedCapture, Replayer, load_captures
+from ggml_rpc.conformance.replay import LoadedCapture, Relocator, Replayer, load_captures
 from ggml_rpc.conformance.session import DecodedConnection
 from ggml_rpc.spec import (
+    TENSOR_DTYPE,
     V7,
     Command,
     Reply,
@@ -203,6 +204,25 @@ def request_or_reply_parts(msg: Request | Reply) -> bytes:
     return b"".join(bytes(p) for p in request_parts(V7, msg.command, msg.fields, msg.data))
 
 
+def bench_relocation(n_tensors: int, repeat: int) -> float:
+    """Seconds to relocate every tensor of one GRAPH_COMPUTE of ``n_tensors`` tensors over 8 buffers."""
+    reloc = Relocator()
+    for i in range(8):
+        reloc.buffer(0x1000 + i, 0x9000 + i)
+        reloc.base(0x1000 + i, 0x7000_0000 + (i << 24), 0x5_0000_0000 + (i << 24))
+    rng = np.random.default_rng(4)
+    tensors = np.zeros(n_tensors, dtype=TENSOR_DTYPE)
+    tensors["buffer"] = 0x1000 + rng.integers(0, 8, n_tensors)
+    tensors["data"] = 0x7000_0000 + (((tensors["buffer"] - 0x1000) << 24) + rng.integers(0, 1 << 20, n_tensors))
+
+    def once() -> float:
+        t0 = time.perf_counter()
+        reloc.tensor_array(tensors)
+        return time.perf_counter() - t0
+
+    return median_of(once, repeat)
+
+
 # ---- proxy overhead ------------------------------------------------------------------------------------------------
 
 
@@ -277,6 +297,8 @@ def main() -> int:
         rate, direct = bench_replay(mib, repeat)
         print(f"replay, {mib} MiB of SET_TENSOR data + 64 MiB read back: {rate:8.0f} MB/s (bar >= 300 MB/s); "
               f"the kit client alone: {direct:.0f} MB/s")
+        t = bench_relocation(10_000, 20)
+        print(f"relocating a 10,000-tensor GRAPH_COMPUTE: {t * 1e6:.0f} us")
         size, load, seconds = bench_replay_pcap(mib)
         moved = (mib * MIB + CHUNK) / 1e6
         print(f"replay from a {size:.0f} MB pcap: reading and decoding {load:.2f} s ({size / load:.0f} MB/s), "
