@@ -64,9 +64,12 @@ class Server:
         while not self._stopping.is_set():
             try:
                 conn, peer = self.sock.accept()
-            except OSError:
+            except OSError as exc:
                 if self._stopping.is_set():
                     break
+                # e.g. out of file descriptors: say so and back off instead of spinning
+                log.warning("accept failed: %s", exc)
+                self._stopping.wait(0.1)
                 continue
             if self._stopping.is_set():
                 conn.close()
