@@ -48,4 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # Run the copy imported under its package name: the sub-commands raise *its* UsageError.
+    from ggml_rpc.conformance.cli import main as _main
+
+    sys.exit(_main())

@@ -41,12 +41,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-size", default=None, help="GET_MAX_SIZE answer (default 2^64-1, as upstream CPU)")
     p.add_argument("--concurrent", action="store_true", help="serve many connections at once (upstream: one)")
     p.add_argument("--verbose", action="store_true", help="log one line per command")
+    p.add_argument("--list-ops", action="store_true", help="print the ops x types the executor computes, and exit")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ggml_rpc.reference import Server, make_config
 
+    if args.list_ops:
+        from ggml_rpc.reference.executor import render_ops_table
+
+        sys.stdout.write(render_ops_table())
+        return 0
     try:
         protocol = parse_version_option(args.proto)
         mem = parse_size(args.mem)
