@@ -177,3 +177,21 @@ def test_reads_of_regions_written_after_a_graph_stay_exact(real_captures, tmp_pa
         report = replay([real_captures / "v7-v7-test-backend-ops.pcap"], srv.host, srv.port, until_compute=False)
     assert report.mismatches == []
     assert report.compared["exact"] > 100 and report.compared["computed"] > 100
+
+
+def test_where_the_recorded_server_closed_is_known_for_every_request():
+    """A send refused because the target closed a little early still matches a recording that closed there."""
+    from pathlib import Path
+
+    from ggml_rpc.conformance.replay import Replayer
+
+    fixture = Path(__file__).resolve().parents[2] / "fixtures" / "v7-bad-input.pcap"
+    (cap,) = load_captures([fixture])
+    replayer = Replayer([cap], "127.0.0.1", 1)
+    for dc in cap.connections:
+        replies = {id(r.request): r for r in dc.replies}
+        verdicts = [replayer._recorded_close_from(dc, r, replies) for r in dc.requests]
+        if dc.requests:
+            assert verdicts[-1], f"connection {dc.conn.index} ends with the server closing"
+        assert not any(v for r, v in zip(dc.requests, verdicts, strict=True) if r.command is Command.HELLO and
+                       id(r) in replies), "HELLO was answered: the server was still there"
