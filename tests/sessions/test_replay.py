@@ -191,7 +191,7 @@ def test_where_the_recorded_server_closed_is_known_for_every_request():
     for dc in cap.connections:
         replies = {id(r.request): r for r in dc.replies}
         verdicts = [replayer._recorded_close_from(dc, r, replies) for r in dc.requests]
-        if dc.requests:
+        if dc.requests and dc.error is None:  # (a stream that breaks the spec closes in its undecodable tail)
             assert verdicts[-1], f"connection {dc.conn.index} ends with the server closing"
         assert not any(v for r, v in zip(dc.requests, verdicts, strict=True) if r.command is Command.HELLO and
                        id(r) in replies), "HELLO was answered: the server was still there"
