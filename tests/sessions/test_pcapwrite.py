@@ -7,6 +7,8 @@ from ggml_rpc.conformance.capture import read_connections
 from ggml_rpc.conformance.pcapwrite import PcapWriter, write_session
 from ggml_rpc.conformance.session import decode_connection, decode_file
 from ggml_rpc.spec import Reply
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from .conftest import tshark_problems
 
@@ -73,3 +75,24 @@ def test_bad_parameters_are_refused(tmp_path):
             w.flow(mss=70000)
         with pytest.raises(ValueError):
             w.flow(client=("::1", 1), server=("127.0.0.1", 2))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    writes=st.lists(st.tuples(st.booleans(), st.binary(min_size=0, max_size=3000)), max_size=12),
+    mss=st.integers(min_value=1, max_value=1500),
+    client_first=st.booleans(),
+)
+def test_any_writes_at_any_mss_reassemble_to_the_same_streams(tmp_path_factory, writes, mss, client_first):
+    path = tmp_path_factory.mktemp("h") / "h.pcap"
+    with PcapWriter(path, start=1_700_000_000.0) as w:
+        flow = w.flow(mss=mss)
+        flow.open()
+        for from_client, data in writes:
+            flow.write(from_client, data)
+        flow.close(client_first=client_first)
+    (conn,) = read_connections(path)
+    assert conn.saw_syn and not conn.notes
+    assert bytes(conn.c2s.data) == b"".join(d for c, d in writes if c)
+    assert bytes(conn.s2c.data) == b"".join(d for c, d in writes if not c)
+    assert conn.c2s.fin and conn.s2c.fin
