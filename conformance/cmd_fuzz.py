@@ -56,7 +56,8 @@ class Status:
         self._last = now
         st = campaign.stats
         line = (f"{st.examples} examples, {st.messages} messages ({st.broken} near-valid), {st.rate:,.0f} execs/s, "
-                f"{len(campaign.findings)} finding(s), {st.seconds:.0f} s")
+                f"{len(campaign.findings)} finding(s), {st.seconds:.0f} s, RSS {st.max_rss_kib // 1024} MiB"
+                + (f" + target {st.max_target_rss_kib // 1024} MiB" if st.max_target_rss_kib else ""))
         if self.tty:
             self.stream.write("\r\033[K" + line)
         else:
@@ -136,11 +137,11 @@ def run(args: argparse.Namespace) -> int:
             target.stop()
             raise UsageError(str(exc)) from None
     target = campaign.target
-    print(f"fuzzing {target.description} ({target.address}), protocol {campaign.protocol.label}, seed {args.seed}",
-          file=sys.stderr)
     try:
         if args.server is None and args.spawn is None:
             target.start()
+        print(f"fuzzing {target.description} at {target.address}, protocol {campaign.protocol.label}, seed "
+              f"{args.seed}", file=sys.stderr)
         campaign.run()
     finally:
         target.stop()
@@ -156,7 +157,9 @@ def print_summary(campaign, out=None) -> None:
     for f in campaign.findings:
         kinds[f.kind] += 1
     out.write(f"{st.examples} examples, {st.messages} messages ({st.broken} near-valid) in {st.seconds:.1f} s: "
-              f"{st.rate:,.0f} execs/s; max RSS {st.max_rss_kib / 1024:.0f} MiB; target restarts {st.restarts}\n")
+              f"{st.rate:,.0f} execs/s; max RSS {st.max_rss_kib / 1024:.0f} MiB (fuzzer and model)"
+              + (f", {st.max_target_rss_kib / 1024:.0f} MiB (target)" if st.max_target_rss_kib else "")
+              + f"; target restarts {st.restarts}\n")
     if st.by_rule:
         out.write("rules broken: " + ", ".join(f"{k} {v}" for k, v in sorted(st.by_rule.items())) + "\n")
     out.write("findings: " + ", ".join(f"{v} {k}" for k, v in kinds.items()) + "\n")

@@ -52,6 +52,8 @@ class Stats:
     started: float = field(default_factory=time.monotonic)
     restarts: int = 0
     max_rss_kib: int = 0
+    #: Resident memory of the target process, when it runs on this machine under the campaign's control.
+    max_target_rss_kib: int = 0
     by_command: Counter = field(default_factory=Counter)
     by_rule: Counter = field(default_factory=Counter)
 
@@ -110,7 +112,9 @@ class Campaign:
         self.alignment = alignment
         self.timeout = options.timeout
         self.exact = options.exact
-        self.model_cache = ModelCache()
+        # The model has a hash cache only when the target's can be seen and emptied between examples (the
+        # embedded target with a cache); any other target is assumed to run without one (upstream: without -c).
+        self.model_cache = ModelCache() if getattr(target, "use_cache", False) else None
         self.stats = Stats()
         self.findings: list[SavedFinding] = []
         self.stopped_because = ""
@@ -185,7 +189,8 @@ class Campaign:
                 # Raising through hypothesis would look like a flaky test: later examples are inert instead.
                 self.gone = str(exc)
         self._dead = False
-        self.model_cache.clear()
+        if self.model_cache is not None:
+            self.model_cache.clear()
         cache_dir = self.target.cache_dir
         if cache_dir is not None and cache_dir.exists():
             from .model import clear_directory
@@ -207,8 +212,18 @@ class Campaign:
             if now - self._last_status >= 0.5:
                 self._last_status = now
                 st.max_rss_kib = max(st.max_rss_kib, rss_kib())
+                pid = self._target_pid()
+                if pid:
+                    st.max_target_rss_kib = max(st.max_target_rss_kib, rss_kib(pid))
                 if self._progress is not None:
                     self._progress(self)
+
+    def _target_pid(self) -> int | None:
+        pid = getattr(self.target, "pid", None)
+        if pid is None:
+            proc = getattr(self.target, "proc", None)
+            pid = getattr(proc, "pid", None)
+        return pid
 
     def found(self, example: Example, finding: Finding) -> None:
         """Keep the smallest failing example of the round's first kind of failure (what shrinking converges to)."""
@@ -250,7 +265,8 @@ class Campaign:
                 rounds += 1
         finally:
             self._close_example()
-            self.model_cache.remove()
+            if self.model_cache is not None:
+                self.model_cache.remove()
             self.stats.max_rss_kib = max(self.stats.max_rss_kib, rss_kib())
         return self.findings
 

@@ -17,21 +17,31 @@ target with the target's handles and addresses (learnt from ALLOC_BUFFER / BUFFE
 
 from __future__ import annotations
 
+import random
 from typing import TYPE_CHECKING
 
 from ggml_rpc.conformance.replay import RECORDED_ONLY, Relocator
 from ggml_rpc.spec import CONN_CAPS_SIZE, Command, fnv1a64
 from ggml_rpc.spec.layout import flat_layout
 
+from .draws import Draw, RandomDraw
 from .findings import Finding, Writes
-from .generate import BufferRef, ConnRef, Scope
+from .generate import BufferRef, ConnRef, Scope, alloc_size, needs_state, placed_tensor, valid_request
 from .message import FuzzMessage
 from .model import ModelConnection
+from .nearvalid import break_one
 from .wire import Refused, TargetConnection
 
 if TYPE_CHECKING:
     from .campaign import Campaign
 
+#: Out of ten requests, how many break one rule (the rest are valid).
+BROKEN_PER_TEN = 1
+#: Commands that change tensor data: the written tensor is read back after each (data must equal the model's).
+WRITES = frozenset({Command.SET_TENSOR, Command.MEMSET_TENSOR, Command.COPY_TENSOR, Command.SET_TENSOR_HASH,
+                    Command.GRAPH_COMPUTE, Command.GRAPH_RECOMPUTE, Command.BUFFER_CLEAR})
+#: A command that only makes sense after another one on the same connection (state, not layout).
+PREREQUISITES = {Command.GRAPH_RECOMPUTE: Command.GRAPH_COMPUTE}
 #: Largest read-back of a written tensor.
 MAX_READ = 4096
 #: What places a tensor: a read-back uses the known tensor when these fields of the written one match.
@@ -114,7 +124,8 @@ class Example:
         old = self.models.pop(ref, None)
         if old is not None:
             old.close()
-        self.models[ref] = ModelConnection(self.c.model_config, self.c.model_cache.cache, name=f"model {ref!r}")
+        cache = self.c.model_cache.cache if self.c.model_cache is not None else None
+        self.models[ref] = ModelConnection(self.c.model_config, cache, name=f"model {ref!r}")
         self.current, self.tconn = ref, tconn
         self._last_ref = ref
         self._writes = []
@@ -281,6 +292,85 @@ class Example:
         raise finding
 
     # ---- composite steps ---------------------------------------------------------------------------------------
+
+    def command_step(self, d: Draw, command: Command) -> None:
+        """One request of ``command`` on the active connection: valid, or (one time in ten) with one rule broken.
+
+        A request that needs a buffer or a tensor gets them first; GRAPH_RECOMPUTE gets a graph first; what a valid
+        request wrote is read back.
+        """
+        if self.inert:
+            return
+        conn = self.active()
+        payload = self.protocol.commands[command].request
+        if needs_state(payload) and not self.scope.tensors:
+            self.setup(d, conn)
+        before = PREREQUISITES.get(command)
+        if before is not None and not self.has_graph(conn):
+            self.send(conn, valid_request(d, self.scope, before))
+            conn = self.active()
+        msg = valid_request(d, self.scope, command)
+        if d.integer(0, 9) >= 10 - BROKEN_PER_TEN:
+            msg = break_one(d, self.scope, msg, self.protocol)
+        self.send(conn, msg)
+        if msg.broken is None and command in WRITES:
+            self.read_back(conn, msg)
+
+    def setup(self, d: Draw, conn: ConnRef) -> None:
+        """A buffer and two tensors of one type and shape on ``conn`` (so that graphs can combine them)."""
+        buf = self.alloc(conn, d.integer(64, 4096), d.integer(0, max(0, self.c.devices - 1)))
+        if buf is not None:
+            first = placed_tensor(d, self.scope, buf)
+            self.scope.all_tensors.append(first)
+            self.scope.all_tensors.append(placed_tensor(d, self.scope, buf, like=first))
+        self.prepare(conn)
+
+    def burst(self, rng: random.Random, n: int) -> None:
+        """``n`` steps chosen and made from a PRNG: commands of the table, allocations, tensor placements."""
+        d = RandomDraw(rng)
+        commands = [c for c in self.protocol.commands if c is not Command.HELLO]
+        for _ in range(n):
+            if self.inert:
+                return
+            pick = d.integer(0, len(commands) + 2)
+            if pick < len(commands):
+                self.command_step(d, commands[pick])
+            elif pick == len(commands):
+                conn = self.active()
+                self.alloc(conn, alloc_size(d), d.integer(0, max(0, self.c.devices - 1)))
+            elif pick == len(commands) + 1:
+                conn = self.active()
+                if self.scope.buffers:
+                    self.scope.all_tensors.append(placed_tensor(d, self.scope, d.choice(self.scope.buffers)))
+                    self.prepare(conn)
+            else:
+                self.break_connection(d, d.choice(("handshake", "unknown command", "hello again")))
+
+    def break_connection(self, d: Draw, how: str) -> None:
+        """A bad first message, a command id the version lacks, or a second HELLO."""
+        if self.inert:
+            return
+        reqs = [c for c in self.protocol.commands if c is not Command.HELLO]
+        hello = FuzzMessage(Command.HELLO, {"conn_caps": bytes(CONN_CAPS_SIZE)})
+        if how == "handshake":
+            conn = self.current or self.new_ref()
+            first = break_one(d, self.scope, hello, self.protocol) if d.integer(0, 1) else \
+                valid_request(d, self.scope, d.choice(reqs))
+            if first.command is not Command.HELLO:
+                first.broken = f"id: {first.command.name} before HELLO"
+            self.open(conn, first)
+            return
+        conn = self.active()
+        if how == "hello again":
+            hello.broken = "id: HELLO after the handshake"
+            self.send(conn, hello)
+            return
+        from .machine import unknown_commands
+
+        msg = valid_request(d, self.scope, d.choice(reqs))
+        msg.wire_command = d.choice(unknown_commands(self.protocol))
+        msg.broken = f"id: command byte {msg.wire_command}"
+        self.send(conn, msg)
 
     def read_back(self, ref: ConnRef, msg: FuzzMessage) -> None:
         """GET_TENSOR of what ``msg`` wrote (its whole tensor, at most MAX_READ bytes), when it is still there."""

@@ -23,17 +23,15 @@ from typing import Any
 
 from construct import Struct
 from ggml_rpc.spec import TYPES, Command, GgmlOp, GgmlType, Payload, Protocol, Shape, TensorFlag, ggml_nbytes
-from ggml_rpc.spec import strategies as spec_st
 from ggml_rpc.spec.schema_walk import FieldInfo, fields
-from ggml_rpc.spec.tensor import RpcTensor, make_tensor, null_tensor
+from ggml_rpc.spec.tensor import RpcTensor, encode_name, make_tensor, null_tensor
 from hypothesis import strategies as st
 
+from .draws import Draw, HypothesisDraw
 from .message import FuzzMessage
 
 #: Bytes of bulk data at most (SET_TENSOR data; GET_TENSOR and MEMSET regions are bounded by the tensors).
 MAX_DATA = 2048
-#: Buffer sizes the fuzzer allocates (small: every step stays cheap; 0 is upstream's dummy buffer).
-ALLOC_SIZES = st.one_of(st.integers(1, 4096), st.just(0), st.integers(4097, 65536))
 #: Types tensors are placed with: plain and block-quantised ones, so nbytes takes both formulas.
 PLACE_TYPES = tuple(int(GgmlType[n]) for n in ("F32", "F16", "I32", "I8", "BF16", "Q8_0", "Q4_0", "Q4_K"))
 #: Ops of fuzzed graphs: cheap element-wise and layout ops the reference executor runs.
@@ -126,83 +124,79 @@ def payload_fields(schema: Struct) -> tuple[FieldInfo, ...]:
     return tuple(fields(schema))
 
 
-def random_tensors() -> st.SearchStrategy[dict[str, Any]]:
-    """Any rpc_tensor (every field over its whole range), straight from the schema."""
-    return spec_st.tensors()
-
-
-_RANDOM_TENSOR = random_tensors()
 _NULL = null_tensor()
 
 
-def _known_tensor(draw: st.DrawFn, scope: Scope) -> dict[str, Any]:
+def known_tensor(d: Draw, scope: Scope) -> dict[str, Any]:
     """Mostly a live tensor of the connection; one time in 16 (or when there is none) any tensor at all."""
     ts = scope.tensors
-    if not ts or draw(st.integers(0, 15)) == 15:
-        return draw(_RANDOM_TENSOR)
-    return ts[draw(st.integers(0, len(ts) - 1))].fields
+    if not ts or d.integer(0, 15) == 15:
+        return d.tensor()
+    return d.choice(ts).fields
 
 
-def _tensor_array(draw: st.DrawFn, scope: Scope, count: int) -> list[dict[str, Any]]:
+def _tensor_array(d: Draw, scope: Scope, count: int) -> list[dict[str, Any]]:
     """``count`` tensors, null but for the first few (how sources are sent: id 0 = none)."""
-    used = draw(st.integers(0, min(2, count))) if scope.tensors else 0
-    return [_known_tensor(draw, scope) for _ in range(used)] + [_NULL] * (count - used)
+    used = d.integer(0, min(2, count)) if scope.tensors else 0
+    return [known_tensor(d, scope) for _ in range(used)] + [_NULL] * (count - used)
 
 
-def _handle(draw: st.DrawFn, scope: Scope) -> int:
+def _handle(d: Draw, scope: Scope) -> int:
     bs = scope.buffers
     if not bs:
-        return draw(st.integers(0, (1 << 64) - 1))
-    return bs[draw(st.integers(0, len(bs) - 1))].handle
+        return d.integer(0, (1 << 64) - 1)
+    return d.choice(bs).handle
 
 
-Drawer = Callable[[st.DrawFn, Scope], Any]
+def _hash(d: Draw, scope: Scope, info: FieldInfo) -> int:
+    if scope.hashes and d.integer(0, 1):
+        return d.choice(scope.hashes)
+    return d.field(info)
 
 
-def _drawer(info: FieldInfo) -> Drawer:
+FieldDrawer = Callable[[Draw, Scope], Any]
+
+
+def _drawer(info: FieldInfo) -> FieldDrawer:
     """How one payload field is drawn, chosen once per payload from its name and shape."""
     if info.kind == "struct" and is_tensor(info):
-        return _known_tensor
+        return known_tensor
     if info.kind == "struct_array" and isinstance(info.count, int) and is_tensor(info):
         count = info.count
-        return lambda draw, scope: _tensor_array(draw, scope, count)
+        return lambda d, scope: _tensor_array(d, scope, count)
     if info.name == "device":
-        return lambda draw, scope: draw(st.integers(0, max(0, scope.devices - 1)))
+        return lambda d, scope: d.integer(0, max(0, scope.devices - 1))
     if info.name == "remote_ptr":
         return _handle
     if info.name == "hash":
-        anything = spec_st.integers(info.fmt)
-        return lambda draw, scope: (scope.hashes[draw(st.integers(0, len(scope.hashes) - 1))]
-                                    if scope.hashes and draw(st.booleans()) else draw(anything))
+        return lambda d, scope: _hash(d, scope, info)
     if info.name in ("offset", "size"):
-        return lambda draw, scope: 0  # fitted to the tensor afterwards
-    derived = spec_st.field_values(info)  # the schema's own strategy (full range)
-    return lambda draw, scope: draw(derived)
+        return lambda d, scope: 0  # fitted to the tensor afterwards
+    return lambda d, scope: d.field(info)  # the schema's own full range
 
 
 @cache
-def _drawers(payload: Payload) -> tuple[tuple[str, Drawer], ...]:
+def _drawers(payload: Payload) -> tuple[tuple[str, FieldDrawer], ...]:
     return tuple((info.name, _drawer(info)) for info in payload_fields(payload.schema))
 
 
-@st.composite
-def graph_fields(draw: st.DrawFn, scope: Scope) -> dict[str, Any]:
-    """A small graph: one node computed from up to three known tensors (sources first, then the node)."""
-    device = draw(st.integers(0, max(0, scope.devices - 1)))
+def graph_fields(d: Draw, scope: Scope) -> dict[str, Any]:
+    """A small graph: one node computed from up to two known tensors of its shape (sources first, then the node)."""
+    device = d.integer(0, max(0, scope.devices - 1))
     if not scope.tensors:
-        t = draw(random_tensors())
+        t = d.tensor()
         return {"device": device, "nodes": [t["id"]], "tensors": [t]}
-    out = draw(st.sampled_from(scope.tensors))
-    # Sources of the same type and shape (the node itself included), so element-wise ops can run.
+    out = d.choice(scope.tensors)
+    # Sources of the same type and shape, so that element-wise ops can run.
     same = [t for t in scope.tensors if t.fields["type"] == out.fields["type"] and t.fields["ne"] == out.fields["ne"]
             and t is not out]
-    n_src = draw(st.integers(0, 2)) if same else 0
-    srcs = [draw(st.sampled_from(same)) for _ in range(n_src)]
+    n_src = d.integer(0, 2) if same else 0
+    srcs = [d.choice(same) for _ in range(n_src)]
     node = dict(out.fields)
-    node["op"] = draw(st.sampled_from(GRAPH_OPS))
+    node["op"] = d.choice(GRAPH_OPS)
     node["flags"] = _COMPUTE
     node["src"] = [t.fields["id"] for t in srcs] + [0] * (10 - n_src)
-    params = draw(st.lists(st.integers(-4, 4), max_size=4))
+    params = [d.integer(-4, 4) for _ in range(d.integer(0, 4))]
     node["op_params"] = params + [0] * (16 - len(params))
     seen = {node["id"]}
     tensors = []
@@ -214,13 +208,12 @@ def graph_fields(draw: st.DrawFn, scope: Scope) -> dict[str, Any]:
     return {"device": device, "nodes": [node["id"]], "tensors": tensors}
 
 
-@st.composite
-def valid_request(draw: st.DrawFn, scope: Scope, command: Command) -> FuzzMessage:
+def valid_request(d: Draw, scope: Scope, command: Command) -> FuzzMessage:
     """A request of ``command`` that a correct server accepts, given what ``scope`` knows (mostly)."""
     payload = scope.protocol.commands[command].request
     if payload.shape is Shape.GRAPH:
-        return FuzzMessage(command, draw(graph_fields(scope)))
-    values = {name: drawer(draw, scope) for name, drawer in _drawers(payload)}
+        return FuzzMessage(command, graph_fields(d, scope))
+    values = {name: drawer(d, scope) for name, drawer in _drawers(payload)}
     data = None
     tensor = values.get("tensor")
     if tensor is not None and "offset" in values:
@@ -229,44 +222,66 @@ def valid_request(draw: st.DrawFn, scope: Scope, command: Command) -> FuzzMessag
         except (KeyError, ValueError):
             nbytes = 0
         room = min(nbytes, 1 << 20)
-        offset = draw(st.integers(0, room))
+        offset = d.integer(0, room)
         values["offset"] = offset
         if "size" in values:
-            values["size"] = draw(st.integers(0, min(room - offset, MAX_DATA)))
+            values["size"] = d.integer(0, min(room - offset, MAX_DATA))
         if payload.shape is Shape.HEADER_DATA:
-            data = draw(st.binary(max_size=min(room - offset, MAX_DATA)))
+            data = d.binary(min(room - offset, MAX_DATA))
     elif "size" in values:
-        values["size"] = draw(ALLOC_SIZES)
+        values["size"] = alloc_size(d)
     if payload.shape is Shape.HEADER_DATA and data is None:
-        data = draw(st.binary(max_size=MAX_DATA))
+        data = d.binary(MAX_DATA)
     return FuzzMessage(command, values, data)
 
 
-@st.composite
-def placed_tensor(draw: st.DrawFn, scope: Scope, buf: BufferRef, like: TensorRef | None = None) -> TensorRef:
+def alloc_size(d: Draw) -> int:
+    """Mostly small buffers; 0 (upstream's dummy buffer) and up to 64 KiB now and then."""
+    pick = d.integer(0, 7)
+    if pick == 0:
+        return 0
+    if pick == 1:
+        return d.integer(4097, 65536)
+    return d.integer(1, 4096)
+
+
+def placed_tensor(d: Draw, scope: Scope, buf: BufferRef, like: TensorRef | None = None) -> TensorRef:
     """A contiguous tensor inside ``buf`` (aligned as the server's alignment asks); ``like``: same type and shape."""
     tid = scope.new_id()
+    align = max(1, scope.alignment)
     if like is not None and like.nbytes:
-        t = dict(like.fields, id=tid, name=f"t{tid}".encode().ljust(64, b"\0"))
-        align = max(1, scope.alignment)
         slots = (buf.size - like.nbytes) // align
         if slots >= 0:
-            t["data"] = buf.base + draw(st.integers(0, slots)) * align
-            t["buffer"] = buf.handle
+            t = dict(like.fields, id=tid, name=encode_name(f"t{tid}"), buffer=buf.handle,
+                     data=buf.base + d.integer(0, slots) * align)
             return TensorRef(t, buf, like.nbytes)
-    ttype = draw(st.sampled_from(PLACE_TYPES))
+    ttype = d.choice(PLACE_TYPES)
     info = TYPES[ttype]
     blocks_fit = buf.size // info.size
     if blocks_fit == 0:
         fields_ = make_tensor(id=tid, type=ttype, ne=(0, 1, 1, 1), buffer=buf.handle, data=buf.base, name=f"t{tid}")
         return TensorRef(fields_, buf, 0)
-    rows = draw(st.integers(1, min(4, blocks_fit)))
-    blocks = draw(st.integers(1, min(64, blocks_fit // rows)))
+    rows = d.integer(1, min(4, blocks_fit))
+    blocks = d.integer(1, min(64, blocks_fit // rows))
     ne = (blocks * info.blck, rows)
     probe = make_tensor(id=tid, type=ttype, ne=ne)
     nbytes = ggml_nbytes(ttype, probe["ne"], probe["nb"])
-    align = max(1, scope.alignment)
     slots = (buf.size - nbytes) // align
-    offset = draw(st.integers(0, max(0, slots))) * align
+    offset = d.integer(0, max(0, slots)) * align
     t = make_tensor(id=tid, type=ttype, ne=ne, buffer=buf.handle, data=buf.base + offset, name=f"t{tid}")
     return TensorRef(t, buf, nbytes)
+
+
+# ---- as hypothesis strategies ----------------------------------------------------------------------------------
+
+
+@st.composite
+def valid_requests(draw: st.DrawFn, scope: Scope, command: Command) -> FuzzMessage:
+    """Hypothesis strategy of :func:`valid_request` (every choice shrinkable)."""
+    return valid_request(HypothesisDraw(draw), scope, command)
+
+
+@st.composite
+def placed_tensors(draw: st.DrawFn, scope: Scope, buf: BufferRef, like: TensorRef | None = None) -> TensorRef:
+    """Hypothesis strategy of :func:`placed_tensor`."""
+    return placed_tensor(HypothesisDraw(draw), scope, buf, like)

@@ -1,34 +1,34 @@
 """The stateful fuzzer: a hypothesis ``RuleBasedStateMachine`` built from a version's command table.
 
 Bundles hold connections, buffers and tensors; there is one rule per command of the table (a valid request,
-sometimes with exactly one rule broken), plus rules that open and end connections, allocate buffers, place tensors,
-break the handshake and send command ids the version does not have.  The oracle is the reference server's own
-connection logic (:mod:`.model`); the invariants are checked by :class:`.example.Example` after every message and
-at the end of every example.
+sometimes with exactly one rule broken), plus rules that open and revisit connections, allocate buffers, place
+tensors, and break the connection itself (a bad handshake, a command id the version lacks, a second HELLO).
+
+Each command rule's request is drawn choice by choice through hypothesis; a burst of further steps follows it,
+made by the same generators from a seed hypothesis draws (:mod:`.draws`): hypothesis shrinks the burst's length
+and seed, and the burst keeps the campaign's message rate far above what per-field draws allow.
+
+The oracle is the reference server's own connection logic (:mod:`.model`); the invariants are checked by
+:class:`.example.Example` after every message and at the end of every example.
 """
 
 from __future__ import annotations
 
+import random
 from typing import TYPE_CHECKING, Any
 
 from ggml_rpc.spec import NEVER_ON_WIRE, Command, Protocol
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, multiple, rule
 
-from .generate import ALLOC_SIZES, BufferRef, ConnRef, TensorRef, needs_state, placed_tensor, valid_request
-from .message import FuzzMessage
-from .nearvalid import break_one
+from .draws import HypothesisDraw
+from .generate import BufferRef, ConnRef, TensorRef, alloc_size, placed_tensors
 
 if TYPE_CHECKING:
     from .campaign import Campaign
 
-#: Out of ten messages, how many break one rule (the rest are valid requests).
-BROKEN_PER_TEN = 1
-#: Commands that change tensor data: the written tensor is read back after each (data must equal the model's).
-WRITES = frozenset({Command.SET_TENSOR, Command.MEMSET_TENSOR, Command.COPY_TENSOR, Command.SET_TENSOR_HASH,
-                    Command.GRAPH_COMPUTE, Command.GRAPH_RECOMPUTE, Command.BUFFER_CLEAR})
-#: A command that only makes sense after another one on the same connection (state, not layout).
-PREREQUISITES = {Command.GRAPH_RECOMPUTE: Command.GRAPH_COMPUTE}
+#: Longest burst of seeded steps after a rule's own request.
+BURST_MAX = 24
 
 
 def unknown_commands(protocol: Protocol) -> list[int]:
@@ -41,8 +41,9 @@ def build_machine(campaign: Campaign) -> type[RuleBasedStateMachine]:
     """A state machine class for the campaign's protocol (one rule per command of its table)."""
     protocol = campaign.protocol
     devices = st.integers(0, max(0, campaign.devices - 1))
-    bad_ids = unknown_commands(protocol)
     reqs = [c for c in protocol.commands if c is not Command.HELLO]
+    bursts = st.integers(0, BURST_MAX)
+    seeds = st.integers(0, (1 << 32) - 1)
 
     class FuzzMachine(RuleBasedStateMachine):
         connections = Bundle("connections")
@@ -52,6 +53,10 @@ def build_machine(campaign: Campaign) -> type[RuleBasedStateMachine]:
         def __init__(self) -> None:
             super().__init__()
             self.ex = campaign.new_example()
+
+        def _burst(self, n: int, seed: int) -> None:
+            if n:
+                self.ex.burst(random.Random(seed), n)
 
         @initialize(target=connections)
         def first_connection(self) -> ConnRef:
@@ -73,79 +78,38 @@ def build_machine(campaign: Campaign) -> type[RuleBasedStateMachine]:
             """Go back to an earlier connection (re-opened if it ended: its old buffers are then stale)."""
             self.ex.prepare(conn)
 
-        @rule(target=buffers, size=ALLOC_SIZES, device=devices)
-        def alloc_buffer(self, size: int, device: int) -> Any:
-            buf = self.ex.alloc(self.ex.active(), size, device)
+        @rule(target=buffers, data=st.data(), device=devices)
+        def alloc_buffer(self, data: st.DataObject, device: int) -> Any:
+            buf = self.ex.alloc(self.ex.active(), alloc_size(HypothesisDraw(data.draw)), device)
             return buf if buf is not None else multiple()
 
         @rule(target=tensors, buf=buffers, data=st.data())
         def place_tensor(self, buf: BufferRef, data: st.DataObject) -> TensorRef:
-            t = data.draw(placed_tensor(self.ex.scope, buf))
+            t = data.draw(placed_tensors(self.ex.scope, buf))
             self.ex.scope.all_tensors.append(t)
             return t
 
         @rule(how=st.sampled_from(("handshake", "unknown command", "hello again")), data=st.data())
         def break_connection(self, how: str, data: st.DataObject) -> None:
             """Break the connection itself: a bad first message, a command id the version lacks, a second HELLO."""
-            ex = self.ex
-            conn = ex.active()
-            hello = FuzzMessage(Command.HELLO, {"conn_caps": bytes(24)})
-            if how == "handshake":
-                other = data.draw(st.sampled_from(reqs))
-                first = data.draw(st.one_of(break_one(ex.scope, hello, protocol), valid_request(ex.scope, other)))
-                if first.command is not Command.HELLO:
-                    first.broken = f"id: {first.command.name} before HELLO"
-                ex.open(conn, first)
-                return
-            ex.prepare(conn)
-            if how == "hello again":
-                hello.broken = "id: HELLO after the handshake"
-                ex.send(conn, hello)
-                return
-            cmd = data.draw(st.sampled_from(bad_ids))
-            msg = data.draw(valid_request(ex.scope, data.draw(st.sampled_from(reqs))))
-            msg.wire_command = cmd
-            msg.broken = f"id: command byte {cmd}"
-            ex.send(conn, msg)
-
-        def _setup(self, conn: ConnRef, data: st.DataObject) -> None:
-            ex = self.ex
-            buf = ex.alloc(conn, data.draw(st.integers(64, 4096)), data.draw(devices))
-            if buf is not None:
-                first = data.draw(placed_tensor(ex.scope, buf))
-                ex.scope.all_tensors.append(first)
-                # A second tensor of the same type and shape, so that a graph can combine the two.
-                ex.scope.all_tensors.append(data.draw(placed_tensor(ex.scope, buf, like=first)))
-            ex.prepare(conn)
+            self.ex.break_connection(HypothesisDraw(data.draw), how)
 
         def teardown(self) -> None:
             self.ex.finish()
 
     def command_rule(command: Command):
-        payload = protocol.commands[command].request
-        stateful = needs_state(payload)
-        before = PREREQUISITES.get(command)
-
-        def send(self: FuzzMachine, data: st.DataObject) -> None:
-            ex = self.ex
-            conn = ex.active()
-            if stateful and not ex.scope.tensors:
-                # Nothing to refer to yet on this connection: make a buffer and a tensor first.
-                self._setup(conn, data)
-            if before is not None and not ex.has_graph(conn):
-                ex.send(conn, data.draw(valid_request(ex.scope, before)))
-                ex.prepare(conn)
-            msg = data.draw(valid_request(ex.scope, command))
-            if data.draw(st.integers(0, 9)) >= 10 - BROKEN_PER_TEN:
-                msg = data.draw(break_one(ex.scope, msg, protocol))
-            ex.send(conn, msg)
-            if msg.broken is None and command in WRITES:
-                ex.read_back(conn, msg)
+        def send(self: FuzzMachine, data: st.DataObject, n: int, seed: int) -> None:
+            self.ex.command_step(HypothesisDraw(data.draw), command)
+            self._burst(n, seed)
 
         send.__name__ = f"send_{command.name.lower()}"
-        return rule(data=st.data())(send)
+        send.__doc__ = f"A {command.name} request (valid, or with one rule broken), then a seeded burst."
+        return rule(data=st.data(), n=bursts, seed=seeds)(send)
 
     for command in reqs:
         setattr(FuzzMachine, f"send_{command.name.lower()}", command_rule(command))
     FuzzMachine.__name__ = f"FuzzMachine_v{protocol.label.replace('.', '_')}"
     return FuzzMachine
+
+
+__all__ = ["BURST_MAX", "build_machine", "unknown_commands"]

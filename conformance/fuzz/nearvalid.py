@@ -31,6 +31,7 @@ from ggml_rpc.spec import (
 from ggml_rpc.spec.schema_walk import element_size, int_range
 from hypothesis import strategies as st
 
+from .draws import Draw, HypothesisDraw
 from .generate import Scope, payload_fields
 from .message import FuzzMessage
 
@@ -227,32 +228,31 @@ def size_claims(payload: Payload, actual: int) -> list[int]:
     return sorted(c for c in cands if c != actual)
 
 
-@st.composite
-def break_one(draw: st.DrawFn, scope: Scope, msg: FuzzMessage, protocol: Protocol) -> FuzzMessage:
+def break_one(d: Draw, scope: Scope, msg: FuzzMessage, protocol: Protocol) -> FuzzMessage:
     """``msg`` with exactly one rule broken (the rule and the place drawn from the payload's targets)."""
     payload = protocol.commands[msg.command].request
     wire, _ = msg.encode(protocol)
     options = [t for t in targets(payload) if t.rule in ("size", "truncation") or _leaf_paths(msg.fields, t)
                or t.rule == "count"]
-    target = draw(st.sampled_from(options))
+    target = d.choice(options)
     out = FuzzMessage(msg.command, msg.fields, msg.data, tags=(target.rule,))
     if target.rule == "size":
-        out.size = draw(st.sampled_from(size_claims(payload, len(wire) - 9)))
+        out.size = d.choice(size_claims(payload, len(wire) - 9))
         out.broken = f"size: header claims {out.size} bytes"
         return out
     if target.rule == "truncation":
-        out.cut = draw(st.integers(1, len(wire) - 1)) if len(wire) > 1 else 0
+        out.cut = d.integer(1, len(wire) - 1) if len(wire) > 1 else 0
         out.broken = f"truncation: cut after {out.cut} of {len(wire)} bytes"
         return out
     if target.rule == "count":
         name = target.path
         real = len(msg.fields[{f.count: f.name for f in payload_fields(payload.schema)
                                if isinstance(f.count, str)}[name]])
-        lie = draw(st.sampled_from(sorted({real + 1, max(0, real - 1), 0, 0xFFFFFFFF, 1 << 31} - {real})))
+        lie = d.choice(sorted({real + 1, max(0, real - 1), 0, 0xFFFFFFFF, 1 << 31} - {real}))
         out.patch = (count_offset(payload, msg.fields, name), struct.pack("<I", lie))
         out.broken = f"count: {name} = {lie} for {real}"
         return out
-    parts = draw(st.sampled_from(_leaf_paths(msg.fields, target)))
+    parts = d.choice(_leaf_paths(msg.fields, target))
     leaf = target.path.rsplit(".", 1)[-1]
     current = _get(msg.fields, parts)
     fmt = target.fmt
@@ -266,7 +266,7 @@ def break_one(draw: st.DrawFn, scope: Scope, msg: FuzzMessage, protocol: Protoco
         cands = _flag_values(leaf, current)
     lo, hi = int_range(fmt)
     cands = [c for c in cands if lo <= c <= hi and c != current] or [hi if current != hi else lo]
-    value = draw(st.sampled_from(cands))
+    value = d.choice(cands)
     new_fields = _set(msg.fields, parts, value)
     if target.rule == "type" and leaf == "op":
         # An op only runs when its node is computed: keep the COMPUTE flag on the broken node.
@@ -278,3 +278,9 @@ def break_one(draw: st.DrawFn, scope: Scope, msg: FuzzMessage, protocol: Protoco
     out.broken = f"{target.rule}: {'.'.join(parts)} = {value:#x}" if value >= 0 else \
         f"{target.rule}: {'.'.join(parts)} = {value}"
     return out
+
+
+@st.composite
+def near_valid(draw: st.DrawFn, scope: Scope, msg: FuzzMessage, protocol: Protocol) -> FuzzMessage:
+    """Hypothesis strategy of :func:`break_one` (the rule, the place and the value shrinkable)."""
+    return break_one(HypothesisDraw(draw), scope, msg, protocol)

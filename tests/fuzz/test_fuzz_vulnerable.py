@@ -79,8 +79,11 @@ def test_a_dead_external_target_stops_the_campaign(tmp_path):
         campaign = target_campaign(external, Options(seconds=120, seed=0, out_dir=tmp_path, wait_restart=0.5))
         t0 = time.monotonic()
         campaign.run()
-        assert time.monotonic() - t0 < 60
-        assert campaign.stopped_because.startswith("target died")
+        st = campaign.stats
+        assert time.monotonic() - t0 < 60, (st.examples, st.messages, campaign.stopped_because,
+                                            [f.line() for f in campaign.findings])
+        assert campaign.stopped_because.startswith("target died"), (campaign.stopped_because,
+                                                                    [f.line() for f in campaign.findings])
         assert "did not come back within 0.5 s" in campaign.stopped_because
         assert [f.kind for f in campaign.findings] == ["crash"]
         assert campaign.findings[0].pcap is not None and campaign.findings[0].pcap.exists()
