@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     as_protocol = parse_version_option(args.as_proto) if args.as_proto else None
     try:
         captures = load_captures(args.pcap, protocol)
-        source = source_protocol(captures, as_protocol or protocol)
+        source = as_protocol or source_protocol(captures, protocol)
     except (CaptureError, ReplayError) as exc:
         raise UsageError(str(exc)) from None
     target = as_protocol or source

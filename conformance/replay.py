@@ -308,14 +308,17 @@ class Replayer:
     ) -> None:
         self.captures = list(captures)
         self.until_compute = until_compute
-        self.source = source_protocol(self.captures, as_protocol)
+        # With --as, captures of different versions may be mixed: each connection is rewritten from its own.
+        self.source = source_protocol(self.captures, as_protocol) if as_protocol is None else as_protocol
         self.target = as_protocol or self.source
+        labels = sorted({dc.protocol.label for cap in self.captures for dc in cap.connections
+                         if dc.protocol is not None}) or [self.source.label]
         self.host, self.port = host, port
         self.tolerance = nmse_tolerance
         self.timeout = timeout
         self.cache = _TargetCache(self.target)
         self._by_hash: dict[int, memoryview] | None = None
-        self.report = ReplayReport(target=f"{host}:{port}", source_versions=[self.source.label],
+        self.report = ReplayReport(target=f"{host}:{port}", source_versions=labels,
                                    target_version=self.target.label)
 
     # -- cache data supply --
@@ -376,7 +379,7 @@ class Replayer:
                 fields = reloc.fields(req.fields)
                 data = req.data
                 if cmd is Command.SET_TENSOR:
-                    fields = self._set_tensor_fields(fields, last_miss, req)
+                    fields = self._set_tensor_fields(fields, last_miss, req, dc.protocol)
                     self.cache.sent(data, fields.get("cache_flag", 0))
                     if computed and data is not None:
                         written[req.fields["tensor"]["data"] + req.fields["offset"]] = data.nbytes
@@ -469,14 +472,16 @@ class Replayer:
             return int(req.fields["size"])
         return spec.reply.header_size  # type: ignore[union-attr]
 
-    def _set_tensor_fields(self, fields: dict[str, Any], last_miss: Request | None, req: Request) -> dict[str, Any]:
+    def _set_tensor_fields(self, fields: dict[str, Any], last_miss: Request | None, req: Request,
+                           dc_protocol: Protocol | None) -> dict[str, Any]:
         """SET_TENSOR in the target's layout (cache_flag added or dropped for a cross-version replay)."""
         flag_field = self.target.cache_rule.flag_field
-        if self.source.cache_rule.flag_field == flag_field:
+        source = dc_protocol or self.source
+        if source.cache_rule.flag_field == flag_field:
             return fields
         fields = dict(fields)
         if flag_field is None:
-            fields.pop(self.source.cache_rule.flag_field or "cache_flag", None)
+            fields.pop(source.cache_rule.flag_field or "cache_flag", None)
         else:
             follows = last_miss is not None and last_miss.fields["offset"] == req.fields["offset"] \
                 and last_miss.fields["tensor"]["id"] == req.fields["tensor"]["id"]

@@ -91,3 +91,13 @@ def test_model_load_above_the_hash_threshold_hits_warm_in_both_versions(tmp_path
     assert lint_file(out) == []
     assert main(["replay", str(out)]) == 0
     assert main(["replay", str(out), "--as", "7" if proto == "6" else "6"]) == 0
+
+
+@pytest.mark.parametrize("target", ["6", "7"])
+def test_captures_of_both_versions_replay_together_with_as(target, capsys):
+    files = [str(FIXTURES / "v6-cache-flags.pcap"), str(FIXTURES / "v7-cache-flags.pcap")]
+    assert main(["replay", *files]) == 2  # one server cannot speak both: --as is needed
+    capsys.readouterr()
+    assert main(["replay", "--as", target, *files]) == 0
+    out = capsys.readouterr().out
+    assert "(6.0.0/7.0.0 as " in out and "0 mismatch(es)" in out
