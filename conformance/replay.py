@@ -380,7 +380,7 @@ class Replayer:
                 data = req.data
                 if cmd is Command.SET_TENSOR:
                     fields = self._set_tensor_fields(fields, last_miss, req, dc.protocol)
-                    self.cache.sent(data, fields.get("cache_flag", 0))
+                    self.cache.sent(data, self._flag(fields))
                     if computed and data is not None:
                         written[req.fields["tensor"]["data"] + req.fields["offset"]] = data.nbytes
                 last_miss = None
@@ -465,6 +465,11 @@ class Replayer:
             return True
         return any((spec := self.target.spec(r.command)) is not None and spec.has_reply for r in later)
 
+    def _flag(self, fields: dict[str, Any]) -> int:
+        """The cache flag of a SET_TENSOR in the target's layout (0 where the layout has none)."""
+        name = self.target.cache_rule.flag_field
+        return int(fields.get(name, 0)) if name else 0
+
     def _reply_size(self, cmd: Command, req: Request) -> int:
         spec = self.target.spec(cmd)
         assert spec is not None and spec.reply
@@ -481,7 +486,7 @@ class Replayer:
             return fields
         fields = dict(fields)
         if flag_field is None:
-            fields.pop(source.cache_rule.flag_field or "cache_flag", None)
+            fields.pop(source.cache_rule.flag_field, None)
         else:
             follows = last_miss is not None and last_miss.fields["offset"] == req.fields["offset"] \
                 and last_miss.fields["tensor"]["id"] == req.fields["tensor"]["id"]
@@ -504,7 +509,7 @@ class Replayer:
         set_fields = {"tensor": fields["tensor"], "offset": fields["offset"]}
         if self.target.cache_rule.flag_field:
             set_fields[self.target.cache_rule.flag_field] = 1
-        self.cache.sent(data, set_fields.get("cache_flag", 0))
+        self.cache.sent(data, self._flag(set_fields))
         try:
             parts = request_parts(self.target, Command.SET_TENSOR, set_fields, data)
             client.send_raw(parts)
