@@ -278,19 +278,13 @@ def bad_input(s: Session) -> None:
 
     @case("SET_TENSOR to a tensor without a buffer")
     def _(c: RpcClient) -> None:
-        fields: dict[str, Any] = {"tensor": make_tensor(id=1, ne=(4,), name="nobuf"), "offset": 0}
-        if s.v7:
-            fields["cache_flag"] = 0
-        c.send_raw(encode_request(s.protocol, Command.SET_TENSOR, fields, bytes(16)))
+        c.set_tensor(make_tensor(id=1, ne=(4,), name="nobuf"), 0, bytes(16))
 
     @case("SET_TENSOR past the end of its buffer")
     def _(c: RpcClient) -> None:
         buf = _alloc(c, 64)
-        fields: dict[str, Any] = {"tensor": make_tensor(id=1, ne=(16,), buffer=buf.handle, data=buf.base + 32,
-                                                        name="outside"), "offset": 0}
-        if s.v7:
-            fields["cache_flag"] = 0
-        c.send_raw(encode_request(s.protocol, Command.SET_TENSOR, fields, bytes(64)))
+        c.set_tensor(make_tensor(id=1, ne=(16,), buffer=buf.handle, data=buf.base + 32, name="outside"), 0,
+                     bytes(64))
 
     @case("tensor type out of range")
     def _(c: RpcClient) -> None:
