@@ -491,21 +491,24 @@ class Connection:
                         f"was freed){_upstream('close; after FREE_BUFFER a use-after-free')}")
         self._run(graph, "GRAPH_RECOMPUTE")
 
-    def _load_executor(self, command: str) -> Callable[[list[GraphTensor]], None]:
-        if self._executor is None:
-            try:
-                from ggml_rpc.reference.executor import execute
-            except ImportError as exc:
-                raise Close(f"{command}: graph executor unavailable ({exc})") from None
-            self._executor = execute
-        return self._executor
-
     def _run(self, graph: BuiltGraph, command: str) -> None:
-        execute = self._load_executor(command)
         try:
-            execute(graph.nodes)
+            if self._executor is None:
+                # The built-in executor: prepared once per graph (views, kernels, shape checks), so a
+                # GRAPH_RECOMPUTE only runs kernels.
+                if graph.plan is None:
+                    try:
+                        from ggml_rpc.reference.executor import prepare
+                    except ImportError as exc:
+                        raise Close(f"{command}: graph executor unavailable ({exc})") from None
+                    graph.plan = prepare(graph.nodes)
+                graph.plan.run()
+            else:
+                self._executor(graph.nodes)
         except ExecutorError as exc:
             raise Close(f"{command}: executor refused the graph: {exc}") from None
+        except Close:
+            raise
         except Exception as exc:
             log.debug("%s: executor failure", self.name, exc_info=True)
             raise Close(f"{command}: executor failed ({type(exc).__name__}: {exc})"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from ggml_rpc.spec import GGML_TYPE_COUNT, NATIVE_CALLBACK_OPS, TYPES, ggml_nbytes, op_name, type_name
@@ -70,6 +70,9 @@ class BuiltGraph:
     nodes: list[GraphTensor]
     buffers: frozenset[int]
     n_tensors: int
+    #: What the server's executor prepared for running this graph again (made on the first run, kept with the
+    #: graph, so it goes when the graph goes: a FREE_BUFFER of one of ``buffers`` drops both).
+    plan: Any = None
 
 
 # Per-type geometry as arrays, so a whole graph's byte sizes are computed in one vectorised pass.

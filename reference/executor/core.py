@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from ggml_rpc.spec import TYPES, GgmlOp, type_name
@@ -35,6 +36,9 @@ from .types import (
 )
 
 Kernel = Callable[[GraphTensor, Memory], None]
+#: Prepares one node for repeated runs: a numpy call and its arguments (views made once), or None when the node
+#: needs its kernel.  It may assume nothing beyond what it checks, and must agree with the kernel in every case.
+Preparer = Callable[[GraphTensor, Memory], tuple[Callable[..., Any], tuple[Any, ...]] | None]
 
 #: Quantised types the executor reads (dequantises) as tensor sources.
 READ_QUANTS: tuple[int, ...] = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL)
@@ -57,6 +61,8 @@ class Support:
 
 KERNELS: dict[int, Kernel] = {}
 SUPPORT: list[Support] = []
+#: Ops whose common cases run as one numpy call on views prepared in advance (see ``plan.py``).
+PREPARED: dict[int, Preparer] = {}
 
 
 def kernel(op: GgmlOp, *, src: Iterable[int], dst: Iterable[int], note: str = "") -> Callable[[Kernel], Kernel]:
@@ -65,6 +71,16 @@ def kernel(op: GgmlOp, *, src: Iterable[int], dst: Iterable[int], note: str = ""
     def wrap(fn: Kernel) -> Kernel:
         KERNELS[int(op)] = fn
         SUPPORT.append(Support(op.name, tuple(src), tuple(dst), note))
+        return fn
+
+    return wrap
+
+
+def prepared(op: GgmlOp) -> Callable[[Preparer], Preparer]:
+    """Register ``fn`` as the preparer of ``op``'s common cases."""
+
+    def wrap(fn: Preparer) -> Preparer:
+        PREPARED[int(op)] = fn
         return fn
 
     return wrap

@@ -22,6 +22,7 @@ from .core import (
     need_types,
     params_f32,
     params_i32,
+    prepared,
     read,
     read_index,
     same_shape,
@@ -146,8 +147,25 @@ def _binary(node: GraphTensor, mem: Memory, ufunc: np.ufunc) -> None:
     write(mem, node, ufunc(a, tile_to(read(mem, b_t), a.shape)))
 
 
+def _prepare_binary(node: GraphTensor, mem: Memory, ufunc: np.ufunc) -> tuple[np.ufunc, tuple] | None:
+    """All-F32 with source 1 equal to source 0's shape or broadcast to it as a view: one ufunc call, as
+    ``_binary`` makes it (any other case, refusals included, is left to ``_binary``)."""
+    a_t, b_t = node.src[0], node.src[1]
+    if a_t is None or b_t is None or not node.type == a_t.type == b_t.type == F32:
+        return None
+    out, a, b = mem.raw(node), mem.raw(a_t), mem.raw(b_t)
+    if out.shape != a.shape:
+        return None
+    if b.shape != a.shape:
+        if not can_repeat(b_t, a_t) or not all(v in (1, s) for v, s in zip(b.shape, a.shape, strict=True)):
+            return None
+        b = np.broadcast_to(b, a.shape)
+    return ufunc, (a, b, out)
+
+
 def _register_binary(op: GgmlOp, ufunc: np.ufunc) -> None:
     kernel(op, src=READABLE, dst=WRITABLE)(lambda node, mem: _binary(node, mem, ufunc))
+    prepared(op)(lambda node, mem: _prepare_binary(node, mem, ufunc))
 
 
 _register_binary(GgmlOp.ADD, np.add)
@@ -243,6 +261,18 @@ def _unary(node: GraphTensor, mem: Memory) -> None:
         fn(mem.raw(a_t), out=mem.raw(node))
         return
     write(mem, node, fn(read(mem, a_t)))
+
+
+@prepared(GgmlOp.UNARY)
+def _prepare_unary(node: GraphTensor, mem: Memory) -> tuple[np.ufunc, tuple] | None:
+    """An F32 -> F32 sub-op that is a numpy ufunc: one call, as ``_unary`` makes it."""
+    a_t = node.src[0]
+    if a_t is None or node.type != F32 or a_t.type != F32 or tuple(a_t.ne) != tuple(node.ne):
+        return None
+    fn = _UNARY.get(int(params_i32(node)[0]))
+    if not isinstance(fn, np.ufunc):
+        return None
+    return fn, (mem.raw(a_t), mem.raw(node))
 
 
 # ---- GLU ---------------------------------------------------------------------------------------------------------

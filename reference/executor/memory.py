@@ -95,6 +95,13 @@ class Memory:
             self._bases[key] = base
         return base
 
+    def fork(self) -> Memory:
+        """A Memory that starts with this one's views; views it adds later are its own (dropped with it)."""
+        other = Memory.__new__(Memory)
+        other._views = self._views.copy()
+        other._bases = self._bases.copy()
+        return other
+
     def raw(self, t: GraphTensor) -> np.ndarray:
         """The tensor's bytes as a strided array (plain types: typed; quantised: uint8 blocks)."""
         v = self._views.get(t)
