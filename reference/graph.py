@@ -8,6 +8,7 @@ that ``[offset, offset + nbytes)`` lies inside ``buffer``; the executor checks w
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -127,40 +128,18 @@ def _resolve(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     return np.where(uniq[pos] == wanted, first[pos], -1)
 
 
-def build_graph(node_ids: np.ndarray, tensors: np.ndarray, buffers: Mapping[int, BufferLike]) -> BuiltGraph:
-    """Rebuild a GRAPH_COMPUTE graph as upstream does, refusing (GraphError) what upstream crashes on.
+_CALLBACK_OPS = np.array(sorted(int(op) for op in NATIVE_CALLBACK_OPS), dtype=np.uint32)
+# Breadth-first levels are walked with numpy while they are at least this wide, then row by row (a long chain of
+# views would otherwise cost one numpy pass per link).
+_WIDE = 32
 
-    ``node_ids`` and ``tensors`` are the decoded GRAPH_COMPUTE fields; ``buffers`` maps this connection's buffer
-    handles to buffers.  Only tensors reachable from the nodes (through ``src`` and ``view_src``) are built and
-    validated, as upstream does.  Duplicate ids: the first tensor with an id wins.  Cycles terminate (every id is
-    built once and referenced afterwards); the walk is iterative, so chain depth is bounded only by the graph.
-    References are resolved for the whole array at once (numpy), so per-tensor Python work stays small.
-    """
-    n = len(tensors)
-    ids = tensors["id"]
-    nodes_u64 = np.asarray(node_ids, dtype=np.uint64)
-    # Every reference (10 src slots and view_src, slot 10) as an edge row -> target row.
-    refs = np.concatenate([tensors["src"], tensors["view_src"][:, None]], axis=1) if n else np.zeros((0, 11), "<u8")
-    e_row, e_slot = np.nonzero(refs)
-    e_id = refs[e_row, e_slot]
-    both = _resolve(ids, np.concatenate([nodes_u64, e_id]))
-    node_rows = both[: len(nodes_u64)]
-    e_tgt = both[len(nodes_u64) :]
 
-    zero = np.flatnonzero(nodes_u64 == 0)
-    missing = np.flatnonzero(node_rows < 0)
-    if len(zero) and (not len(missing) or zero[0] <= missing[0]):
-        raise GraphError(f"node {int(zero[0])} has id 0 (a null node; upstream dereferences it)")
-    if len(missing):
-        k = int(missing[0])
-        raise GraphError(f"node {k} id {int(nodes_u64[k]):#x} is not among the graph's tensors")
-
-    # 1. Which rows the nodes reach, each once (iterative walk over the edge list).
-    starts = np.searchsorted(e_row, np.arange(n + 1)).tolist()
-    tgt = e_tgt.tolist()
-    reached = bytearray(n)
+def _walk(node_rows: list[int], starts: list[int], tgt: list[int], ids: np.ndarray, e_id: np.ndarray) -> list[int]:
+    """The rows the nodes reach, each once, in upstream's order (depth first, nodes in order), refusing the first
+    reference to a missing id that walk meets."""
+    reached = bytearray(len(starts) - 1)
     order: list[int] = []
-    stack = node_rows.tolist()[::-1]
+    stack = node_rows[::-1]
     while stack:
         i = stack.pop()
         if reached[i]:
@@ -174,9 +153,55 @@ def build_graph(node_ids: np.ndarray, tensors: np.ndarray, buffers: Mapping[int,
                                  "tensors")
             if not reached[r]:
                 stack.append(r)
+    return order
 
-    # 2. Validate the reached rows, vectorised.
-    sel = np.array(order, dtype=np.intp)
+
+def _reach(node_rows: np.ndarray, starts: np.ndarray, e_tgt: np.ndarray) -> np.ndarray | None:
+    """The rows the nodes reach, sorted, or None when one of them refers to a missing id (``_walk`` names it)."""
+    seen = np.zeros(len(starts) - 1, dtype=bool)
+    frontier = np.unique(node_rows)
+    seen[frontier] = True
+    while len(frontier) >= _WIDE:
+        lo = starts[frontier]
+        count = starts[frontier + 1] - lo
+        total = int(count.sum())
+        if total == 0:
+            return np.flatnonzero(seen)
+        edges = np.arange(total) + np.repeat(lo - (np.cumsum(count) - count), count)
+        tgt = e_tgt[edges]
+        if tgt.min() < 0:
+            return None
+        frontier = np.unique(tgt[~seen[tgt]])
+        seen[frontier] = True
+    if len(frontier):
+        starts_l, tgt_l = starts.tolist(), e_tgt.tolist()
+        stack = frontier.tolist()
+        while stack:
+            i = stack.pop()
+            for j in range(starts_l[i], starts_l[i + 1]):
+                r = tgt_l[j]
+                if r < 0:
+                    return None
+                if not seen[r]:
+                    seen[r] = True
+                    stack.append(r)
+    return np.flatnonzero(seen)
+
+
+@dataclass(slots=True)
+class _Checked:
+    """The located rows of a graph: everything the objects are built from."""
+
+    rows: np.ndarray
+    nbytes: list[int]
+    data: list[int]
+    offsets: list[int]
+    memories: list[memoryview | None]
+    used: set[int]
+
+
+def _check(tensors: np.ndarray, sel: np.ndarray, buffers: Mapping[int, BufferLike]) -> _Checked:
+    """Validate the rows ``sel`` (vectorised) and locate them in their buffers; the first bad row is refused."""
     rows = tensors[sel]
     types = rows["type"]
     bad = np.flatnonzero(types >= GGML_TYPE_COUNT)
@@ -219,48 +244,101 @@ def build_graph(node_ids: np.ndarray, tensors: np.ndarray, buffers: Mapping[int,
         raise GraphError(f"tensor {int(rows['id'][k]):#x} data [{data_l[k]:#x}, +{nbytes[k]}) lies outside its "
                          f"buffer [{int(base[k]):#x}, +{int(size[k])})")
     off_l = np.where(known, rel, 0).tolist()
-    mem_l = [mems[u] for u in inverse.tolist()]
+    return _Checked(rows, nbytes, data_l, off_l, [mems[u] for u in inverse.tolist()], used)
 
-    # 3. Build the objects (column-wise, one map call), then link references.
-    m = len(order)
+
+def build_graph(node_ids: np.ndarray, tensors: np.ndarray, buffers: Mapping[int, BufferLike]) -> BuiltGraph:
+    """Rebuild a GRAPH_COMPUTE graph as upstream does, refusing (GraphError) what upstream crashes on.
+
+    ``node_ids`` and ``tensors`` are the decoded GRAPH_COMPUTE fields; ``buffers`` maps this connection's buffer
+    handles to buffers.  Only tensors reachable from the nodes (through ``src`` and ``view_src``) are built and
+    validated, as upstream does.  Duplicate ids: the first tensor with an id wins.  Cycles terminate (every id is
+    built once and referenced afterwards); the walk is iterative, so chain depth is bounded only by the graph.
+    References are resolved, checked and linked for the whole array at once (numpy), so per-tensor Python work
+    stays small.  Where several rules are broken, the one refused is the first upstream's walk would meet.
+    """
+    n = len(tensors)
+    ids = tensors["id"]
+    nodes_u64 = np.asarray(node_ids, dtype=np.uint64)
+    # Every reference (10 src slots and view_src, slot 10) as an edge row -> target row.
+    refs = np.concatenate([tensors["src"], tensors["view_src"][:, None]], axis=1) if n else np.zeros((0, 11), "<u8")
+    e_row, e_slot = np.nonzero(refs)
+    e_id = refs[e_row, e_slot]
+    both = _resolve(ids, np.concatenate([nodes_u64, e_id]))
+    node_rows = both[: len(nodes_u64)]
+    e_tgt = both[len(nodes_u64) :]
+
+    zero = np.flatnonzero(nodes_u64 == 0)
+    missing = np.flatnonzero(node_rows < 0)
+    if len(zero) and (not len(missing) or zero[0] <= missing[0]):
+        raise GraphError(f"node {int(zero[0])} has id 0 (a null node; upstream dereferences it)")
+    if len(missing):
+        k = int(missing[0])
+        raise GraphError(f"node {k} id {int(nodes_u64[k]):#x} is not among the graph's tensors")
+
+    # 1. Which rows the nodes reach (edges are sorted by row: each row's edges are one slice of them).
+    starts = np.searchsorted(e_row, np.arange(n + 1))
+
+    def walk() -> list[int]:
+        return _walk(node_rows.tolist(), starts.tolist(), e_tgt.tolist(), ids, e_id)
+
+    sel = _reach(node_rows, starts, e_tgt)
+    if sel is None:
+        walk()  # refuses the missing reference upstream's walk meets first
+        raise AssertionError("unreachable: a reached row refers to a missing id")
+
+    # 2. Validate the reached rows, vectorised; a broken rule is named as upstream's walk order meets it.
+    try:
+        checked = _check(tensors, sel, buffers)
+    except GraphError:
+        _check(tensors, np.array(walk(), dtype=np.intp), buffers)
+        raise
+
+    # 3. Build the objects (column-wise, one map call), then link references (one object-array gather).
+    rows = checked.rows
+    m = len(sel)
     ne, nb = rows["ne"], rows["nb"]
-    built: list[GraphTensor] = list(
-        map(
-            GraphTensor,
-            rows["id"].tolist(),
-            types.tolist(),
-            zip(*(ne[:, i].tolist() for i in range(4)), strict=True),
-            zip(*(nb[:, i].tolist() for i in range(4)), strict=True),
-            rows["op"].tolist(),
-            list(np.ascontiguousarray(rows["op_params"])),
-            rows["flags"].tolist(),
-            [[None] * 10 for _ in range(m)],
-            repeat(None, m),
-            rows["view_offs"].tolist(),
-            data_l,
-            _names(rows["name"]),
-            rows["use_count"].tolist(),
-            mem_l,
-            off_l,
-            nbytes,
+    collect = gc.isenabled()
+    gc.disable()  # thousands of new objects, none of them garbage: collections here would only cost time
+    try:
+        built: list[GraphTensor] = list(
+            map(
+                GraphTensor,
+                rows["id"].tolist(),
+                rows["type"].tolist(),
+                zip(*(ne[:, i].tolist() for i in range(4)), strict=True),
+                zip(*(nb[:, i].tolist() for i in range(4)), strict=True),
+                rows["op"].tolist(),
+                list(np.ascontiguousarray(rows["op_params"])),
+                rows["flags"].tolist(),
+                repeat(None, m),
+                repeat(None, m),
+                rows["view_offs"].tolist(),
+                checked.data,
+                _names(rows["name"]),
+                rows["use_count"].tolist(),
+                checked.memories,
+                checked.offsets,
+                checked.nbytes,
+            )
         )
-    )
-    by_row: list[GraphTensor | None] = [None] * n
-    for row, t in zip(order, built, strict=True):
-        by_row[row] = t
-    slots = e_slot.tolist()
-    for j, row in enumerate(e_row.tolist()):
-        t = by_row[row]
-        if t is None:
-            continue  # an unreached tensor's references were never followed
-        if slots[j] == 10:
-            t.view_src = by_row[tgt[j]]
-        else:
-            t.src[slots[j]] = by_row[tgt[j]]
+        by_row = np.full(n + 1, None, dtype=object)  # row n stands for "no reference"
+        by_row[sel] = built
+        targets = np.full((n, 11), n, dtype=np.intp)
+        targets[e_row, e_slot] = e_tgt  # every target of a reached row is reached (and >= 0)
+        linked = by_row[targets[sel]]
+        for t, sources, view_src in zip(built, linked[:, :10].tolist(), linked[:, 10].tolist(), strict=True):
+            t.src = sources
+            t.view_src = view_src
+        nodes: list[GraphTensor] = by_row[node_rows].tolist()
+    finally:
+        if collect:
+            gc.enable()
 
-    nodes: list[GraphTensor] = [by_row[r] for r in node_rows.tolist()]  # type: ignore[misc]
-    for k, t in enumerate(nodes):
-        if t.op in NATIVE_CALLBACK_OPS:
-            raise GraphError(f"node {k} ({t.name or hex(t.id)}) is a {op_name(t.op)} op, whose op_params hold "
-                             "native function pointers: never executed")
-    return BuiltGraph(nodes, frozenset(used), len(order))
+    callbacks = np.flatnonzero(np.isin(tensors["op"][node_rows], _CALLBACK_OPS))
+    if len(callbacks):
+        k = int(callbacks[0])
+        t = nodes[k]
+        raise GraphError(f"node {k} ({t.name or hex(t.id)}) is a {op_name(t.op)} op, whose op_params hold "
+                         "native function pointers: never executed")
+    return BuiltGraph(nodes, frozenset(checked.used), m)
