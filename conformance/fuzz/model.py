@@ -17,6 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from ggml_rpc.reference.cache import HashCache
 from ggml_rpc.reference.connection import Close, Connection, PeerGone, ServerConfig
 
@@ -99,11 +100,13 @@ class ModelConnection:
         finally:
             self._client.setblocking(False)
         try:
-            if not self._greeted:
-                self.conn._handshake()
-                self._greeted = True
-            else:
-                self.conn._one_command()
+            # Fuzzed numbers through the executor (NaN, inf, overflowing casts) are expected, not worth a warning.
+            with np.errstate(all="ignore"):
+                if not self._greeted:
+                    self.conn._handshake()
+                    self._greeted = True
+                else:
+                    self.conn._one_command()
         except (Close, PeerGone) as exc:
             self._finish(str(exc))
         except TimeoutError:
@@ -111,6 +114,8 @@ class ModelConnection:
             raise ModelStall("the model waited for more bytes than the fuzzer sent") from None
         except (ConnectionError, OSError) as exc:  # pragma: no cover - a socketpair does not fail
             self._finish(f"socket error: {exc}")
+        except Exception as exc:  # what the reference server's loop does with its own errors: close
+            self._finish(f"closed: internal error {type(exc).__name__}: {exc}")
         if end and not self.closed:
             # Everything the client will ever send is in: one more step sees the end of the stream.
             try:

@@ -10,11 +10,13 @@ import logging
 import multiprocessing
 import signal
 import tempfile
+import warnings
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from ggml_rpc.conformance.harness import Target, TargetError
 from ggml_rpc.reference.connection import ServerConfig
 from ggml_rpc.reference.server import Server, make_config
@@ -33,6 +35,8 @@ def _serve(server_cls: type[Server], config: ServerConfig, host: str, conn: Conn
     """Child process: listen, say on which port, serve until terminated."""
     logging.disable(logging.CRITICAL)
     faulthandler.disable()  # a deliberate abort (test variants) needs no interpreter traceback
+    warnings.simplefilter("ignore")  # fuzzed numbers through the executor: NaN and overflow are expected
+    np.seterr(all="ignore")
     server = server_cls(config, host, 0)
     conn.send(server.port)
     conn.close()

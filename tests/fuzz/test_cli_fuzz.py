@@ -1,0 +1,50 @@
+"""``ggml-rpc fuzz`` from the command line: embedded, external and spawned targets, budgets, user mistakes."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+import pytest
+from ggml_rpc.conformance.cli import main
+from ggml_rpc.reference import running_server
+
+
+def test_embedded_campaign_finds_nothing(tmp_path, capsys):
+    assert main(["fuzz", "--seconds", "4", "--seed", "3", "--out", str(tmp_path / "f")]) == 0
+    out, err = capsys.readouterr()
+    assert "fuzzing embedded reference server" in err and "protocol 7.0.0" in err
+    assert "findings: 0 crash, 0 hang, 0 wrong-reply, 0 out-of-buffer" in out
+    assert "execs/s" in out and "rules broken:" in out
+    assert not (tmp_path / "f").exists()  # nothing found, nothing written
+
+
+def test_external_server_by_examples(capsys):
+    with running_server("6") as srv:
+        assert main(["fuzz", "--server", f"{srv.host}:{srv.port}", "--examples", "3", "--steps", "20"]) == 0
+    out, err = capsys.readouterr()
+    assert "server at" in err and "protocol 6.0.0" in err
+    assert out.startswith("3 examples") or " examples," in out
+
+
+def test_spawned_server(capsys):
+    cmd = f"{shlex.quote(sys.executable)} -m ggml_rpc.conformance.cli serve --port {{port}} --proto 7.0.1 --mem 64M"
+    assert main(["fuzz", "--spawn", cmd, "--examples", "2", "--steps", "15"]) == 0
+    out, err = capsys.readouterr()
+    assert "spawned:" in err and "protocol 7.0.1" in err
+    assert "0 crash" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--examples", "0"], "--examples must be at least 1"),
+    (["--seconds", "-1"], "--seconds must be positive"),
+    (["--proto", "9"], "unknown protocol version"),
+    (["--server", "nohost"], "expected HOST:PORT"),
+    (["--server", "127.0.0.1:1", "--seconds", "1"], "cannot talk to 127.0.0.1:1"),
+    (["--spawn", "/nonexistent/server --port {port}"], "cannot start"),
+    (["--spawn", "true"], "needs a {port} placeholder"),
+])
+def test_user_mistakes_exit_2(argv, message, capsys):
+    assert main(["fuzz", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
