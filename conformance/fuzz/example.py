@@ -69,6 +69,7 @@ class Example:
         self.finding: Finding | None = None
         self.last: FuzzMessage | None = None
         self._last_ref: ConnRef | None = None
+        self._scope_key: tuple | None = None
 
     # ---- connections -----------------------------------------------------------------------------------------
 
@@ -94,6 +95,10 @@ class Example:
         model = self.models[ref]
         live = model.buffers
         s = self.scope
+        key = (id(ref), ref.incarnation, len(s.all_buffers), len(s.all_tensors), len(live))
+        if key == self._scope_key:
+            return  # nothing was allocated, freed or placed since: the live lists still hold
+        self._scope_key = key
         s.buffers = [b for b in s.all_buffers if b.conn is ref and b.incarnation == ref.incarnation
                      and b.handle in live]
         handles = {b.handle for b in s.buffers}
