@@ -476,10 +476,16 @@ class Connection:
         except ProtocolError as exc:
             raise Close(f"GRAPH_COMPUTE: {exc.message}{_upstream('close')}") from None
         device = self._device(fields["device"], "GRAPH_COMPUTE")
-        try:
-            graph = build_graph(fields["nodes"], fields["tensors"], self.table.buffers)
-        except GraphError as exc:
-            raise Close(f"GRAPH_COMPUTE: {exc}") from None
+        graph = self.graphs.get(device)
+        # The very graph stored for this device, sent again (what a client without GRAPH_RECOMPUTE does every
+        # token): rebuilding would give the same graph, since every buffer it uses is still there (a FREE_BUFFER
+        # drops it) and every handle it named unknown still is.  Its prepared plan runs again.
+        if graph is None or graph.source != body or any(h in self.table.buffers for h in graph.unknown):
+            try:
+                graph = build_graph(fields["nodes"], fields["tensors"], self.table.buffers)
+            except GraphError as exc:
+                raise Close(f"GRAPH_COMPUTE: {exc}") from None
+            graph.source = body
         self._run(graph, "GRAPH_COMPUTE")
         self.graphs[device] = graph
 
@@ -498,7 +504,7 @@ class Connection:
                 # GRAPH_RECOMPUTE only runs kernels.
                 if graph.plan is None:
                     try:
-                        from ggml_rpc.reference.executor import prepare
+                        from ggml_rpc.reference.executor.plan import prepare
                     except ImportError as exc:
                         raise Close(f"{command}: graph executor unavailable ({exc})") from None
                     graph.plan = prepare(graph.nodes)

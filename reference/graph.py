@@ -71,9 +71,14 @@ class BuiltGraph:
     nodes: list[GraphTensor]
     buffers: frozenset[int]
     n_tensors: int
+    #: Non-zero buffer handles the graph's tensors name that were not buffers when it was built (those tensors were
+    #: built as tensors without memory): the graph stays what a rebuild would give only while they stay unknown.
+    unknown: frozenset[int] = frozenset()
     #: What the server's executor prepared for running this graph again (made on the first run, kept with the
     #: graph, so it goes when the graph goes: a FREE_BUFFER of one of ``buffers`` drops both).
     plan: Any = None
+    #: The GRAPH_COMPUTE payload the server built this graph from (to recognise the same graph sent again).
+    source: Any = None
 
 
 # Per-type geometry as arrays, so a whole graph's byte sizes are computed in one vectorised pass.
@@ -108,10 +113,16 @@ def _nbytes(types: np.ndarray, ne32: np.ndarray, nb32: np.ndarray) -> tuple[list
     return out, total
 
 
+def _inner_nul(raw: np.ndarray) -> bool:
+    """Whether some name has a NUL before a non-NUL byte (text after it is not part of the name)."""
+    b = np.ascontiguousarray(raw).view(np.uint8).reshape(len(raw), -1)
+    return bool(((b[:, :-1] == 0) & (b[:, 1:] != 0)).any())
+
+
 def _names(raw: np.ndarray) -> list[str]:
     """Tensor names as upstream copies them (up to the first NUL), decoded in one call for the whole array."""
     items = raw.tolist()  # numpy drops the trailing NULs
-    if any(b"\0" in r for r in items):
+    if len(raw) and _inner_nul(raw):
         items = [r.split(b"\0", 1)[0] for r in items]
     if not items:
         return []
@@ -198,6 +209,7 @@ class _Checked:
     offsets: list[int]
     memories: list[memoryview | None]
     used: set[int]
+    unknown: set[int]
 
 
 def _check(tensors: np.ndarray, sel: np.ndarray, buffers: Mapping[int, BufferLike]) -> _Checked:
@@ -223,12 +235,15 @@ def _check(tensors: np.ndarray, sel: np.ndarray, buffers: Mapping[int, BufferLik
     known_u = np.zeros(len(uniq), dtype=bool)
     mems: list[memoryview | None] = []
     used: set[int] = set()
+    unknown: set[int] = set()
     for u, handle in enumerate(uniq.tolist()):
         buf = buffers.get(handle) if handle else None
         mems.append(memoryview(buf.memory) if buf is not None else None)
         if buf is not None:
             base_u[u], size_u[u], known_u[u] = buf.base, buf.size, True
             used.add(handle)
+        elif handle:
+            unknown.add(handle)
     known = known_u[inverse]
     orphan = np.flatnonzero(~known & (data != 0))
     if len(orphan):
@@ -244,7 +259,7 @@ def _check(tensors: np.ndarray, sel: np.ndarray, buffers: Mapping[int, BufferLik
         raise GraphError(f"tensor {int(rows['id'][k]):#x} data [{data_l[k]:#x}, +{nbytes[k]}) lies outside its "
                          f"buffer [{int(base[k]):#x}, +{int(size[k])})")
     off_l = np.where(known, rel, 0).tolist()
-    return _Checked(rows, nbytes, data_l, off_l, [mems[u] for u in inverse.tolist()], used)
+    return _Checked(rows, nbytes, data_l, off_l, [mems[u] for u in inverse.tolist()], used, unknown)
 
 
 def build_graph(node_ids: np.ndarray, tensors: np.ndarray, buffers: Mapping[int, BufferLike]) -> BuiltGraph:
@@ -335,10 +350,10 @@ def build_graph(node_ids: np.ndarray, tensors: np.ndarray, buffers: Mapping[int,
         if collect:
             gc.enable()
 
-    callbacks = np.flatnonzero(np.isin(tensors["op"][node_rows], _CALLBACK_OPS))
+    callbacks = np.flatnonzero((tensors["op"][node_rows][:, None] == _CALLBACK_OPS).any(axis=1))
     if len(callbacks):
         k = int(callbacks[0])
         t = nodes[k]
         raise GraphError(f"node {k} ({t.name or hex(t.id)}) is a {op_name(t.op)} op, whose op_params hold "
                          "native function pointers: never executed")
-    return BuiltGraph(nodes, frozenset(checked.used), m)
+    return BuiltGraph(nodes, frozenset(checked.used), m, frozenset(checked.unknown))

@@ -7,6 +7,7 @@ Values are computed in float32 and converted to the result's type on the way out
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 from ggml_rpc.spec import GgmlOp, GluOp, UnaryOp
@@ -165,7 +166,7 @@ def _prepare_binary(node: GraphTensor, mem: Memory, ufunc: np.ufunc) -> tuple[np
 
 def _register_binary(op: GgmlOp, ufunc: np.ufunc) -> None:
     kernel(op, src=READABLE, dst=WRITABLE)(lambda node, mem: _binary(node, mem, ufunc))
-    prepared(op)(lambda node, mem: _prepare_binary(node, mem, ufunc))
+    prepared(op)(partial(_prepare_binary, ufunc=ufunc))
 
 
 _register_binary(GgmlOp.ADD, np.add)

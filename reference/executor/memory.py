@@ -115,6 +115,19 @@ class Memory:
             base = self._base(t)
         ne, nb = t.ne, t.nb
         dt = PLAIN_DTYPES.get(t.type)
+        ne0, ne1, ne2, ne3 = ne
+        if dt is not None and ne0 > 0 and ne1 > 0 and ne2 > 0 and ne3 > 0:
+            # The common case (a non-empty plain tensor), with the same checks as below written out for speed.
+            nb0, nb1, nb2, nb3 = nb
+            itemsize = dt.itemsize
+            off = t.offset
+            end = off + (ne0 - 1) * nb0 + (ne1 - 1) * nb1 + (ne2 - 1) * nb2 + (ne3 - 1) * nb3 + itemsize
+            limit = base.size
+            room = _OVERLAP_FACTOR * limit + _OVERLAP_SLACK
+            if off >= 0 and end <= limit and ne0 * ne1 * ne2 * ne3 * itemsize <= room:
+                v = np.ndarray((ne3, ne2, ne1, ne0), dt, base, off, (nb3, nb2, nb1, nb0))
+                self._views[t] = v
+                return v
         if dt is not None and ne[0] > 0 and ne[1] > 0 and ne[2] > 0 and ne[3] > 0:
             size = (ne[0] - 1) * nb[0] + (ne[1] - 1) * nb[1] + (ne[2] - 1) * nb[2] + (ne[3] - 1) * nb[3] + dt.itemsize
         else:

@@ -42,10 +42,10 @@ class Plan:
 
     __slots__ = ("_generic", "_memory", "steps")
 
-    def __init__(self, steps: list[Step], memory: Memory) -> None:
+    def __init__(self, steps: list[Step], memory: Memory, generic: bool) -> None:
         self.steps = steps
         self._memory = memory
-        self._generic = any(args is None for _fn, args, _node in steps)
+        self._generic = generic
 
     def run(self) -> None:
         """Run every step in order, writing each result into its node's memory."""
@@ -72,6 +72,7 @@ def prepare(nodes: Sequence[GraphTensor]) -> Plan:
     """The plan of ``nodes``: one step per node that computes, in order (never raises for a bad node)."""
     mem = Memory()
     steps: list[Step] = []
+    generic = False
     for node in nodes:
         op = node.op
         if op in FREE_OPS:
@@ -90,8 +91,10 @@ def prepare(nodes: Sequence[GraphTensor]) -> Plan:
             steps.append((_refuse, (node_error(node, f"op {op_name(op)} is not supported by the reference executor"),),
                           node))
             continue
-        steps.append(_step(node, fn, mem))
-    return Plan(steps, mem)
+        step = _step(node, fn, mem)
+        generic = generic or step[1] is None
+        steps.append(step)
+    return Plan(steps, mem, generic)
 
 
 def _step(node: GraphTensor, fn: Callable[[GraphTensor, Memory], None], mem: Memory) -> Step:
