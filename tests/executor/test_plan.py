@@ -1,0 +1,176 @@
+"""Prepared plans (``prepare(nodes).run()``): run again and again, they see new data, re-check everything that
+depends on data, fail at the same node with the same message as a single run, and keep nothing from one run to
+the next.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ggml_rpc.reference.executor import execute, prepare
+from ggml_rpc.reference.executor.arena import Arena, params
+from ggml_rpc.reference.executor.core import KERNELS, PREPARED
+from ggml_rpc.reference.executor.memory import Memory
+from ggml_rpc.reference.graph import ExecutorError
+from ggml_rpc.spec import GgmlOp, GgmlType, UnaryOp
+
+F32, F16, I32 = int(GgmlType.F32), int(GgmlType.F16), int(GgmlType.I32)
+
+
+@pytest.fixture
+def arena() -> Arena:
+    return Arena(1 << 16)
+
+
+def test_a_plan_run_again_sees_new_inputs(arena):
+    x = arena.tensor(F32, (4, 2))
+    c = arena.tensor(F32, (4, 2))
+    s = arena.tensor(F32, (4, 2), op=GgmlOp.ADD, src=(x, c))  # prepared: one ufunc call
+    out = arena.tensor(F32, (4, 2), op=GgmlOp.SCALE, src=(s,), params=params(2.0))  # a kernel
+    plan = prepare([s, out])
+    arena.set(c, 1.0)
+    for value in (0.0, 5.0, -3.0):
+        arena.set(x, value)  # what a SET_TENSOR between two GRAPH_RECOMPUTEs does
+        plan.run()
+        assert arena.get(out).ravel().tolist() == [2 * (value + 1)] * 8
+
+
+def test_a_chain_of_prepared_adds_runs_in_order(arena):
+    x = arena.tensor(F32, (16,))
+    one = arena.tensor(F32, (16,))
+    arena.set(x, 0.0)
+    arena.set(one, 1.0)
+    nodes, prev = [], x
+    for _ in range(50):
+        prev = arena.tensor(F32, (16,), op=GgmlOp.ADD, src=(prev, one))
+        nodes.append(prev)
+    plan = prepare(nodes)
+    assert all(args is not None for _fn, args, _node in plan.steps)  # all prepared, no kernel call
+    plan.run()
+    assert arena.get(prev).ravel().tolist() == [50.0] * 16
+    arena.set(x, 100.0)
+    plan.run()
+    assert arena.get(prev).ravel().tolist() == [150.0] * 16
+
+
+BINARY = [GgmlOp.ADD, GgmlOp.SUB, GgmlOp.MUL, GgmlOp.DIV]
+
+
+@pytest.mark.parametrize("op", BINARY)
+@pytest.mark.parametrize("b_ne", [(6, 3, 2), (6, 1, 2), (1, 3, 1), (1, 1, 1), (3, 3, 2), (6, 3, 1)])
+def test_prepared_binary_ops_agree_with_their_kernels(arena, op, b_ne):
+    rng = np.random.default_rng(int(op))
+    a = arena.tensor(F32, (6, 3, 2))
+    b = arena.tensor(F32, b_ne)
+    arena.set(a, rng.uniform(1, 2, (1, 2, 3, 6)).astype(np.float32))
+    arena.set(b, rng.uniform(1, 2, (1, *reversed(b_ne))).astype(np.float32))
+    out = arena.tensor(F32, (6, 3, 2), op=op, src=(a, b))
+    KERNELS[int(op)](out, Memory())
+    want = arena.get(out)
+    arena.set(out, 0.0)
+    prepare([out]).run()
+    np.testing.assert_array_equal(arena.get(out), want)
+    prepared = PREPARED[int(op)](out, Memory())
+    # (3, 3, 2) repeats source 1 twice along dim 0: a copy, so the kernel keeps that case.
+    assert (prepared is None) == (b_ne == (3, 3, 2))
+
+
+@pytest.mark.parametrize("op", BINARY)
+def test_prepared_binary_in_place_and_mixed_types_agree_with_their_kernels(arena, op):
+    a = arena.tensor(F32, (8,))
+    arena.set(a, np.arange(1, 9, dtype=np.float32))
+    inplace = arena.view_of(a, (8,), a.nb, op=op)
+    inplace.src[:2] = [a, a]
+    inplace.flags = 16
+    prepare([inplace]).run()
+    x = np.arange(1, 9, dtype=np.float32)
+    want = {GgmlOp.ADD: x + x, GgmlOp.SUB: x - x, GgmlOp.MUL: x * x, GgmlOp.DIV: x / x}[op]
+    np.testing.assert_array_equal(arena.get(a).ravel(), want)
+    h = arena.tensor(F16, (8,))
+    arena.set(h, 2.0)
+    mixed = arena.tensor(F32, (8,), op=op, src=(a, h))  # not all F32: the kernel converts
+    assert PREPARED[int(op)](mixed, Memory()) is None
+    prepare([mixed]).run()
+    two = np.float32(2)
+    expect = {GgmlOp.ADD: want + two, GgmlOp.SUB: want - two, GgmlOp.MUL: want * two, GgmlOp.DIV: want / two}[op]
+    np.testing.assert_array_equal(arena.get(mixed).ravel(), expect)
+
+
+@pytest.mark.parametrize("sub", [UnaryOp.NEG, UnaryOp.ABS, UnaryOp.TANH, UnaryOp.EXP, UnaryOp.GELU, UnaryOp.SILU])
+def test_prepared_unary_agrees_with_its_kernel(arena, sub):
+    a = arena.tensor(F32, (5, 3))
+    arena.set(a, np.linspace(-3, 3, 15, dtype=np.float32).reshape(1, 1, 3, 5))
+    out = arena.tensor(F32, (5, 3), op=GgmlOp.UNARY, src=(a,), params=params(int(sub)))
+    KERNELS[int(GgmlOp.UNARY)](out, Memory())
+    want = arena.get(out)
+    arena.set(out, 0.0)
+    prepare([out]).run()
+    np.testing.assert_array_equal(arena.get(out), want)
+    assert (PREPARED[int(GgmlOp.UNARY)](out, Memory()) is None) == (sub in (UnaryOp.GELU, UnaryOp.SILU))
+
+
+def test_data_dependent_checks_run_on_every_run(arena):
+    src = arena.tensor(F32, (4, 5))
+    arena.set(src, np.arange(20, dtype=np.float32).reshape(1, 1, 5, 4))
+    idx = arena.tensor(I32, (2,))
+    arena.set_raw(idx, np.array([1, 4], np.int32))
+    out = arena.tensor(F32, (4, 2), op=GgmlOp.GET_ROWS, src=(src, idx))
+    plan = prepare([out])
+    plan.run()
+    assert arena.get(out)[0, 0, :, 0].tolist() == [4.0, 16.0]
+    arena.set_raw(idx, np.array([1, 5], np.int32))  # now out of range: refused before any write
+    arena.set(out, 7.0)
+    with pytest.raises(ExecutorError, match=r"GET_ROWS: row index value 5 is outside \[0, 5\)"):
+        plan.run()
+    assert np.all(arena.get(out) == 7.0)
+
+
+def _failing_graph(arena, kind):
+    a = arena.tensor(F32, (4,))
+    arena.set(a, 1.0)
+    first = arena.tensor(F32, (4,), op=GgmlOp.ADD, src=(a, a))
+    if kind == "unsupported":
+        bad = arena.tensor(F32, (4,), op=GgmlOp.SSM_SCAN, src=(a,), name="scan")
+    elif kind == "callback":
+        bad = arena.tensor(F32, (4,), op=GgmlOp.MAP_CUSTOM1, params=params(0x41414141))
+        bad.flags = 0
+    elif kind == "outside":
+        bad = arena.tensor(F32, (4,), op=GgmlOp.ADD, src=(a, a), name="far")
+        bad.offset = arena.memory.size - 8  # 16 bytes from 8 before the end
+    else:  # a shape rule the kernel checks
+        b = arena.tensor(F32, (3,))
+        bad = arena.tensor(F32, (4,), op=GgmlOp.ADD, src=(a, b))
+    last = arena.tensor(F32, (4,), op=GgmlOp.ADD, src=(first, first))
+    return [first, bad, last], first, last
+
+
+@pytest.mark.parametrize("kind", ["unsupported", "callback", "outside", "shape"])
+def test_a_plan_fails_where_a_single_run_fails_after_the_same_writes(kind):
+    messages = []
+    for runner in (execute, lambda nodes: prepare(nodes).run()):
+        arena = Arena(1 << 12)
+        nodes, first, last = _failing_graph(arena, kind)
+        plan_or_none = prepare(nodes)  # preparing never refuses: the refusal waits for the node's turn
+        assert len(plan_or_none.steps) == 3
+        with pytest.raises(ExecutorError) as info:
+            runner(nodes)
+        messages.append(str(info.value))
+        assert arena.get(first).ravel().tolist() == [2.0] * 4  # the node before ran
+        assert arena.get(last).ravel().tolist() == [0.0] * 4  # the node after did not
+    assert messages[0] == messages[1]
+
+
+def test_views_a_kernel_makes_during_a_run_do_not_pile_up(arena):
+    experts = arena.tensor(F32, (8, 4, 3))
+    arena.set(experts, 0.5)
+    b = arena.tensor(F32, (8, 1, 2))
+    arena.set(b, 1.0)
+    ids = arena.tensor(I32, (2, 2))
+    arena.set_raw(ids, np.array([[[[2, 0], [1, 1]]]], np.int32))
+    out = arena.tensor(F32, (4, 2, 2), op=GgmlOp.MUL_MAT_ID, src=(experts, b, ids))
+    plan = prepare([out])
+    kept = len(plan._memory._views)
+    for _ in range(5):
+        plan.run()  # each run views the experts it uses through tensors of its own
+    assert len(plan._memory._views) == kept
+    assert np.allclose(arena.get(out), 4.0)
