@@ -130,9 +130,9 @@ _NULL = null_tensor()
 
 
 def known_tensor(d: Draw, scope: Scope) -> dict[str, Any]:
-    """Mostly a live tensor of the connection; one time in 16 (or when there is none) any tensor at all."""
+    """Mostly a live tensor of the connection; one time in 32 (or when there is none) any tensor at all."""
     ts = scope.tensors
-    if not ts or (scope.wild and d.integer(0, 15) == 15):
+    if not ts or (scope.wild and d.integer(0, 31) == 31):
         return d.tensor()
     return d.choice(ts).fields
 
