@@ -4,9 +4,11 @@
 
 1. F32 MUL_MAT 4096x4096 by 4096x32 through the executor vs plain numpy matmul (target >= 50%).
 2. Q4_0 / Q8_0 / Q4_K dequantisation throughput (target >= 200 M weights/s).
-3. Per-token GRAPH_COMPUTE / GRAPH_RECOMPUTE of the 2-layer model in the real v7 capture (target <= 20 ms).
-4. A GRAPH_COMPUTE of 2,000 chained small F32 ADDs plus the read of the result (target <= 20 ms): executor
-   alone, and end to end over loopback TCP against the reference server.
+3. Per-token GRAPH_RECOMPUTE of the 2-layer model in the real v7 capture, run as the server runs it (a plan
+   prepared at the GRAPH_COMPUTE, run again per token; target <= 20 ms).
+4. A GRAPH_COMPUTE of 2,000 chained small F32 ADDs plus the read of the result (target <= 20 ms): graph building,
+   plan preparation and plan runs alone (CPU time), and end to end over loopback TCP against the reference
+   server: a new graph each time, the same graph sent again, and GRAPH_RECOMPUTE.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -72,32 +75,70 @@ def bench_dequant() -> None:
         print(f"dequantise {name}: {n_weights / secs / 1e6:.0f} M weights/s (target >= 200)")
 
 
+def cpu_best(fn: Callable[[], object], repeat: int = 15) -> float:
+    """Least CPU time (seconds) of ``fn`` over ``repeat`` calls after a warm-up: what other processes on a shared
+    machine do not inflate."""
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t0)
+    return best
+
+
 def bench_capture() -> None:
     if not CAPTURE.exists():
         print(f"per-token graph: skipped ({CAPTURE} not found)")
         return
     sys.path.insert(0, str(ROOT))
     from ggml_rpc.conformance.session import decode_file
+    from ggml_rpc.reference.executor import prepare
     from ggml_rpc.spec import Command, Reply
 
     from tests.executor.capture_replay import SimServer
 
+    @dataclass
+    class PlanServer(SimServer):
+        """The capture replayed as the reference server runs graphs: prepared once, run again on RECOMPUTE."""
+
+        plans: dict = field(default_factory=dict)
+
+        def handle(self, req, rep):  # type: ignore[no-untyped-def]
+            if req.command is Command.GRAPH_RECOMPUTE:
+                self.plans[req.fields["device"]].run()
+                self.computes += 1
+                return None
+            out = super().handle(req, rep)
+            if req.command is Command.GRAPH_COMPUTE:
+                # (the replay helper already ran it once; the plan is what a later RECOMPUTE runs)
+                self.plans[req.fields["device"]] = prepare(self.graphs[req.fields["device"]])
+            elif req.command is Command.FREE_BUFFER:
+                self.plans.clear()
+            return out
+
     dc = decode_file(CAPTURE)[-1]
     msgs = list(dc.messages())
-    sim = SimServer()
-    per_token: list[float] = []
-    for i, msg in enumerate(msgs):
-        if isinstance(msg, Reply):
-            continue
-        rep = msgs[i + 1] if i + 1 < len(msgs) and isinstance(msgs[i + 1], Reply) else None
-        t0 = time.perf_counter()
-        sim.handle(msg, rep)
-        if msg.command in (Command.GRAPH_COMPUTE, Command.GRAPH_RECOMPUTE):
-            per_token.append(time.perf_counter() - t0)
-    tokens = per_token[2:]  # the warm-up and the 2-token prompt are not single-token steps
-    print(f"per-token GRAPH_COMPUTE/RECOMPUTE of the capture's model ({len(tokens)} tokens): median "
-          f"{statistics.median(tokens) * 1e3:.1f} ms, max {max(tokens) * 1e3:.1f} ms (target <= 20 ms; "
-          f"the first graph includes graph building)")
+    best: list[float] | None = None
+    for _ in range(3):
+        sim = PlanServer()
+        per_token: list[float] = []
+        for i, msg in enumerate(msgs):
+            if isinstance(msg, Reply):
+                continue
+            rep = msgs[i + 1] if i + 1 < len(msgs) and isinstance(msgs[i + 1], Reply) else None
+            if msg.command in (Command.GRAPH_COMPUTE, Command.GRAPH_RECOMPUTE):
+                t0 = time.process_time()
+                sim.handle(msg, rep)
+                per_token.append(time.process_time() - t0)
+            else:
+                sim.handle(msg, rep)
+        best = per_token if best is None else [min(a, b) for a, b in zip(best, per_token, strict=True)]
+    assert best is not None
+    tokens = best[2:]  # the warm-up and the 2-token prompt are not single-token steps
+    print(f"per-token GRAPH_RECOMPUTE of the capture's model ({len(tokens)} tokens, CPU, best of 3): median "
+          f"{statistics.median(tokens) * 1e3:.1f} ms, max {max(tokens) * 1e3:.1f} ms (target <= 20 ms); "
+          f"first GRAPH_COMPUTE (build + run + prepare) {best[0] * 1e3:.1f} ms")
 
 
 def _chain(n: int, width: int) -> tuple[list[dict], list[int], int]:
@@ -118,6 +159,7 @@ def _chain(n: int, width: int) -> tuple[list[dict], list[int], int]:
 
 
 def bench_chain() -> None:
+    from ggml_rpc.reference.executor import prepare
     from ggml_rpc.reference.graph import build_graph
     from ggml_rpc.spec import tensors_array
 
@@ -134,16 +176,22 @@ def bench_chain() -> None:
 
     def build_and_run() -> None:
         graph = build_graph(node_ids, table, {1: Buf})
-        execute(graph.nodes)
+        prepare(graph.nodes).run()
         Buf.memory[last : last + 4 * width].copy()
 
     graph = build_graph(node_ids, table, {1: Buf})
-    t_exec = best_of(lambda: execute(graph.nodes))
-    t_all = best_of(build_and_run)
+    plan = prepare(graph.nodes)
+    t_build = cpu_best(lambda: build_graph(node_ids, table, {1: Buf}))
+    t_prepare = cpu_best(lambda: prepare(graph.nodes))
+    t_run = cpu_best(plan.run)
+    t_exec = cpu_best(lambda: execute(graph.nodes))
+    t_all = cpu_best(build_and_run)
     result = Buf.memory[last : last + 4 * width].view(np.float32)
     assert np.all(result == 1.0 + n), result
-    print(f"{n} chained F32 ADDs: execute {t_exec * 1e3:.2f} ms ({t_exec / n * 1e6:.1f} us/node); "
-          f"build_graph + execute + read {t_all * 1e3:.2f} ms (target <= 20 ms)")
+    print(f"{n} chained F32 ADDs (CPU, best of 15): build_graph {t_build * 1e3:.2f} ms; prepare "
+          f"{t_prepare * 1e3:.2f} ms; run a prepared plan {t_run * 1e3:.2f} ms ({t_run / n * 1e6:.2f} us/node); "
+          f"execute (prepare + run) {t_exec * 1e3:.2f} ms; build + prepare + run + read {t_all * 1e3:.2f} ms "
+          "(target <= 20 ms)")
     try:
         _chain_over_tcp(tensors, nodes, width)
     except Exception as exc:  # the end-to-end figure needs the server and client packages in a working state
@@ -167,21 +215,33 @@ def _chain_over_tcp(tensors: list[dict], nodes: list[int], width: int) -> None:
         client.set_tensor(tensors[1], 0, ones[:width].tobytes())
         out = tensors[-1]
         table = tensors_array(tensors)  # encoded once, as a client keeps its graph
+        # A second graph differing in one name byte: sent in turn with the first, every GRAPH_COMPUTE is rebuilt.
+        other = table.copy()
+        other["name"][0] = b"x1"
+        turn = [table, other]
 
         def compute_and_read() -> bytes:
             client.graph_compute(0, nodes, table)
+            return bytes(client.get_tensor(out, 0, 4 * width))
+
+        def new_compute_and_read() -> bytes:
+            turn.reverse()
+            client.graph_compute(0, nodes, turn[0])
             return bytes(client.get_tensor(out, 0, 4 * width))
 
         def recompute_and_read() -> bytes:
             client.graph_recompute(0)
             return bytes(client.get_tensor(out, 0, 4 * width))
 
+        secs_new = best_of(new_compute_and_read)
         secs = best_of(compute_and_read)
         secs_re = best_of(recompute_and_read)
         got = np.frombuffer(compute_and_read(), dtype=np.float32)
         assert np.all(got == 1.0 + len(nodes)), got
-        print(f"  over loopback TCP to the reference server: GRAPH_COMPUTE + GET_TENSOR {secs * 1e3:.2f} ms, "
-              f"GRAPH_RECOMPUTE + GET_TENSOR {secs_re * 1e3:.2f} ms (upstream: 0.42 / 0.12 ms)")
+        print(f"  over loopback TCP to the reference server (client in the same process; wall, median of 7): "
+              f"GRAPH_COMPUTE of a new graph + GET_TENSOR {secs_new * 1e3:.2f} ms; the same GRAPH_COMPUTE again + "
+              f"GET_TENSOR {secs * 1e3:.2f} ms; GRAPH_RECOMPUTE + GET_TENSOR {secs_re * 1e3:.2f} ms "
+              "(upstream: 0.42 / 0.12 ms)")
 
 
 def main() -> None:
