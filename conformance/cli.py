@@ -12,12 +12,34 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from ggml_rpc.spec import Protocol, parse_version_option
+
 #: Sub-commands, in the order ``--help`` lists them.
 COMMANDS = ("check", "decode", "spec", "serve", "lint", "replay", "dissector", "proxy", "pcap", "bench", "fuzz")
 
 
 class UsageError(Exception):
     """A mistake of the user's (bad option, missing file, unreachable server): one line, exit code 2."""
+
+
+def parse_proto(text: str, *, auto: bool = True) -> Protocol | None:
+    """A ``--proto`` value: None for ``auto`` (when the command accepts it), else the version's table."""
+    if auto and text == "auto":
+        return None
+    try:
+        return parse_version_option(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def parse_address(text: str, option: str, *, any_port: bool = False) -> tuple[str, int]:
+    """A ``HOST:PORT`` option value (``[::1]:PORT`` for IPv6; port 0 only with ``any_port``) as a tuple."""
+    from .harness import parse_address as parse
+
+    try:
+        return parse(text, any_port=any_port)
+    except ValueError as exc:
+        raise UsageError(f"{option}: {exc}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from ggml_rpc.spec import V7, Protocol, parse_version_option
+from ggml_rpc.spec import V7, Protocol
 from rich.console import Console
 
 from .harness import (
@@ -17,7 +17,6 @@ from .harness import (
     SpawnedTarget,
     Target,
     TargetError,
-    parse_address,
     select,
 )
 
@@ -49,29 +48,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _protocol(text: str) -> Protocol | None:
-    from .cli import UsageError
-
-    if text == "auto":
-        return None
-    try:
-        return parse_version_option(text)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
 def _target(args: argparse.Namespace, proto: Protocol | None) -> Target:
-    from .cli import UsageError
+    from .cli import UsageError, parse_address
 
     cache_dir = Path(args.cache_dir) if args.cache_dir else None
     if cache_dir is not None and not cache_dir.is_dir() and (args.server or args.spawn):
         raise UsageError(f"--cache-dir {args.cache_dir}: not a directory")
-    address = None
-    if args.server:
-        try:
-            address = parse_address(args.server)
-        except ValueError as exc:
-            raise UsageError(f"--server: {exc}") from None
+    address = parse_address(args.server, "--server") if args.server else None
     if args.spawn:
         target = SpawnedTarget(args.spawn, cache_dir=cache_dir)
         if address is not None:
@@ -90,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     from ggml_rpc.conformance.checks import CATALOGUE
 
     from . import report
-    from .cli import UsageError
+    from .cli import UsageError, parse_proto
     from .report_files import write_json, write_junit
 
     probe = Console()
@@ -105,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
-    proto = _protocol(args.proto)
+    proto = parse_proto(args.proto)
     target = _target(args, proto)
     runner = Runner(target, expect=proto, timeout=args.timeout, probe_timeout=args.timeout)
     try:

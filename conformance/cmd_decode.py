@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ggml_rpc.spec import Protocol, Reply, parse_version_option
+from ggml_rpc.spec import Reply
 
 from .capture import CaptureError, read_connections
 from .session import decode_connection, describe, summarize
@@ -21,21 +21,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _protocol(text: str) -> Protocol | None:
-    from .cli import UsageError
-
-    if text == "auto":
-        return None
-    try:
-        return parse_version_option(text)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
 def run(args: argparse.Namespace) -> int:
-    from .cli import UsageError
+    from .cli import UsageError, parse_proto
 
-    protocol = _protocol(args.proto)
+    protocol = parse_proto(args.proto)
     try:
         conns = read_connections(args.pcap, port=args.port)
     except CaptureError as exc:

@@ -6,8 +6,6 @@ import argparse
 import json
 import sys
 
-from ggml_rpc.spec import Protocol, parse_version_option
-
 from .capture import CaptureError
 from .lint import RULES, lint_file, summarize
 
@@ -23,20 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def parse_proto(text: str) -> Protocol | None:
-    """A ``--proto`` value: None for auto, else the version's table (UsageError for anything else)."""
-    from .cli import UsageError
-
-    if text == "auto":
-        return None
-    try:
-        return parse_version_option(text)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
 def run(args: argparse.Namespace) -> int:
-    from .cli import UsageError
+    from .cli import UsageError, parse_proto
 
     protocol = parse_proto(args.proto)
     found = 0

@@ -6,7 +6,6 @@ import argparse
 import json
 from pathlib import Path
 
-from .cmd_replay import parse_address
 from .scenarios import SCENARIOS, Recording, record
 
 MANIFEST_DOC = ("Sessions recorded by `ggml-rpc pcap record` (the kit's client, through the recording proxy, against "
@@ -59,7 +58,7 @@ def record_all(directory: Path, *, mss: int | None = None) -> list[Recording]:
 
 
 def run_record(args: argparse.Namespace) -> int:
-    from .cli import UsageError
+    from .cli import UsageError, parse_address
 
     if args.all:
         if args.scenario or args.output or args.server:
@@ -71,7 +70,7 @@ def run_record(args: argparse.Namespace) -> int:
         return 0
     if not args.scenario or not args.output:
         raise UsageError("--scenario and -o are required (or --all DIR)")
-    server = parse_address(args.server) if args.server else None
+    server = parse_address(args.server, "--server") if args.server else None
     try:
         r = record(args.scenario, args.proto, args.output, server=server, mss=args.mss,
                    hash_weight_bytes=args.hash_weight_bytes)

@@ -6,7 +6,6 @@ import argparse
 import sys
 import threading
 
-from .cmd_replay import parse_address
 from .lint import Violation
 from .proxy import Proxy
 
@@ -26,10 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cli import UsageError
+    from .cli import UsageError, parse_address
 
-    listen = parse_address(args.listen, any_port=True)
-    upstream = parse_address(args.upstream)
+    listen = parse_address(args.listen, "--listen", any_port=True)
+    upstream = parse_address(args.upstream, "--upstream")
 
     def show(v: Violation) -> None:
         print(f"VIOLATION {v.line()}", file=sys.stdout, flush=True)

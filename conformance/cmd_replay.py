@@ -10,10 +10,9 @@ import tempfile
 from collections.abc import Iterator
 from typing import TextIO
 
-from ggml_rpc.spec import Protocol, parse_version_option
+from ggml_rpc.spec import Protocol
 
 from .capture import CaptureError
-from .cmd_lint import parse_proto
 from .replay import DEFAULT_NMSE, Replayer, ReplayError, ReplayReport, load_captures, source_protocol
 
 
@@ -37,16 +36,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for any one reply")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON ('-': stdout)")
     p.set_defaults(func=run)
-
-
-def parse_address(text: str, *, any_port: bool = False) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) to a tuple (port 0 only with ``any_port``); UsageError otherwise."""
-    from .cli import UsageError
-
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not (0 if any_port else 1) <= int(port) < 65536:
-        raise UsageError(f"expected HOST:PORT, got {text!r}")
-    return host.strip("[]"), int(port)
 
 
 @contextlib.contextmanager
@@ -75,10 +64,10 @@ def print_report(report: ReplayReport, out: TextIO | None = None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cli import UsageError
+    from .cli import UsageError, parse_address, parse_proto
 
     protocol = parse_proto(args.proto)
-    as_protocol = parse_version_option(args.as_proto) if args.as_proto else None
+    as_protocol = parse_proto(args.as_proto, auto=False) if args.as_proto else None
     try:
         captures = load_captures(args.pcap, protocol)
         source = as_protocol or source_protocol(captures, protocol)
@@ -87,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     target = as_protocol or source
     try:
         if args.server:
-            host, port = parse_address(args.server)
+            host, port = parse_address(args.server, "--server")
             report = Replayer(captures, host, port, as_protocol=as_protocol, nmse_tolerance=args.nmse,
                               timeout=args.timeout, until_compute=args.until_compute).run()
         else:

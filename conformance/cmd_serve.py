@@ -7,9 +7,9 @@ import logging
 import re
 import sys
 
-from ggml_rpc.spec import DEFAULT_HOST, DEFAULT_PORT, parse_version_option
+from ggml_rpc.spec import DEFAULT_HOST, DEFAULT_PORT
 
-from .cli import UsageError
+from .cli import UsageError, parse_proto
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
@@ -53,8 +53,8 @@ def run(args: argparse.Namespace) -> int:
 
         sys.stdout.write(render_ops_table())
         return 0
+    protocol = parse_proto(args.proto, auto=False)
     try:
-        protocol = parse_version_option(args.proto)
         mem = parse_size(args.mem)
         cache_max = parse_size(args.cache_max_bytes) if args.cache_max_bytes else None
         max_size = parse_size(args.max_size) if args.max_size else None

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ggml_rpc.spec import parse_version_option
 from ggml_rpc.spec.docs import render_markdown
 
 
@@ -16,13 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cli import UsageError
+    from .cli import parse_proto
 
-    versions = None
-    if args.proto:
-        try:
-            versions = [parse_version_option(args.proto)]
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+    versions = [parse_proto(args.proto, auto=False)] if args.proto else None
     sys.stdout.write(render_markdown(versions))
     return 0

@@ -207,10 +207,10 @@ class TargetError(Exception):
     """The server could not be started or reached (a usage problem for the CLI: one line, exit code 2)."""
 
 
-def parse_address(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) to a tuple; raises ValueError with a clear message."""
+def parse_address(text: str, *, any_port: bool = False) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6; port 0 only with ``any_port``) to a tuple; ValueError otherwise."""
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not port.isdigit() or not (0 if any_port else 1) <= int(port) < 65536:
         raise ValueError(f"expected HOST:PORT, got {text!r}")
     return host.strip("[]"), int(port)
 
