@@ -179,19 +179,28 @@ def synthetic_graph(n: int) -> tuple[np.ndarray, np.ndarray, dict]:
     return arr["id"][1:].copy(), arr, {0xAB: Buf}
 
 
-def bench_graph_build(n: int, repeat: int) -> tuple[float, float]:
-    """Median wall-clock and minimum CPU seconds of rebuilding an n-node graph."""
+def bench_graph_build(n: int, repeat: int) -> tuple[float, float, float, float]:
+    """Median wall-clock and least CPU seconds of rebuilding an n-node graph; least CPU seconds of preparing its
+    plan and of running the plan (what a GRAPH_RECOMPUTE costs)."""
+    from ggml_rpc.reference.executor import prepare
+
     nodes, arr, buffers = synthetic_graph(n)
     wall = statistics.median(timed(lambda: build_graph(nodes, arr, buffers), repeat))
-    cpu = []
+    graph = build_graph(nodes, arr, buffers)
+    plan = prepare(graph.nodes)
+    cpu: dict[str, list[float]] = {"build": [], "prepare": [], "run": []}
     for _ in range(repeat):
-        t0 = time.process_time()
-        build_graph(nodes, arr, buffers)
-        cpu.append(time.process_time() - t0)
-    return wall, min(cpu)
+        for what, fn in (("build", lambda: build_graph(nodes, arr, buffers)), ("prepare", lambda: prepare(graph.nodes)),
+                         ("run", plan.run)):
+            t0 = time.process_time()
+            fn()
+            cpu[what].append(time.process_time() - t0)
+    return wall, min(cpu["build"]), min(cpu["prepare"]), min(cpu["run"])
 
 
-def bench_graph_round_trip(port: int, n: int, repeat: int) -> tuple[float, float]:
+def bench_graph_round_trip(port: int, pid: int, n: int, repeat: int) -> dict[str, tuple[float, float]]:
+    """(median wall seconds, server CPU seconds) per exchange: a new graph each time (two graphs differing in one
+    name byte, sent in turn), the same graph sent again, GRAPH_RECOMPUTE; each followed by a GET_TENSOR."""
     nodes, arr, _ = synthetic_graph(n)
     with RpcClient.connect("127.0.0.1", port, timeout=60) as c:
         handle, _ = c.alloc_buffer(0, (n + 1) * 64)
@@ -199,8 +208,16 @@ def bench_graph_round_trip(port: int, n: int, repeat: int) -> tuple[float, float
         arr["buffer"] = handle
         arr["data"] = base + np.arange(n + 1) * 64
         last = make_tensor(id=int(nodes[-1]), ne=(16,), buffer=handle, data=base + n * 64)
+        other = arr.copy()
+        other["name"][0] = b"other"
+        turn = [arr, other]
 
-        def compute() -> None:
+        def new_graph() -> None:
+            turn.reverse()
+            c.graph_compute(0, nodes, turn[0])
+            c.get_tensor(last, 0, 64)
+
+        def same_graph() -> None:
             c.graph_compute(0, nodes, arr)
             c.get_tensor(last, 0, 64)
 
@@ -208,7 +225,14 @@ def bench_graph_round_trip(port: int, n: int, repeat: int) -> tuple[float, float
             c.graph_recompute(0)
             c.get_tensor(last, 0, 64)
 
-        return statistics.median(timed(compute, repeat)), statistics.median(timed(recompute, repeat))
+        out = {}
+        for name, fn in (("new", new_graph), ("same", same_graph), ("recompute", recompute)):
+            fn()
+            runs = max(repeat, 20)  # server CPU is read in clock ticks: enough exchanges to resolve milliseconds
+            cpu0 = cpu_seconds(pid)
+            wall = statistics.median(timed(fn, runs))
+            out[name] = (wall, (cpu_seconds(pid) - cpu0) / runs)
+        return out
 
 
 def main() -> int:
@@ -237,11 +261,15 @@ def main() -> int:
         print(f"RSS streaming a {size // MIB} MiB SET_TENSOR: {before / MIB:.0f} MiB before, peak {peak / MIB:.0f} MiB "
               f"= buffer + {over / MIB:.1f} MiB   (bar: buffer + 64 MiB)")
         for n in (2000,):
-            compute, recompute = bench_graph_round_trip(port, n, repeat)
-            print(f"{n}-node GRAPH_COMPUTE + read: {compute * 1e3:.2f} ms; GRAPH_RECOMPUTE + read: "
-                  f"{recompute * 1e3:.2f} ms   (upstream 0.42 / 0.12 ms)")
-    wall, cpu = bench_graph_build(2000, 20)
-    print(f"build_graph of 2000 nodes (in process): {wall * 1e3:.2f} ms median, {cpu * 1e3:.2f} ms CPU at best")
+            figures = bench_graph_round_trip(port, pid, n, repeat)
+            (w_new, c_new), (w_same, c_same), (w_re, c_re) = figures["new"], figures["same"], figures["recompute"]
+            print(f"{n}-node graph + read (wall median; server CPU): GRAPH_COMPUTE of a new graph {w_new * 1e3:.2f} ms "
+                  f"({c_new * 1e3:.2f} ms CPU); the same GRAPH_COMPUTE again {w_same * 1e3:.2f} ms ({c_same * 1e3:.2f} "
+                  f"ms CPU); GRAPH_RECOMPUTE {w_re * 1e3:.2f} ms ({c_re * 1e3:.2f} ms CPU)   (bar <= 20 ms; upstream "
+                  "0.42 / 0.12 ms)")
+    wall, build, prep, run = bench_graph_build(2000, 20)
+    print(f"2000-node graph in process: build_graph {wall * 1e3:.2f} ms median, {build * 1e3:.2f} ms CPU at best; "
+          f"prepare {prep * 1e3:.2f} ms CPU; run the prepared plan {run * 1e3:.2f} ms CPU")
     return 0
 
 

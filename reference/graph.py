@@ -214,7 +214,7 @@ class _Checked:
 
 def _check(tensors: np.ndarray, sel: np.ndarray, buffers: Mapping[int, BufferLike]) -> _Checked:
     """Validate the rows ``sel`` (vectorised) and locate them in their buffers; the first bad row is refused."""
-    rows = tensors[sel]
+    rows = tensors if len(sel) == len(tensors) else tensors[sel]  # sel is sorted: all rows, in order
     types = rows["type"]
     bad = np.flatnonzero(types >= GGML_TYPE_COUNT)
     if len(bad):
@@ -259,7 +259,8 @@ def _check(tensors: np.ndarray, sel: np.ndarray, buffers: Mapping[int, BufferLik
         raise GraphError(f"tensor {int(rows['id'][k]):#x} data [{data_l[k]:#x}, +{nbytes[k]}) lies outside its "
                          f"buffer [{int(base[k]):#x}, +{int(size[k])})")
     off_l = np.where(known, rel, 0).tolist()
-    return _Checked(rows, nbytes, data_l, off_l, [mems[u] for u in inverse.tolist()], used, unknown)
+    located = [mems[0]] * len(rows) if len(mems) == 1 else [mems[u] for u in inverse.tolist()]
+    return _Checked(rows, nbytes, data_l, off_l, located, used, unknown)
 
 
 def build_graph(node_ids: np.ndarray, tensors: np.ndarray, buffers: Mapping[int, BufferLike]) -> BuiltGraph:

@@ -73,6 +73,7 @@ def prepare(nodes: Sequence[GraphTensor]) -> Plan:
     mem = Memory()
     steps: list[Step] = []
     generic = False
+    kernels, ready = KERNELS, PREPARED
     for node in nodes:
         op = node.op
         if op in FREE_OPS:
@@ -86,35 +87,31 @@ def prepare(nodes: Sequence[GraphTensor]) -> Plan:
         ne = node.ne
         if ne[0] == 0 or ne[1] == 0 or ne[2] == 0 or ne[3] == 0:
             continue
-        fn = KERNELS.get(op)
+        fn = kernels.get(op)
         if fn is None:
             steps.append((_refuse, (node_error(node, f"op {op_name(op)} is not supported by the reference executor"),),
                           node))
             continue
-        step = _step(node, fn, mem)
-        generic = generic or step[1] is None
-        steps.append(step)
-    return Plan(steps, mem, generic)
-
-
-def _step(node: GraphTensor, fn: Callable[[GraphTensor, Memory], None], mem: Memory) -> Step:
-    ready = PREPARED.get(node.op)
-    if ready is not None:
-        try:
-            call = ready(node, mem)
-        except (ExecutorError, *_CAUGHT):
-            call = None
-        if call is not None:
-            return (call[0], call[1], node)
-    # The kernel's views are made now, once; one that cannot be made is left for the kernel, which refuses it in
-    # its turn.
-    for t in (node, *node.src):
-        if t is not None and t.buffer is not None:
+        prep = ready.get(op)
+        if prep is not None:
             try:
-                mem.raw(t)
-            except ExecutorError:
-                pass
-    return (fn, None, node)
+                call = prep(node, mem)
+            except (ExecutorError, *_CAUGHT):
+                call = None
+            if call is not None:
+                steps.append((call[0], call[1], node))
+                continue
+        # The kernel's views are made now, once; one that cannot be made is left for the kernel, which refuses it
+        # in its turn.
+        for t in (node, *node.src):
+            if t is not None and t.buffer is not None:
+                try:
+                    mem.raw(t)
+                except ExecutorError:
+                    pass
+        steps.append((fn, None, node))
+        generic = True
+    return Plan(steps, mem, generic)
 
 
 def execute(nodes: Sequence[GraphTensor]) -> None:
