@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from ggml_rpc.spec import Protocol, parse_version_option
@@ -42,6 +44,11 @@ def parse_address(text: str, option: str, *, any_port: bool = False) -> tuple[st
         raise UsageError(f"{option}: {exc}") from None
 
 
+def _terminate(signum: int, frame: object) -> None:
+    # SIGTERM stops a command the way Ctrl-C does, so servers and spawned targets are shut down and pcaps completed.
+    raise KeyboardInterrupt
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ggml-rpc",
@@ -57,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
     try:
         return int(args.func(args) or 0)
     except UsageError as exc:
@@ -67,6 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 if __name__ == "__main__":  # pragma: no cover
