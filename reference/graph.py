@@ -212,9 +212,8 @@ class _Checked:
     unknown: set[int]
 
 
-def _check(tensors: np.ndarray, sel: np.ndarray, buffers: Mapping[int, BufferLike]) -> _Checked:
-    """Validate the rows ``sel`` (vectorised) and locate them in their buffers; the first bad row is refused."""
-    rows = tensors if len(sel) == len(tensors) else tensors[sel]  # sel is sorted: all rows, in order
+def _check(rows: np.ndarray, buffers: Mapping[int, BufferLike]) -> _Checked:
+    """Validate ``rows`` (vectorised) and locate them in their buffers; the first bad row is refused."""
     types = rows["type"]
     bad = np.flatnonzero(types >= GGML_TYPE_COUNT)
     if len(bad):
@@ -305,9 +304,9 @@ def build_graph(node_ids: np.ndarray, tensors: np.ndarray, buffers: Mapping[int,
 
     # 2. Validate the reached rows, vectorised; a broken rule is named as upstream's walk order meets it.
     try:
-        checked = _check(tensors, sel, buffers)
+        checked = _check(tensors if len(sel) == n else tensors[sel], buffers)  # sel is sorted: all rows, in order
     except GraphError:
-        _check(tensors, np.array(walk(), dtype=np.intp), buffers)
+        _check(tensors[np.array(walk(), dtype=np.intp)], buffers)
         raise
 
     # 3. Build the objects (column-wise, one map call), then link references (one object-array gather).
