@@ -117,6 +117,9 @@ def run(args: argparse.Namespace) -> int:
     seconds = args.seconds if args.seconds is not None or args.examples is not None else 60.0
     options = Options(examples=args.examples, seconds=seconds, seed=args.seed, out_dir=Path(args.out),
                       timeout=args.timeout, wait_restart=args.wait_restart)
+    if seconds is not None:
+        # Shrinking a finding takes at most half the budget (a minute at most): short runs stay short.
+        options.shrink_seconds = min(options.shrink_seconds, max(5.0, seconds / 2))
     if args.steps is not None:
         if args.steps < 1:
             raise UsageError("--steps must be at least 1")

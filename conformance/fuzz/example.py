@@ -70,6 +70,7 @@ class Example:
         self.last: FuzzMessage | None = None
         self._last_ref: ConnRef | None = None
         self._scope_key: tuple | None = None
+        self._opening: FuzzMessage | None = None
 
     # ---- connections -----------------------------------------------------------------------------------------
 
@@ -136,7 +137,11 @@ class Example:
         self._writes = []
         self.transcript.append(self._writes)
         self.computed = False
-        self.send(ref, first, opening=True)
+        self._opening = self.last  # what the previous connection sent last (blamed if this opening fails)
+        try:
+            self.send(ref, first, opening=True)
+        finally:
+            self._opening = None
 
     def close_current(self) -> None:
         """End the open connection the way a client leaves: the target must close without a byte."""
@@ -239,6 +244,10 @@ class Example:
     def _closed_unexpectedly(self, msg: FuzzMessage, model_did: str) -> None:
         self._end_target()
         if not self.c.alive():
+            if self._opening is not None and self._opening is not msg:
+                # A dying process may still accept a connection: the death belongs to what came before.
+                self._fail("crash", f"the target died after {self._opening.describe()} (it no longer accepts "
+                           "connections)", self._opening)
             self._fail("crash", f"the target died on {msg.describe()} (it no longer accepts connections)", msg)
         self._fail("wrong-reply", f"the target closed the connection where the reference {model_did}", msg)
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
+from pathlib import Path
 
 import pytest
 from ggml_rpc.conformance.cli import main
@@ -48,3 +50,18 @@ def test_user_mistakes_exit_2(argv, message, capsys):
     assert main(["fuzz", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_spawned_server_that_crashes_is_restarted_and_the_finding_kept(tmp_path, capsys):
+    script = Path(__file__).with_name("vulnerable.py")
+    cmd = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} --port {{port}}"
+    out_dir = tmp_path / "found"
+    assert main(["fuzz", "--spawn", cmd, "--seconds", "10", "--seed", "1", "--out", str(out_dir)]) == 1
+    out, err = capsys.readouterr()
+    assert "FINDING crash" in err
+    assert "killed by signal SIGABRT" in out
+    restarts = int(re.search(r"target restarts (\d+)", out).group(1))
+    assert restarts >= 1
+    summary = next(out_dir.glob("finding-001-crash.txt")).read_text()
+    assert "target status: killed by signal SIGABRT" in summary
+    assert "log: vulnerable reference server listening" in summary

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,3 +38,24 @@ class VulnerableServer(Server):
             AbortingConnection(conn, self.config, self.cache, name="vulnerable").serve()
         finally:
             conn.close()
+
+
+def main() -> None:
+    """``python vulnerable.py --port N [--proto 7]``: serve the vulnerable variant (for ``ggml-rpc fuzz --spawn``)."""
+    import argparse
+
+    from ggml_rpc.conformance.fuzz import fuzz_config
+    from ggml_rpc.spec import parse_version_option
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--proto", default="7")
+    args = p.parse_args()
+    warnings.simplefilter("ignore")  # fuzzed numbers through the executor: NaN and overflow are expected
+    server = VulnerableServer(fuzz_config(parse_version_option(args.proto)), "127.0.0.1", args.port)
+    print(f"vulnerable reference server listening on 127.0.0.1:{server.port}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
