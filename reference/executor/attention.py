@@ -103,15 +103,13 @@ def _softmax_v(scores: np.ndarray, v: np.ndarray, sinks: np.ndarray | None, rh: 
 def _online_f16(scores: np.ndarray, v: np.ndarray, sinks: np.ndarray | None) -> np.ndarray:
     """ggml's one-chunk recurrence with an F16 accumulator, stepping over KV positions, all rows at once."""
     lead = scores.shape[:-1]
-    n_kv = scores.shape[-1]
     acc = np.zeros((*lead, v.shape[-1]), dtype=np.float16)
     big_m = np.full(lead, -np.inf, dtype=np.float32)
     total = np.zeros(lead, dtype=np.float32)
     live = ~np.isneginf(scores)
-    for ic in range(n_kv):
+    # Positions masked out (-inf) for every row change nothing: only the others are stepped through.
+    for ic in np.flatnonzero(live.any(axis=tuple(range(live.ndim - 1)))).tolist():
         use = live[..., ic]
-        if not use.any():
-            continue
         s = scores[..., ic]
         new_max = use & (s > big_m)
         with np.errstate(invalid="ignore", over="ignore"):
