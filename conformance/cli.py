@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 from ggml_rpc.spec import Protocol, parse_version_option
 
@@ -42,6 +43,16 @@ def parse_address(text: str, option: str, *, any_port: bool = False) -> tuple[st
         return parse(text, any_port=any_port)
     except ValueError as exc:
         raise UsageError(f"{option}: {exc}") from None
+
+
+def output_file(path: str, option: str) -> str:
+    """An output file option, checked before any work is done: its folder must exist and it must not be one."""
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{option} {path}: is a directory")
+    if not target.parent.is_dir():
+        raise UsageError(f"{option} {path}: no such directory {str(target.parent)!r}")
+    return path
 
 
 def _terminate(signum: int, frame: object) -> None:

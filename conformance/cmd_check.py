@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     from ggml_rpc.conformance.checks import CATALOGUE
 
     from . import report
-    from .cli import UsageError, parse_proto
+    from .cli import UsageError, output_file, parse_proto
     from .report_files import write_json, write_junit
 
     probe = Console()
@@ -88,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
+    for option, path in (("--json", args.json), ("--junit", args.junit)):
+        if path:
+            output_file(path, option)
     proto = parse_proto(args.proto)
     target = _target(args, proto)
     runner = Runner(target, expect=proto, timeout=args.timeout, probe_timeout=args.timeout)

@@ -64,25 +64,34 @@ def print_report(report: ReplayReport, out: TextIO | None = None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cli import UsageError, parse_address, parse_proto
+    from .cli import UsageError, output_file, parse_address, parse_proto
 
     protocol = parse_proto(args.proto)
     as_protocol = parse_proto(args.as_proto, auto=False) if args.as_proto else None
+    if not args.nmse >= 0:
+        raise UsageError("--nmse must be a non-negative number")
+    if not args.timeout > 0:
+        raise UsageError("--timeout must be positive")
+    server = parse_address(args.server, "--server") if args.server else None
+    if args.json and args.json != "-":
+        output_file(args.json, "--json")
     try:
         captures = load_captures(args.pcap, protocol)
         source = as_protocol or source_protocol(captures, protocol)
     except (CaptureError, ReplayError) as exc:
         raise UsageError(str(exc)) from None
     target = as_protocol or source
+
+    def replay_to(host: str, port: int) -> ReplayReport:
+        return Replayer(captures, host, port, as_protocol=as_protocol, nmse_tolerance=args.nmse,
+                        timeout=args.timeout, until_compute=args.until_compute).run()
+
     try:
-        if args.server:
-            host, port = parse_address(args.server, "--server")
-            report = Replayer(captures, host, port, as_protocol=as_protocol, nmse_tolerance=args.nmse,
-                              timeout=args.timeout, until_compute=args.until_compute).run()
+        if server is not None:
+            report = replay_to(*server)
         else:
             with embedded_server(target) as (host, port):
-                report = Replayer(captures, host, port, as_protocol=as_protocol, nmse_tolerance=args.nmse,
-                                  timeout=args.timeout, until_compute=args.until_compute).run()
+                report = replay_to(host, port)
                 report.target = f"embedded reference server {target.label} ({host}:{port})"
     except ReplayError as exc:
         raise UsageError(str(exc)) from None
@@ -92,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
         if args.json == "-":
             sys.stdout.write(text + "\n")
         else:
-            with open(args.json, "w") as fh:
-                fh.write(text + "\n")
+            try:
+                with open(args.json, "w") as fh:
+                    fh.write(text + "\n")
+            except OSError as exc:
+                raise UsageError(f"cannot write {args.json}: {exc.strerror or exc}") from None
     return 0 if report.ok else 1

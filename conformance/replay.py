@@ -364,7 +364,7 @@ class Replayer:
             client = RpcClient(socket.create_connection((self.host, self.port), timeout=self.timeout),
                                self.target)
         except OSError as exc:
-            raise ReplayError(f"cannot connect to {self.host}:{self.port}: {exc}") from None
+            raise ReplayError(f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}") from None
         client.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with client:
             for req in dc.requests:
