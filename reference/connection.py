@@ -485,7 +485,10 @@ class Connection:
                 graph = build_graph(fields["nodes"], fields["tensors"], self.table.buffers)
             except GraphError as exc:
                 raise Close(f"GRAPH_COMPUTE: {exc}") from None
-            graph.source = body
+            # The payload is kept only while it is not much larger than the graph itself: one that is mostly
+            # unreached tensors must not stay allocated for as long as the graph does.
+            if 2 * graph.n_tensors >= len(fields["tensors"]):
+                graph.source = body
         self._run(graph, "GRAPH_COMPUTE")
         self.graphs[device] = graph
 

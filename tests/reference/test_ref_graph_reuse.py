@@ -98,6 +98,21 @@ def test_the_same_payload_reuses_the_graph_and_another_rebuilds_it(recording) ->
         assert runs[-1] is not runs[-2] and [t.id for t in runs[-1]] == nodes
 
 
+def test_a_payload_of_mostly_unreached_tensors_is_not_kept(recording) -> None:
+    runs = recording.runs
+    with connect(recording) as c:
+        tensors, nodes, _x, _out, _h = _chain(c)
+        spare = [make_tensor(id=1000 + i, ne=(8,)) for i in range(3 * len(tensors))]  # never reached
+        for _ in range(2):
+            c.graph_compute(0, nodes, tensors + spare)
+        assert c.device_count() == 1
+        assert runs[-1] is not runs[-2]  # rebuilt: nothing of the first payload was kept
+        c.graph_compute(0, nodes, tensors + spare[: len(tensors) // 2])
+        c.graph_compute(0, nodes, tensors + spare[: len(tensors) // 2])
+        assert c.device_count() == 1
+        assert runs[-1] is runs[-2]
+
+
 def test_recompute_and_the_same_compute_after_free_buffer_close(srv7) -> None:
     for again in ("recompute", "compute"):
         with connect(srv7) as c:
