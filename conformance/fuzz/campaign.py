@@ -311,23 +311,26 @@ class Campaign:
         finally:
             self._close_example()
 
-    def _replay_crashes(self, pcap: Path | None) -> bool:
-        """Restart the target, replay ``pcap`` with ``ggml-rpc replay``'s engine: does the target die again?"""
+    def _replay_fails(self, pcap: Path | None, kind: str) -> bool:
+        """Does ``ggml-rpc replay``'s engine, re-running ``pcap`` against the target, fail (the target dies again
+        after a crash -- on a restarted target --, or its replies differ)?"""
         from ggml_rpc.conformance.replay import ReplayError, replay
 
         if pcap is None:
             return False
         try:
-            self.target.restart()
-            self.stats.restarts += 1
-            replay([pcap], self.target.host, self.target.port, timeout=self.timeout)
+            if kind == "crash":
+                self.target.restart()
+                self.stats.restarts += 1
+            report = replay([pcap], self.target.host, self.target.port, timeout=self.timeout)
+            failed = not report.ok
         except ReplayError:
-            return not self.alive()
-        except Exception:
+            failed = True
+        except Exception:  # a reproducer that does not even replay is simply not kept
             return False
         finally:
-            self._dead = True  # make the next example check (and restart) the target
-        return not self.alive()
+            self._dead = True  # make the next example check (and bring back) the target
+        return not self.alive() if kind == "crash" else failed
 
     def _close_example(self) -> None:
         ex = self._example
@@ -361,13 +364,14 @@ class Campaign:
             # The connection that crashed the server: the last one that sent more than its opening message
             # (a connection opened after the fatal message may still have been accepted by the dying process).
             culprit = next((conn for conn in reversed(transcript) if sum(1 for c, _ in conn if c) > 1), None)
-            if finding.kind == "crash" and len(transcript) > 1 and culprit is not None and self.target.can_restart:
-                # Connections share nothing but the hash cache: the one that crashed the server is usually
-                # enough.  Keep it alone if a replay of it alone still kills a fresh target.
+            if len(transcript) > 1 and culprit is not None and (finding.kind != "crash" or self.target.can_restart):
+                # Connections share nothing but the hash cache: the one that failed is usually enough.  Keep it
+                # alone if a replay of it alone still fails against the target (a fresh one after a crash).
                 save(saved, [culprit, probe], self.options.out_dir, number)
-                if self._replay_crashes(saved.pcap):
+                if self._replay_fails(saved.pcap, finding.kind):
                     transcript = [culprit]
-                    saved.notes.append("earlier connections dropped: the last one alone crashes a fresh target")
+                    saved.notes.append("earlier connections dropped: replayed alone, the last one fails the same "
+                                       "way")
                 else:
                     _forget(self.options.out_dir, saved)
             if saved.pcap is None or not saved.pcap.exists():

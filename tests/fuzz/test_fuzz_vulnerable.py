@@ -12,7 +12,13 @@ from ggml_rpc.conformance.harness import ExternalTarget
 from ggml_rpc.conformance.replay import ReplayError, replay
 from ggml_rpc.reference import running_server
 from ggml_rpc.spec import V7
-from vulnerable import VulnerableServer
+from vulnerable import (
+    LeakyGetTensorConnection,
+    SilentMaxSizeConnection,
+    VulnerableServer,
+    WrongAlignmentConnection,
+    server_with,
+)
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +95,23 @@ def test_a_dead_external_target_stops_the_campaign(tmp_path):
         assert campaign.findings[0].pcap is not None and campaign.findings[0].pcap.exists()
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("variant, kind, command", [
+    (SilentMaxSizeConnection, "hang", "GET_MAX_SIZE"),
+    (WrongAlignmentConnection, "wrong-reply", "GET_ALIGNMENT"),
+    (LeakyGetTensorConnection, "out-of-buffer", "GET_TENSOR"),
+])
+def test_every_kind_of_finding_is_detected(variant, kind, command, tmp_path):
+    options = Options(seconds=60, seed=0, out_dir=tmp_path, max_findings=1, shrink_seconds=5, timeout=1.0)
+    campaign = embedded_campaign(V7, options, server_cls=server_with(variant))
+    campaign.target.start()
+    try:
+        campaign.run()
+    finally:
+        campaign.target.stop()
+    assert [(f.kind, f.command) for f in campaign.findings] == [(kind, command)]
+    f = campaign.findings[0]
+    assert f.pcap is not None and f.pcap.exists()
+    with running_server("7") as srv:  # the reproducer is what the reference answers
+        assert replay([f.pcap], srv.host, srv.port, timeout=10).ok

@@ -15,6 +15,8 @@ from typing import Any
 
 from ggml_rpc.reference.connection import Close, Connection
 from ggml_rpc.reference.server import Server
+from ggml_rpc.spec import Command
+from ggml_rpc.spec.codec import REPLY_HEADER
 
 
 class AbortingConnection(Connection):
@@ -38,6 +40,50 @@ class VulnerableServer(Server):
             AbortingConnection(conn, self.config, self.cache, name="vulnerable").serve()
         finally:
             conn.close()
+
+
+class SilentMaxSizeConnection(Connection):
+    """Never answers GET_MAX_SIZE (but goes on reading): the client waits for ever -- a hang."""
+
+    def _get_max_size(self, f: dict[str, Any]) -> None:
+        return None
+
+
+class WrongAlignmentConnection(Connection):
+    """Answers GET_ALIGNMENT with 64 where the reference configuration says 32 -- a wrong reply."""
+
+    def _get_alignment(self, f: dict[str, Any]) -> None:
+        self._device(f["device"], "GET_ALIGNMENT")
+        self._reply(Command.GET_ALIGNMENT, {"alignment": 64})
+
+
+class LeakyGetTensorConnection(Connection):
+    """GET_TENSOR without the region check: reads past a tensor's buffer are answered with whatever follows (here
+    zero bytes standing for neighbouring memory) -- out-of-buffer data in a reply."""
+
+    def _get_tensor(self, f: dict[str, Any]) -> None:
+        size = f["size"]
+        if size > 1 << 20:
+            raise Close("too large even for a leaky server")
+        try:
+            super()._get_tensor(f)
+        except Close:
+            self._send([REPLY_HEADER.pack(size), bytes(size)])
+
+
+def server_with(connection_cls: type[Connection]) -> type[Server]:
+    """A reference server class whose connections are ``connection_cls``."""
+
+    class Variant(Server):
+        def _handle(self, conn: socket.socket, peer: tuple) -> None:
+            try:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                connection_cls(conn, self.config, self.cache, name="variant").serve()
+            finally:
+                conn.close()
+
+    Variant.__name__ = f"{connection_cls.__name__}Server"
+    return Variant
 
 
 def main() -> None:
