@@ -55,6 +55,11 @@ def output_file(path: str, option: str) -> str:
     return path
 
 
+def os_reason(exc: OSError) -> str:
+    """Why a system call failed, without the bind address socket.create_server appends to the reason."""
+    return (exc.strerror or str(exc)).split(" (while attempting to bind", 1)[0]
+
+
 def _terminate(signum: int, frame: object) -> None:
     # SIGTERM stops a command the way Ctrl-C does, so servers and spawned targets are shut down and pcaps completed.
     raise KeyboardInterrupt

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
+import sys
 from pathlib import Path
 
+from ggml_rpc.spec import ProtocolError
+
+from .client import ConnectionClosed
+from .pcapwrite import MAX_MSS
 from .scenarios import SCENARIOS, Recording, record
 
 MANIFEST_DOC = ("Sessions recorded by `ggml-rpc pcap record` (the kit's client, through the recording proxy, against "
@@ -58,19 +64,36 @@ def record_all(directory: Path, *, mss: int | None = None) -> list[Recording]:
 
 
 def run_record(args: argparse.Namespace) -> int:
-    from .cli import UsageError, parse_address
+    from .cli import UsageError, output_file, parse_address
 
+    if args.mss is not None and not 1 <= args.mss <= MAX_MSS:
+        raise UsageError(f"--mss must be 1..{MAX_MSS}")
+    if args.hash_weight_bytes < 1:
+        raise UsageError("--hash-weight-bytes must be at least 1")
     if args.all:
         if args.scenario or args.output or args.server:
             raise UsageError("--all records every scenario against fresh reference servers: no --scenario, -o or "
                              "--server with it")
-        for r in record_all(Path(args.all), mss=args.mss):
+        if Path(args.all).exists() and not Path(args.all).is_dir():
+            raise UsageError(f"--all {args.all}: not a directory")
+        try:
+            recordings = record_all(Path(args.all), mss=args.mss)
+        except OSError as exc:
+            raise UsageError(f"--all {args.all}: {exc.strerror or exc}") from None
+        for r in recordings:
             print(f"{r.path}: {r.scenario} v{r.protocol}, {r.stats.connections} connection(s), "
                   f"{r.stats.requests} request(s)")
         return 0
     if not args.scenario or not args.output:
         raise UsageError("--scenario and -o are required (or --all DIR)")
+    output_file(args.output, "-o")
     server = parse_address(args.server, "--server") if args.server else None
+    if server is not None:
+        # Reach the server before the recording proxy starts, so an address mistake is one line, not a broken run.
+        try:
+            socket.create_connection(server, timeout=10).close()
+        except OSError as exc:
+            raise UsageError(f"cannot reach {args.server}: {exc.strerror or exc}") from None
     try:
         r = record(args.scenario, args.proto, args.output, server=server, mss=args.mss,
                    hash_weight_bytes=args.hash_weight_bytes)
@@ -78,6 +101,10 @@ def run_record(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     except OSError as exc:
         raise UsageError(f"recording failed: {exc}") from None
+    except (ConnectionClosed, ProtocolError) as exc:
+        # The server under test broke the scenario: not a usage mistake, but no traceback either.
+        print(f"ggml-rpc pcap: the scenario failed against {args.server}: {exc}", file=sys.stderr)
+        return 1
     print(f"{r.path}: {r.scenario} v{r.protocol}, {r.stats.connections} connection(s), {r.stats.requests} "
           f"request(s), {r.stats.bytes_c2s + r.stats.bytes_s2c} bytes")
     for note in r.notes:

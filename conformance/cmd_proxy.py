@@ -7,6 +7,7 @@ import sys
 import threading
 
 from .lint import Violation
+from .pcapwrite import MAX_MSS
 from .proxy import Proxy
 
 
@@ -25,10 +26,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cli import UsageError, parse_address
+    from .cli import UsageError, os_reason, output_file, parse_address
 
     listen = parse_address(args.listen, "--listen", any_port=True)
     upstream = parse_address(args.upstream, "--upstream")
+    if args.mss is not None and not 1 <= args.mss <= MAX_MSS:
+        raise UsageError(f"--mss must be 1..{MAX_MSS}")
+    if args.pcap:
+        output_file(args.pcap, "--pcap")
 
     def show(v: Violation) -> None:
         print(f"VIOLATION {v.line()}", file=sys.stdout, flush=True)
@@ -36,7 +41,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         proxy = Proxy(upstream, listen, pcap=args.pcap, check=args.check, on_violation=show, mss=args.mss)
     except OSError as exc:
-        raise UsageError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
+        if exc.filename is not None:  # the pcap could not be created
+            raise UsageError(f"cannot write {exc.filename}: {os_reason(exc)}") from None
+        raise UsageError(f"cannot listen on {args.listen}: {os_reason(exc)}") from None
     print(f"ggml-rpc proxy: {proxy.host}:{proxy.port} -> {upstream[0]}:{upstream[1]}"
           f"{' recording ' + args.pcap if args.pcap else ''}{' checking' if args.check else ''}", flush=True)
     thread = threading.Thread(target=proxy.serve_forever, daemon=True)

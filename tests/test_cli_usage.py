@@ -38,3 +38,51 @@ def test_replay_json_is_written(tmp_path, capsys):
     assert main(["replay", FIXTURE, "--json", str(out)]) == 0
     assert '"ok": true' in out.read_text()
     assert "0 mismatch(es)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["pcap", "record", "--scenario", "inference", "-o", "{tmp}/x.pcap", "--server", "127.0.0.1:1"],
+     "cannot reach 127.0.0.1:1: Connection refused"),
+    (["pcap", "record", "--all", FIXTURE], f"--all {FIXTURE}: not a directory"),
+    (["pcap", "record", "--scenario", "inference", "-o", "{tmp}/x.pcap", "--mss", "0"], "--mss must be 1..65495"),
+    (["pcap", "record", "--scenario", "inference", "-o", "{tmp}/x.pcap", "--mss", "65496"], "--mss must be 1..65495"),
+    (["pcap", "record", "--scenario", "inference", "-o", "{tmp}/no/x.pcap"], "-o {tmp}/no/x.pcap: no such directory"),
+    (["pcap", "record", "--scenario", "model-load", "-o", "{tmp}/x.pcap", "--hash-weight-bytes", "0"],
+     "--hash-weight-bytes must be at least 1"),
+    (["proxy", "--upstream", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--mss", "0"], "--mss must be 1..65495"),
+    (["proxy", "--upstream", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--pcap", "{tmp}/no/x.pcap"],
+     "--pcap {tmp}/no/x.pcap: no such directory"),
+    (["proxy", "--upstream", "127.0.0.1:1", "--listen", "nowhere"], "--listen: expected HOST:PORT, got 'nowhere'"),
+    (["proxy", "--upstream", "127.0.0.1:0"], "--upstream: expected HOST:PORT, got '127.0.0.1:0'"),
+])
+def test_pcap_record_and_proxy_options(tmp_path, capsys, argv, expected):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert expected.replace("{tmp}", str(tmp_path)) in usage_error(capsys, argv)
+    assert not (tmp_path / "x.pcap").exists()
+
+
+def test_pcap_record_against_a_server_that_closes_is_one_line(tmp_path, capsys):
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def close_everything() -> None:
+        with listener:
+            for _ in range(8):  # the scenario gives up after the first closed connection
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                conn.close()
+
+    threading.Thread(target=close_everything, daemon=True).start()
+    port = listener.getsockname()[1]
+    try:
+        assert main(["pcap", "record", "--scenario", "inference", "-o", str(tmp_path / "x.pcap"),
+                     "--server", f"127.0.0.1:{port}"]) == 1
+    finally:
+        listener.close()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"ggml-rpc pcap: the scenario failed against 127.0.0.1:{port}: "
+                   "server closed the connection after 0 of 8 bytes"]
