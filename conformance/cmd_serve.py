@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import sys
 
 from ggml_rpc.spec import DEFAULT_HOST, DEFAULT_PORT
 
-from .cli import UsageError, parse_proto
+from .cli import UsageError, os_reason, parse_proto
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
@@ -62,12 +63,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.devices < 1:
         raise UsageError("--devices must be at least 1")
-    if args.alignment is not None and args.alignment < 1:
-        raise UsageError("--alignment must be at least 1")
+    if args.alignment is not None and (args.alignment < 1 or args.alignment & (args.alignment - 1)):
+        raise UsageError("--alignment must be a power of two")
     if not 0 <= args.port <= 65535:
         raise UsageError("--port must be 0..65535")
     if max_size is not None and max_size >= 1 << 64:
         raise UsageError("--max-size must fit in 64 bits")
+    if args.cache_dir and os.path.exists(args.cache_dir) and not os.path.isdir(args.cache_dir):
+        raise UsageError(f"--cache-dir {args.cache_dir}: not a directory")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
     config = make_config(protocol, devices=args.devices, mem=mem, alignment=args.alignment, max_size=max_size,
                          cache_dir=args.cache_dir, cache_max_bytes=cache_max, concurrent=args.concurrent,
@@ -75,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         server = Server(config, args.host, args.port)
     except OSError as exc:
-        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+        if exc.filename is not None:  # the cache directory
+            raise UsageError(f"--cache-dir {args.cache_dir}: {os_reason(exc)}") from None
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {os_reason(exc)}") from None
     print(f"ggml-rpc serve: protocol {protocol.label} listening on {args.host}:{server.port}", file=sys.stderr,
           flush=True)
     try:

@@ -86,3 +86,19 @@ def test_pcap_record_against_a_server_that_closes_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"ggml-rpc pcap: the scenario failed against 127.0.0.1:{port}: "
                    "server closed the connection after 0 of 8 bytes"]
+
+
+def test_serve_options(tmp_path, capsys):
+    import socket
+
+    a_file = tmp_path / "a-file"
+    a_file.write_bytes(b"")
+    assert usage_error(capsys, ["serve", "--alignment", "48"]).endswith("--alignment must be a power of two")
+    assert usage_error(capsys, ["serve", "--port", "0", "--cache-dir", str(a_file)]).endswith(
+        f"--cache-dir {a_file}: not a directory")
+    assert usage_error(capsys, ["serve", "--port", "0", "--cache-dir", str(a_file / "sub")]).endswith(
+        f"--cache-dir {a_file / 'sub'}: Not a directory")
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        assert usage_error(capsys, ["serve", "--port", str(port)]).endswith(
+            f"cannot listen on 127.0.0.1:{port}: Address already in use")
