@@ -29,7 +29,7 @@ from .findings import Finding, Writes
 from .generate import BufferRef, ConnRef, Scope, alloc_size, needs_state, placed_tensor, valid_request
 from .message import FuzzMessage
 from .model import ModelConnection
-from .nearvalid import break_one
+from .nearvalid import break_one, unknown_commands
 from .wire import Refused, TargetConnection
 
 if TYPE_CHECKING:
@@ -385,8 +385,6 @@ class Example:
             hello.broken = "id: HELLO after the handshake"
             self.send(conn, hello)
             return
-        from .machine import unknown_commands
-
         msg = valid_request(d, self.scope, d.choice(reqs))
         msg.wire_command = d.choice(unknown_commands(self.protocol))
         msg.broken = f"id: command byte {msg.wire_command}"

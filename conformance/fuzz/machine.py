@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Any
 
-from ggml_rpc.spec import NEVER_ON_WIRE, Command, Protocol
+from ggml_rpc.spec import Command
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, multiple, rule
 
@@ -29,12 +29,6 @@ if TYPE_CHECKING:
 
 #: Longest burst of seeded steps after a rule's own request.
 BURST_MAX = 24
-
-
-def unknown_commands(protocol: Protocol) -> list[int]:
-    """Command bytes a server of ``protocol`` must close on: sentinels, ids past the table, the top byte."""
-    count = protocol.command_count
-    return sorted({*(int(c) for c in NEVER_ON_WIRE), count, count + 1, 0xFF} - {int(c) for c in protocol.commands})
 
 
 def build_machine(campaign: Campaign) -> type[RuleBasedStateMachine]:
@@ -112,4 +106,4 @@ def build_machine(campaign: Campaign) -> type[RuleBasedStateMachine]:
     return FuzzMachine
 
 
-__all__ = ["BURST_MAX", "build_machine", "unknown_commands"]
+__all__ = ["BURST_MAX", "build_machine"]

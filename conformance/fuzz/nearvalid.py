@@ -21,6 +21,7 @@ from ggml_rpc.spec import (
     GGML_OP_COUNT,
     GGML_TYPE_COUNT,
     NATIVE_CALLBACK_OPS,
+    NEVER_ON_WIRE,
     TYPES,
     Payload,
     Protocol,
@@ -215,6 +216,12 @@ def _leaf_paths(values: dict[str, Any], target: Target) -> list[list[str]]:
         elif isinstance(leaf, int):
             out.append(p)
     return out
+
+
+def unknown_commands(protocol: Protocol) -> list[int]:
+    """Command bytes a server of ``protocol`` must close on: sentinels, ids past the table, the top byte."""
+    count = protocol.command_count
+    return sorted({*(int(c) for c in NEVER_ON_WIRE), count, count + 1, 0xFF} - {int(c) for c in protocol.commands})
 
 
 def size_claims(payload: Payload, actual: int) -> list[int]:
