@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from ggml_rpc.spec import Protocol, parse_version_option
 
@@ -23,6 +24,20 @@ COMMANDS = ("check", "decode", "spec", "serve", "lint", "replay", "dissector", "
 
 class UsageError(Exception):
     """A mistake of the user's (bad option, missing file, unreachable server): one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (the usage is one ``--help`` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def port_number(text: str) -> int:
+    """The argparse type of a TCP port option: 1..65535."""
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"expected a TCP port 1..65535, got {text!r}")
+    return int(text)
 
 
 def parse_proto(text: str, *, auto: bool = True) -> Protocol | None:
@@ -66,7 +81,7 @@ def _terminate(signum: int, frame: object) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ggml-rpc",
         description="Specification, reference server and conformance kit for the ggml RPC protocol.",
     )
@@ -79,7 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        parser.exit(2, f"ggml-rpc {args.command}: error: unrecognized arguments: {' '.join(extra)} "
+                       f"(see ggml-rpc {args.command} --help)\n")
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
     try:

@@ -9,6 +9,7 @@ import sys
 from ggml_rpc.spec import Reply
 
 from .capture import CaptureError, read_connections
+from .cli import port_number
 from .session import decode_connection, describe, summarize
 
 
@@ -16,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("decode", help="decode a pcap of ggml RPC traffic, one line per message")
     p.add_argument("pcap", help="capture file (pcap or pcapng)")
     p.add_argument("--proto", default="auto", help="auto (from each HELLO reply), 6, 7 or 7.0.1")
-    p.add_argument("--port", type=int, default=None, help="only connections with this TCP port")
+    p.add_argument("--port", type=port_number, default=None, help="only connections with this TCP port")
     p.add_argument("--json", action="store_true", help="JSON lines instead of text")
     p.set_defaults(func=run)
 
@@ -29,6 +30,9 @@ def run(args: argparse.Namespace) -> int:
         conns = read_connections(args.pcap, port=args.port)
     except CaptureError as exc:
         raise UsageError(str(exc)) from None
+    if not conns:
+        where = f" with port {args.port}" if args.port is not None else ""
+        print(f"ggml-rpc decode: no TCP connection{where} in {args.pcap}", file=sys.stderr)
     out = sys.stdout
     failed = 0
     for conn in conns:

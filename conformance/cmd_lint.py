@@ -7,6 +7,7 @@ import json
 import sys
 
 from .capture import CaptureError
+from .cli import port_number
 from .lint import RULES, lint_file, summarize
 
 
@@ -16,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=f"Rules: {rules}.")
     p.add_argument("pcap", nargs="+", help="capture file(s) (pcap or pcapng)")
     p.add_argument("--proto", default="auto", help="auto (from each HELLO reply), 6, 7 or 7.0.1")
-    p.add_argument("--port", type=int, default=None, help="only connections with this TCP port")
+    p.add_argument("--port", type=port_number, default=None, help="only connections with this TCP port")
     p.add_argument("--json", action="store_true", help="one JSON object per violation")
     p.set_defaults(func=run)
 

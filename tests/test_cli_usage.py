@@ -102,3 +102,26 @@ def test_serve_options(tmp_path, capsys):
         port = busy.getsockname()[1]
         assert usage_error(capsys, ["serve", "--port", str(port)]).endswith(
             f"cannot listen on 127.0.0.1:{port}: Address already in use")
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["check", "--bogus"], "ggml-rpc check: error: unrecognized arguments: --bogus (see ggml-rpc check --help)"),
+    (["decode", FIXTURE, "--port", "65536"], "ggml-rpc decode: error: argument --port: expected a TCP port 1..65535"),
+    (["lint", FIXTURE, "--port", "-1"], "ggml-rpc lint: error: argument --port: expected a TCP port 1..65535"),
+    (["pcap"], "ggml-rpc pcap: error: the following arguments are required: ACTION (see ggml-rpc pcap --help)"),
+    (["no-such-command"], "ggml-rpc: error: argument COMMAND: invalid choice: 'no-such-command'"),
+])
+def test_argument_errors_are_one_line(capsys, argv, expected):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and captured.err.startswith(expected)
+
+
+def test_decode_says_when_no_connection_matches(capsys):
+    assert main(["decode", FIXTURE, "--port", "9"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"ggml-rpc decode: no TCP connection with port 9 in {FIXTURE}\n"
