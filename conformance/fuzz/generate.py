@@ -234,6 +234,11 @@ def valid_request(d: Draw, scope: Scope, command: Command) -> FuzzMessage:
         values["size"] = alloc_size(d)
     if "src" in values and "dst" in values:
         _fit_copy(values, scope)
+    flag = scope.protocol.cache_rule.flag_field
+    if flag is not None and flag in values:
+        # As a client sends it: 0, and 1 now and then (any other value is the near-valid flag rule's business).
+        # Every flagged payload is a cache file written and synced on both sides.
+        values[flag] = 1 if d.integer(0, 15) == 15 else 0
     if payload.shape is Shape.HEADER_DATA and data is None:
         data = d.binary(MAX_DATA)
     return FuzzMessage(command, values, data)
