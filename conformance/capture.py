@@ -82,7 +82,7 @@ def _addr(ip) -> str:
     return socket.inet_ntop(family, ip.src), socket.inet_ntop(family, ip.dst)
 
 
-def _reader(fh):
+def _reader(fh, path: str | Path):
     # dpkt signals a short or foreign file header with ValueError or NeedData (an UnpackError)
     try:
         return dpkt.pcap.Reader(fh)
@@ -91,7 +91,7 @@ def _reader(fh):
         try:
             return dpkt.pcapng.Reader(fh)
         except (ValueError, dpkt.UnpackError) as exc:
-            raise CaptureError("not a pcap or pcapng file") from exc
+            raise CaptureError(f"{path}: not a pcap or pcapng file") from exc
 
 
 #: One TCP segment as the connection tracker needs it.
@@ -215,8 +215,8 @@ def _fast_segments(data: bytes | mmap.mmap, notes: list[str]) -> Iterator[_Segme
     return gen()
 
 
-def _dpkt_segments(fh, notes: list[str]) -> Iterator[_Segment]:
-    reader = _reader(fh)
+def _dpkt_segments(fh, notes: list[str], path: str | Path) -> Iterator[_Segment]:
+    reader = _reader(fh, path)
     linktype = reader.datalink()
     try:
         for ts, buf in reader:
@@ -263,7 +263,7 @@ def read_connections(path: str | Path, *, port: int | None = None) -> list[Conne
     if segments is None:
         import io
 
-        segments = _dpkt_segments(io.BytesIO(data), file_notes)
+        segments = _dpkt_segments(io.BytesIO(data), file_notes, path)
     for ts, family, src_raw, dst_raw, sport, dport, flags, seq, payload in segments:
         if port is not None and port not in (sport, dport):
             continue

@@ -125,3 +125,11 @@ def test_decode_says_when_no_connection_matches(capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == f"ggml-rpc decode: no TCP connection with port 9 in {FIXTURE}\n"
+
+
+@pytest.mark.parametrize("command", ["decode", "lint", "replay"])
+def test_a_file_that_is_no_capture_is_named(tmp_path, capsys, command):
+    junk = tmp_path / "notes.txt"
+    junk.write_text("not a capture\n")
+    argv = [command, FIXTURE, str(junk)] if command != "decode" else [command, str(junk)]
+    assert usage_error(capsys, argv).endswith(f"{junk}: not a pcap or pcapng file")
