@@ -76,15 +76,10 @@ def rpc_runner(pytestconfig: pytest.Config) -> Iterator[Runner]:
 
 def describe(result: Result) -> str:
     """A failure message: the verdict, the rule's link and every piece of evidence."""
-    lines = [f"{result.check.id}: {result.message}", f"rule: {result.check.title} — {result.spec}"]
-    for e in result.evidence:
-        lines.append(f"- {e.step}")
-        for label, value in (("sent", e.sent), ("expected", e.expected), ("got", e.got)):
-            if value:
-                lines.append(f"    {label}: {value}")
-    if result.server_death:
-        lines.append(f"server death: {result.server_death.get('status')}")
-    return "\n".join(lines)
+    from .report_files import evidence_lines
+
+    return "\n".join([f"{result.check.id}: {result.message}", f"rule: {result.check.title} — {result.spec}",
+                      *evidence_lines(result)])
 
 
 def judge(result: Result, strict: bool) -> None:

@@ -78,8 +78,9 @@ def write_json(runner: Runner, path: str | Path, strict: bool = False) -> None:
     Path(path).write_text(json.dumps(to_json(runner, strict), indent=2) + "\n", encoding="utf-8")
 
 
-def _evidence_text(r: Result) -> str:
-    lines = [f"{r.check.id} [{r.check.level.value}] {r.outcome.value}: {r.message}", f"spec: {r.spec}"]
+def evidence_lines(r: Result) -> list[str]:
+    """A result's evidence (each step with what was sent, expected and got) and server death, as plain text."""
+    lines = []
     for e in r.evidence:
         lines.append(f"- {e.step}")
         for label, value in (("sent", e.sent), ("expected", e.expected), ("got", e.got)):
@@ -87,6 +88,13 @@ def _evidence_text(r: Result) -> str:
                 lines.append(f"    {label}: {value}")
     if r.server_death:
         lines.append(f"server death: {r.server_death.get('status')}")
+    return lines
+
+
+def _evidence_text(r: Result) -> str:
+    lines = [f"{r.check.id} [{r.check.level.value}] {r.outcome.value}: {r.message}", f"spec: {r.spec}",
+             *evidence_lines(r)]
+    if r.server_death:
         lines.extend(f"    log: {line}" for line in r.server_death.get("log_tail", []))
     return "\n".join(lines)
 
