@@ -9,7 +9,8 @@ that ``[offset, offset + nbytes)`` lies inside ``buffer``; the executor checks w
 from __future__ import annotations
 
 import gc
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Protocol
@@ -137,6 +138,19 @@ def _resolve(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
         return np.full(len(wanted), -1, dtype=np.intp)
     pos = np.minimum(np.searchsorted(uniq, wanted), len(uniq) - 1)
     return np.where(uniq[pos] == wanted, first[pos], -1)
+
+
+@contextmanager
+def paused_collections() -> Iterator[None]:
+    """No garbage collection inside: for code making thousands of objects that are all kept (each collection
+    pass would only walk them again)."""
+    collect = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collect:
+            gc.enable()
 
 
 _CALLBACK_OPS = np.array(sorted(int(op) for op in NATIVE_CALLBACK_OPS), dtype=np.uint32)
@@ -313,9 +327,7 @@ def build_graph(node_ids: np.ndarray, tensors: np.ndarray, buffers: Mapping[int,
     rows = checked.rows
     m = len(sel)
     ne, nb = rows["ne"], rows["nb"]
-    collect = gc.isenabled()
-    gc.disable()  # thousands of new objects, none of them garbage: collections here would only cost time
-    try:
+    with paused_collections():
         built: list[GraphTensor] = list(
             map(
                 GraphTensor,
@@ -346,9 +358,6 @@ def build_graph(node_ids: np.ndarray, tensors: np.ndarray, buffers: Mapping[int,
             t.src = sources
             t.view_src = view_src
         nodes: list[GraphTensor] = by_row[node_rows].tolist()
-    finally:
-        if collect:
-            gc.enable()
 
     callbacks = np.flatnonzero((tensors["op"][node_rows][:, None] == _CALLBACK_OPS).any(axis=1))
     if len(callbacks):

@@ -20,7 +20,7 @@ from typing import Any
 
 from ggml_rpc.spec import NATIVE_CALLBACK_OPS, GgmlOp, TensorFlag, op_name
 
-from ..graph import ExecutorError, GraphTensor
+from ..graph import ExecutorError, GraphTensor, paused_collections
 from .core import KERNELS, PREPARED
 from .memory import Memory, node_error
 
@@ -70,6 +70,11 @@ class Plan:
 
 def prepare(nodes: Sequence[GraphTensor]) -> Plan:
     """The plan of ``nodes``: one step per node that computes, in order (never raises for a bad node)."""
+    with paused_collections():
+        return _prepare(nodes)
+
+
+def _prepare(nodes: Sequence[GraphTensor]) -> Plan:
     mem = Memory()
     steps: list[Step] = []
     generic = False
