@@ -200,6 +200,10 @@ class Example:
         assert tconn is not None
         mbytes, end = msg.encode(self.protocol)
         tbytes, _ = msg.encode(self.protocol, self._relocate)
+        # The target first: it works on the message (another process, another core) while the model does.
+        tconn.send(tbytes)
+        if end:
+            tconn.shutdown_write()
         out = model.exchange(mbytes, end=end)
         self._writes.append((True, mbytes))
         if out.reply:
@@ -207,9 +211,6 @@ class Example:
         self.messages += 1
         self.last = msg
         self.c.count_message(msg)
-        tconn.send(tbytes)
-        if end:
-            tconn.shutdown_write()
         if msg.command is Command.SET_TENSOR and msg.data:
             self.scope.hashes.append(fnv1a64(msg.data))
         if out.reply:
