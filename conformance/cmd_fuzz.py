@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -140,6 +141,13 @@ def run(args: argparse.Namespace) -> int:
             target.stop()
             raise UsageError(str(exc)) from None
     target = campaign.target
+    def interrupted(signum: int, frame: object) -> None:
+        # First Ctrl-C: finish cleanly (summary, target stopped); a second one ends at once.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print("\ninterrupted: stopping after the current example (Ctrl-C again to abort)", file=sys.stderr)
+        campaign.request_stop()
+
+    previous = signal.signal(signal.SIGINT, interrupted)
     try:
         if args.server is None and args.spawn is None:
             target.start()
@@ -147,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
               f"{args.seed}", file=sys.stderr)
         campaign.run()
     finally:
+        signal.signal(signal.SIGINT, previous)
         target.stop()
         status.done()
     print_summary(campaign)

@@ -135,6 +135,8 @@ class Campaign:
         self.gone = ""
         #: Shrinking ran out of time: later examples of the round are inert, the smallest failure is kept.
         self.giving_up = False
+        #: Someone asked the campaign to stop (Ctrl-C): examples turn inert, the run ends after this round.
+        self.stop_requested = False
         self._machine = build_machine(self)
 
     # ---- target liveness ---------------------------------------------------------------------------------------
@@ -156,6 +158,10 @@ class Campaign:
         if not ok:
             self._dead = True
         return ok
+
+    def request_stop(self) -> None:
+        """Stop soon and cleanly (what Ctrl-C does): no new message is sent, the summary is still made."""
+        self.stop_requested = True
 
     def mark_dead(self) -> None:
         """The target is (maybe) down: the next example checks it and brings it back first."""
@@ -253,6 +259,9 @@ class Campaign:
         warnings.simplefilter("ignore", RuntimeWarning)  # the model's executor on fuzzed numbers (NaN, inf)
         try:
             while True:
+                if self.stop_requested:
+                    self.stopped_because = "interrupted"
+                    break
                 try:
                     self._check_budget()
                 except BudgetSpent:

@@ -33,6 +33,9 @@ def fuzz_config(protocol: Protocol, *, devices: int = 1, mem: int = FUZZ_DEVICE_
 
 def _serve(server_cls: type[Server], config: ServerConfig, host: str, conn: Connection) -> None:
     """Child process: listen, say on which port, serve until terminated."""
+    # The parent stops this process (SIGTERM: die quietly) and handles Ctrl-C for the whole campaign.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.disable(logging.CRITICAL)
     faulthandler.disable()  # a deliberate abort (test variants) needs no interpreter traceback
     warnings.simplefilter("ignore")  # fuzzed numbers through the executor: NaN and overflow are expected

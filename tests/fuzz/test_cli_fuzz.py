@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -65,3 +69,18 @@ def test_spawned_server_that_crashes_is_restarted_and_the_finding_kept(tmp_path,
     summary = next(out_dir.glob("finding-001-crash.txt")).read_text()
     assert "target status: killed by signal SIGABRT" in summary
     assert "log: vulnerable reference server listening" in summary
+
+
+def test_ctrl_c_stops_cleanly_with_a_summary(tmp_path, capsys):
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.monotonic()
+    try:
+        assert main(["fuzz", "--seconds", "60", "--out", str(tmp_path)]) == 0
+    finally:
+        timer.cancel()
+    assert time.monotonic() - t0 < 30
+    out, err = capsys.readouterr()
+    assert "interrupted: stopping after the current example" in err
+    assert "stopped: interrupted" in out and "findings: 0 crash" in out
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
