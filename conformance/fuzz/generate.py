@@ -9,9 +9,12 @@ towards that state, by field name and shape as the schemas declare them:
 * ``device`` is a device index the server has, ``remote_ptr`` a known buffer handle, ``hash`` the hash of data
   sent earlier (or any value);
 * ``offset``/``size`` next to a tensor describe a region inside it, bulk data fits that region;
-* GRAPH_COMPUTE's counted arrays become a small graph over known tensors.
+* GRAPH_COMPUTE's counted arrays become a small graph over known tensors;
+* the version's cache flag field (from its cache rule) is 0, and 1 now and then, as a client sends it.
 
-Every other field keeps its schema-derived strategy, so a command added to a version table is fuzzed as it is.
+Every other field keeps its schema-derived values, so a command added to a version table is fuzzed as it is.  The
+generators take their choices from a :class:`~.draws.Draw` (hypothesis or a seeded PRNG); ``valid_requests`` and
+``placed_tensors`` are the hypothesis strategies.
 """
 
 from __future__ import annotations

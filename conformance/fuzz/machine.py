@@ -35,7 +35,6 @@ def build_machine(campaign: Campaign) -> type[RuleBasedStateMachine]:
     """A state machine class for the campaign's protocol (one rule per command of its table)."""
     protocol = campaign.protocol
     devices = st.integers(0, max(0, campaign.devices - 1))
-    reqs = [c for c in protocol.commands if c is not Command.HELLO]
     bursts = st.integers(0, BURST_MAX)
     seeds = st.integers(0, (1 << 32) - 1)
 
@@ -100,7 +99,7 @@ def build_machine(campaign: Campaign) -> type[RuleBasedStateMachine]:
         send.__doc__ = f"A {command.name} request (valid, or with one rule broken), then a seeded burst."
         return rule(data=st.data(), n=bursts, seed=seeds)(send)
 
-    for command in reqs:
+    for command in [c for c in protocol.commands if c is not Command.HELLO]:
         setattr(FuzzMachine, f"send_{command.name.lower()}", command_rule(command))
     FuzzMachine.__name__ = f"FuzzMachine_v{protocol.label.replace('.', '_')}"
     return FuzzMachine
