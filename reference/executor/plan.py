@@ -33,8 +33,8 @@ _CAUGHT = (ValueError, TypeError, IndexError, MemoryError, FloatingPointError)
 Step = tuple[Callable[..., Any], tuple[Any, ...] | None, GraphTensor]
 
 
-def _refuse(exc: ExecutorError) -> None:
-    raise exc
+def _refuse(message: str) -> None:
+    raise ExecutorError(message)  # a new exception per run: a kept one would carry every earlier traceback
 
 
 class Plan:
@@ -84,8 +84,8 @@ def _prepare(nodes: Sequence[GraphTensor]) -> Plan:
         if op in FREE_OPS:
             continue
         if op in NATIVE_CALLBACK_OPS:
-            steps.append((_refuse, (node_error(node, "ops carrying native function pointers are never executed"),),
-                          node))
+            why = "ops carrying native function pointers are never executed"
+            steps.append((_refuse, (str(node_error(node, why)),), node))
             continue
         if not node.flags & _COMPUTE:
             continue
@@ -94,8 +94,8 @@ def _prepare(nodes: Sequence[GraphTensor]) -> Plan:
             continue
         fn = kernels.get(op)
         if fn is None:
-            steps.append((_refuse, (node_error(node, f"op {op_name(op)} is not supported by the reference executor"),),
-                          node))
+            why = f"op {op_name(op)} is not supported by the reference executor"
+            steps.append((_refuse, (str(node_error(node, why)),), node))
             continue
         prep = ready.get(op)
         if prep is not None:
