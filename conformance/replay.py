@@ -38,6 +38,7 @@ from ggml_rpc.spec import (
     Command,
     GgmlType,
     Protocol,
+    ProtocolError,
     Reply,
     Request,
     fnv1a64,
@@ -420,6 +421,9 @@ class Replayer:
                     return
                 except OSError as exc:
                     self._mismatch(path, dc, req, "transport", "a reply", f"socket error ({exc})")
+                    return
+                except ProtocolError as exc:  # a size header no reply of this command can have (not an RPC server?)
+                    self._mismatch(path, dc, req, "exact", f"a {expected_size}-byte reply", str(exc))
                     return
                 self.report.bytes_received += 8 + len(body)
                 if len(body) != expected_size:

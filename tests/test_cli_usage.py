@@ -133,3 +133,31 @@ def test_a_file_that_is_no_capture_is_named(tmp_path, capsys, command):
     junk.write_text("not a capture\n")
     argv = [command, FIXTURE, str(junk)] if command != "decode" else [command, str(junk)]
     assert usage_error(capsys, argv).endswith(f"{junk}: not a pcap or pcapng file")
+
+
+def test_replay_against_a_server_that_answers_garbage_is_a_mismatch(capsys):
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_http() -> None:
+        with listener:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(64)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+    threading.Thread(target=answer_http, daemon=True).start()
+    port = listener.getsockname()[1]
+    try:
+        assert main(["replay", FIXTURE, "--server", f"127.0.0.1:{port}", "--timeout", "5"]) == 1
+    finally:
+        listener.close()
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert "MISMATCH" in out and "message 0 HELLO [exact]: expected a 28-byte reply" in out
+    assert "reply size claim" in out and out.endswith("1 mismatch(es)\n")
