@@ -38,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "spawned here, wait up to S seconds for it to come back instead of stopping")
     p.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds without reply or close that "
                    "make a hang (default 5)")
-    p.add_argument("--steps", type=int, default=None, metavar="N", help="messages per example at most")
+    p.add_argument("--steps", type=int, default=None, metavar="N", help="state machine steps per example (each a "
+                   "request and a seeded burst of up to 24 more; default 60)")
     p.set_defaults(func=run)
 
 
@@ -83,14 +84,9 @@ def _target(args: argparse.Namespace) -> Target:
     from .cli import UsageError
 
     if args.spawn:
-        host, port = "127.0.0.1", 0
-        if args.server:
-            host, port = parse_address(args.server)
-        t = SpawnedTarget(args.spawn, host=host)
-        t.port = port
-        if "{port}" not in args.spawn and not port:
-            raise UsageError("--spawn needs a {port} placeholder in CMD")
-        return t
+        if "{port}" not in args.spawn:
+            raise UsageError("--spawn needs a {port} placeholder in CMD (the fuzzer picks a free port)")
+        return SpawnedTarget(args.spawn)
     try:
         host, port = parse_address(args.server)
     except ValueError as exc:
