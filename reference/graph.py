@@ -156,7 +156,7 @@ def paused_collections() -> Iterator[None]:
 _CALLBACK_OPS = np.array(sorted(int(op) for op in NATIVE_CALLBACK_OPS), dtype=np.uint32)
 # Breadth-first levels are walked with numpy while they are at least this wide, then row by row (a long chain of
 # views would otherwise cost one numpy pass per link).
-_WIDE = 32
+_WIDE = 128
 
 
 def _walk(node_rows: list[int], starts: list[int], tgt: list[int], ids: np.ndarray, e_id: np.ndarray) -> list[int]:

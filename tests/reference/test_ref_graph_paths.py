@@ -165,7 +165,7 @@ def _links(nodes: list[GraphTensor]) -> tuple[dict, set[int]]:
 
 
 @pytest.mark.parametrize(("n", "n_nodes", "faults"), [(8, 3, 0.0), (8, 3, 0.3), (60, 50, 0.15), (200, 150, 0.1),
-                                                      (200, 5, 0.1), (400, 300, 0.05)])
+                                                      (200, 5, 0.1), (400, 300, 0.05), (600, 500, 0.05)])
 def test_random_graphs_agree_with_the_walk_model(n, n_nodes, faults) -> None:
     rng = np.random.default_rng(n * 1000 + n_nodes)
     outcomes = set()
@@ -191,9 +191,9 @@ def test_random_graphs_agree_with_the_walk_model(n, n_nodes, faults) -> None:
 
 
 def test_wide_levels_then_a_long_narrow_tail_are_all_reached() -> None:
-    # 100 nodes (a wide first level), each reading one leaf, and the last leaf heading a 5,000-long chain of
-    # views: the walk switches from numpy levels to row by row, and must still reach every tensor once.
-    width, depth = 100, 5000
+    # 300 nodes (a wide first level) all reading the head of a 5,000-long chain of views: the walk switches from
+    # numpy levels to row by row, and must still reach every tensor once.
+    width, depth = 300, 5000
     n = width + depth
     arr = np.zeros(n, dtype=TENSOR_DTYPE)
     arr["id"] = np.arange(1, n + 1)
@@ -213,7 +213,7 @@ def test_wide_levels_then_a_long_narrow_tail_are_all_reached() -> None:
 
 
 def test_a_missing_reference_deep_in_a_narrow_tail_is_named() -> None:
-    width, depth = 64, 300
+    width, depth = 300, 300
     n = width + depth
     arr = np.zeros(n, dtype=TENSOR_DTYPE)
     arr["id"] = np.arange(1, n + 1)
