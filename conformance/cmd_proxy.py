@@ -6,6 +6,7 @@ import argparse
 import sys
 import threading
 
+from .harness import format_address
 from .lint import Violation
 from .pcapwrite import MAX_MSS
 from .proxy import Proxy
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         if exc.filename is not None:  # the pcap could not be created
             raise UsageError(f"cannot write {exc.filename}: {os_reason(exc)}") from None
         raise UsageError(f"cannot listen on {args.listen}: {os_reason(exc)}") from None
-    print(f"ggml-rpc proxy: {proxy.host}:{proxy.port} -> {upstream[0]}:{upstream[1]}"
+    print(f"ggml-rpc proxy: {format_address(proxy.host, proxy.port)} -> {format_address(*upstream)}"
           f"{' recording ' + args.pcap if args.pcap else ''}{' checking' if args.check else ''}", flush=True)
     thread = threading.Thread(target=proxy.serve_forever, daemon=True)
     thread.start()

@@ -11,6 +11,7 @@ import sys
 from ggml_rpc.spec import DEFAULT_HOST, DEFAULT_PORT
 
 from .cli import UsageError, os_reason, parse_proto
+from .harness import format_address
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
@@ -80,9 +81,9 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         if exc.filename is not None:  # the cache directory
             raise UsageError(f"--cache-dir {args.cache_dir}: {os_reason(exc)}") from None
-        raise UsageError(f"cannot listen on {args.host}:{args.port}: {os_reason(exc)}") from None
-    print(f"ggml-rpc serve: protocol {protocol.label} listening on {args.host}:{server.port}", file=sys.stderr,
-          flush=True)
+        raise UsageError(f"cannot listen on {format_address(args.host, args.port)}: {os_reason(exc)}") from None
+    print(f"ggml-rpc serve: protocol {protocol.label} listening on {format_address(args.host, server.port)}",
+          file=sys.stderr, flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -215,6 +215,11 @@ def parse_address(text: str, *, any_port: bool = False) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def format_address(host: str, port: int) -> str:
+    """``HOST:PORT`` as :func:`parse_address` reads it back (``[::1]:PORT`` for IPv6)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def wait_for_port(host: str, port: int, timeout: float, alive: Callable[[], bool] = lambda: True) -> bool:
     """Poll until a TCP connect succeeds (True) or the time runs out / ``alive`` says the process is gone."""
     deadline = time.monotonic() + timeout
@@ -257,8 +262,7 @@ class Target:
 
     @property
     def address(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
+        return format_address(self.host, self.port)
 
 
 class ExternalTarget(Target):
@@ -742,5 +746,5 @@ def iter_groups(results: Iterable[Result]) -> Iterator[tuple[Category, list[Resu
 __all__ = [
     "SPEC_DOC", "Category", "Check", "CheckFailed", "Context", "EmbeddedTarget", "Evidence", "ExternalTarget",
     "Level", "Outcome", "Result", "Runner", "ServerInfo", "Skipped", "SpawnedTarget", "Target", "TargetError",
-    "Unsupported", "hexdump", "iter_groups", "parse_address", "select", "verdict_for",
+    "Unsupported", "format_address", "hexdump", "iter_groups", "parse_address", "select", "verdict_for",
 ]

@@ -161,3 +161,23 @@ def test_replay_against_a_server_that_answers_garbage_is_a_mismatch(capsys):
     assert err == ""
     assert "MISMATCH" in out and "message 0 HELLO [exact]: expected a 28-byte reply" in out
     assert "reply size claim" in out and out.endswith("1 mismatch(es)\n")
+
+
+def test_serve_prints_an_ipv6_address_that_check_reads_back():
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "ggml_rpc.conformance.cli", "serve", "--host", "::1", "--port", "0"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        if "cannot listen" in line:
+            pytest.skip(f"no IPv6 loopback here: {line.strip()}")
+        address = line.split()[-1]
+        assert address.startswith("[::1]:")
+        assert main(["check", "--server", address, "--checks", "HELLO-001"]) == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0
