@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ggml-rpc",
         description="Specification, reference server and conformance kit for the ggml RPC protocol.",
     )
+    from .report_files import kit_version
+
+    parser.add_argument("--version", action="version", version=f"ggml-rpc-kit {kit_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:

@@ -181,3 +181,12 @@ def test_serve_prints_an_ipv6_address_that_check_reads_back():
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
     assert proc.returncode == 0
+
+
+def test_version(capsys):
+    from importlib import metadata
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == f"ggml-rpc-kit {metadata.version('ggml-rpc-kit')}\n"
