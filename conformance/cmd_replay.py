@@ -34,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="replay each connection only up to its first GRAPH_COMPUTE/RECOMPUTE (servers without a "
                    "graph executor)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for any one reply")
-    p.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON ('-': stdout)")
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON ('-': standard "
+                   "output, the text report then goes to standard error)")
     p.set_defaults(func=run)
 
 
@@ -95,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
                 report.target = f"embedded reference server {target.label} ({host}:{port})"
     except ReplayError as exc:
         raise UsageError(str(exc)) from None
-    print_report(report)
+    # With the JSON on standard output the text report moves to stderr, so the output stays one JSON document.
+    print_report(report, sys.stderr if args.json == "-" else sys.stdout)
     if args.json:
         text = json.dumps(report.as_dict(), indent=2)
         if args.json == "-":

@@ -190,3 +190,12 @@ def test_version(capsys):
         main(["--version"])
     assert exc.value.code == 0
     assert capsys.readouterr().out == f"ggml-rpc-kit {metadata.version('ggml-rpc-kit')}\n"
+
+
+def test_replay_json_on_stdout_is_one_document(capsys):
+    import json
+
+    assert main(["replay", FIXTURE, "--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["ok"] is True
+    assert err.rstrip().endswith("0 mismatch(es)")
