@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds without reply or close that "
                    "make a hang (default 5)")
     p.add_argument("--steps", type=int, default=None, metavar="N", help="state machine steps per example (each a "
-                   "request and a seeded burst of up to 24 more; default 60)")
+                   "request and a seeded burst of up to 48 more; default 60)")
     p.set_defaults(func=run)
 
 

@@ -137,6 +137,8 @@ class Campaign:
         self.giving_up = False
         #: Someone asked the campaign to stop (Ctrl-C): examples turn inert, the run ends after this round.
         self.stop_requested = False
+        #: The budget ran out inside a round: its remaining examples are inert.
+        self.out_of_budget = False
         self._machine = build_machine(self)
 
     # ---- target liveness ---------------------------------------------------------------------------------------
@@ -189,6 +191,12 @@ class Campaign:
     # ---- hooks used by examples --------------------------------------------------------------------------------
 
     def new_example(self) -> Example:
+        if self._first_failure is None and not self.out_of_budget:
+            try:
+                self._check_budget()
+            except BudgetSpent:
+                # The rest of the round is inert (a finding being shrunk is still finished first).
+                self.out_of_budget = True
         if self._shrink_started is not None and not self.giving_up and \
                 time.monotonic() - self._shrink_started > self.options.shrink_seconds:
             self.giving_up = True
@@ -206,8 +214,9 @@ class Campaign:
             from .model import clear_directory
 
             clear_directory(cache_dir)
-        self.stats.examples += 1
         self._example = Example(self)
+        if not self._example.inert:
+            self.stats.examples += 1
         return self._example
 
     def count_message(self, msg: FuzzMessage) -> None:

@@ -84,8 +84,9 @@ class Example:
 
     @property
     def inert(self) -> bool:
-        """The target is gone for good, shrinking ran out of time, or a stop was asked for: steps send nothing."""
-        return bool(self.c.gone) or self.c.giving_up or self.c.stop_requested
+        """The target is gone, shrinking ran out of time, the budget is spent or a stop was asked for: steps send
+        nothing."""
+        return bool(self.c.gone) or self.c.giving_up or self.c.stop_requested or self.c.out_of_budget
 
     def prepare(self, ref: ConnRef) -> None:
         """Make ``ref`` the open connection (re-opening it when it ended) and point the scope at its state."""

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .campaign import Campaign
 
 #: Longest burst of seeded steps after a rule's own request.
-BURST_MAX = 24
+BURST_MAX = 48
 
 
 def build_machine(campaign: Campaign) -> type[RuleBasedStateMachine]:
