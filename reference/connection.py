@@ -33,8 +33,9 @@ from ggml_rpc.spec import (
 )
 from ggml_rpc.spec.codec import REPLY_HEADER, REQUEST_HEADER, REQUEST_HEADER_SIZE, decode_payload
 from ggml_rpc.spec.enums import GGML_TYPE_COUNT
-from ggml_rpc.spec.layout import flat_layout
+from ggml_rpc.spec.layout import FlatLayout, flat_layout
 from ggml_rpc.spec.messages import Shape
+from ggml_rpc.spec.tensor import RpcTensor
 
 from .cache import HashCache
 from .devices import U64_MASK, Buffer, BufferTable, DeviceConfig
@@ -76,11 +77,36 @@ class PeerGone(Exception):
 
 @dataclass(slots=True)
 class _Tensor:
-    """A deserialized single-command tensor: its fields, its buffer (None = null buffer) and its nbytes."""
+    """A deserialized single-command tensor: its buffer (None = null buffer), nbytes and data address; its fields
+    as a dict only where a handler needs more than those (None on the flat fast path)."""
 
-    fields: Mapping[str, Any]
+    fields: Mapping[str, Any] | None
     buffer: Buffer | None
     nbytes: int
+    data: int
+
+
+def _slots(layout: FlatLayout, start: int = 0, prefix: str = "") -> dict[str, tuple[int, int]]:
+    """Where each field (dotted path for nested Structs) sits in the layout's flat tuple: (first index, width).
+
+    Read off the layout's own recipe, so hot handlers can index the tuple of one ``struct.unpack`` instead of
+    rebuilding nested dicts, with nothing restated.
+    """
+    out: dict[str, tuple[int, int]] = {}
+    i = start
+    for step in layout._steps:
+        out[prefix + step.name] = (i, step.width)
+        if step.kind == "struct" and step.nested is not None:
+            out.update(_slots(step.nested, i, f"{prefix}{step.name}."))
+        i += step.width
+    return out
+
+
+# Flat-tuple positions of the rpc_tensor fields a single-command check reads, relative to the tensor's start.
+_TENSOR = flat_layout(RpcTensor)
+_T = _slots(_TENSOR)
+_T_TYPE, _T_BUFFER, _T_DATA = _T["type"][0], _T["buffer"][0], _T["data"][0]
+_T_NE, _T_NB = slice(_T["ne"][0], sum(_T["ne"])), slice(_T["nb"][0], sum(_T["nb"]))
 
 
 def _upstream(text: str) -> str:
@@ -115,29 +141,76 @@ class Connection:
             Command.BUFFER_GET_BASE: self._buffer_get_base,
             Command.FREE_BUFFER: self._free_buffer,
             Command.BUFFER_CLEAR: self._buffer_clear,
-            Command.SET_TENSOR_HASH: self._set_tensor_hash,
-            Command.GET_TENSOR: self._get_tensor,
             Command.COPY_TENSOR: self._copy_tensor,
+            Command.GET_TENSOR: self._get_tensor,
             Command.GET_DEVICE_MEMORY: self._get_device_memory,
             Command.INIT_TENSOR: self._init_tensor,
             Command.GET_ALLOC_SIZE: self._get_alloc_size,
             Command.DEVICE_COUNT: self._device_count,
             Command.GRAPH_RECOMPUTE: self._graph_recompute,
-            Command.MEMSET_TENSOR: self._memset_tensor,
             Command.GET_DEVICE_SUPPORTS_OP: self._supports_op,
         }
-        # Fixed-size requests: (exact size, flat layout) per command of this version.
-        self._fixed: dict[int, tuple[int, Any]] = {}
-        for cmd, spec in self.protocol.commands.items():
-            if spec.request.shape is Shape.FIXED:
-                self._fixed[int(cmd)] = (spec.request.header_size, flat_layout(spec.request.schema))
-        self._never = {int(c) for c in NEVER_ON_WIRE}
+        self._verbose = config.verbose
+        # A subclass that checks tensors its own way (test variants do) gets every tensor as the dict it expects.
+        self._tensor_hooked = self._overrides("_tensor")
+        self._read_buffered = self._rfile.read
         # Fixed-size replies, packed straight from their derived layout.
         self._reply_layouts: dict[Command, Any] = {
             cmd: flat_layout(spec.reply.schema)
             for cmd, spec in self.protocol.commands.items()
             if isinstance(spec.reply, Payload) and spec.reply.shape is Shape.FIXED
         }
+        # Replies that never change on a connection, encoded once.
+        self._alignment_reply = self._encoded_reply(Command.GET_ALIGNMENT, {"alignment": config.device.alignment})
+        self._max_size_reply = self._encoded_reply(Command.GET_MAX_SIZE, {"max_size": config.device.max_size})
+        self._device_count_reply = self._encoded_reply(Command.DEVICE_COUNT, {"device_count": config.devices})
+        # Hot handlers that read the flat tuple of the request's derived layout instead of a nested dict.
+        # A subclass that replaces the dict-based GET_TENSOR handler (test variants do) keeps it.
+        flat_handlers: dict[Command, Callable[[tuple, dict[str, tuple[int, int]]], None]] = {
+            Command.GET_TENSOR: self._get_tensor_flat,
+        } if not self._overrides("_get_tensor") else {}
+        flat_handlers |= {
+            Command.SET_TENSOR_HASH: self._set_tensor_hash_flat,
+            Command.MEMSET_TENSOR: self._memset_tensor_flat,
+        }
+        # Per command id of this version (HELLO excepted): (command, exact size or -1 when variable, runner).
+        # A fixed-size runner takes the payload bytes, a variable-size one the claimed size.
+        self._dispatch: dict[int, tuple[Command, int, Callable[[Any], None]]] = {}
+        for cmd, spec in self.protocol.commands.items():
+            if cmd is Command.HELLO or cmd in NEVER_ON_WIRE:
+                continue
+            req = spec.request
+            if req.shape is Shape.FIXED:
+                self._dispatch[int(cmd)] = (cmd, req.header_size, self._fixed_runner(cmd, req, flat_handlers))
+            elif cmd is Command.SET_TENSOR:
+                self._dispatch[int(cmd)] = (cmd, -1, self._set_tensor_runner(req))
+            elif cmd is Command.GRAPH_COMPUTE:
+                self._dispatch[int(cmd)] = (cmd, -1, lambda size, req=req: self._graph_compute(req, size))
+            else:  # pragma: no cover - every shape of every version is handled above
+                self._dispatch[int(cmd)] = (cmd, -1, lambda size, name=cmd.name: self._no_handler(name))
+
+    def _overrides(self, name: str) -> bool:
+        return getattr(type(self), name) is not getattr(Connection, name)
+
+    def _fixed_runner(self, cmd: Command, req: Payload, flat_handlers: Mapping) -> Callable[[bytes], None]:
+        layout = flat_layout(req.schema)
+        flat = flat_handlers.get(cmd)
+        if flat is not None:
+            unpack, slots = layout.struct.unpack, _slots(layout)
+            return lambda body: flat(unpack(body), slots)
+        handler, unpack_dict = self._handlers[cmd], layout.unpack
+        return lambda body: handler(unpack_dict(body) if body else {})
+
+    @staticmethod
+    def _no_handler(name: str) -> None:
+        raise Close(f"{name}: no handler")
+
+    def _encoded_reply(self, command: Command, fields: Mapping[str, Any]) -> bytes | None:
+        layout = self._reply_layouts.get(command)
+        if layout is None:
+            return None
+        body = layout.pack(fields)
+        return REPLY_HEADER.pack(len(body)) + body
 
     # ---- socket I/O ------------------------------------------------------------------------------------------
 
@@ -156,6 +229,14 @@ class Connection:
                 raise PeerGone(f"client closed the connection inside a payload ({got} of {total} bytes)")
             got += n
 
+    def _send_data(self, head: bytes, data: memoryview) -> None:
+        """A reply header and its bulk bytes: one sendmsg when the socket takes them all (the usual case)."""
+        sent = self.sock.sendmsg((head, data))
+        if sent < len(head):
+            self._send([head[sent:], data])
+        elif sent < len(head) + data.nbytes:
+            self._send([data[sent - len(head):]])
+
     def _send(self, parts: list) -> None:
         views = [memoryview(p).cast("B") for p in parts]
         views = [v for v in views if v.nbytes]
@@ -170,12 +251,8 @@ class Connection:
                     sent = 0
 
     def _reply(self, command: Command, fields: Mapping[str, Any]) -> None:
-        layout = self._reply_layouts.get(command)
-        if layout is None:
-            self.sock.sendall(encode_reply(self.protocol, command, fields))
-            return
-        body = layout.pack(fields)
-        self.sock.sendall(REPLY_HEADER.pack(len(body)) + body)
+        encoded = self._encoded_reply(command, fields)
+        self.sock.sendall(encode_reply(self.protocol, command, fields) if encoded is None else encoded)
 
     # ---- the loop --------------------------------------------------------------------------------------------
 
@@ -225,33 +302,32 @@ class Connection:
             log.info("%s: HELLO -> %s", self.name, self.protocol.label)
 
     def _one_command(self) -> None:
-        header = self._rfile.read(REQUEST_HEADER_SIZE)
+        header = self._read_buffered(REQUEST_HEADER_SIZE)
         if len(header) != REQUEST_HEADER_SIZE:
             if not header:
                 raise PeerGone("client closed the connection")
             raise PeerGone(f"client closed the connection inside a request header ({len(header)} of 9 bytes)")
         cmd, size = REQUEST_HEADER.unpack(header)
         self.commands += 1
-        if cmd == Command.HELLO:
-            raise Close(f"HELLO after the handshake{_upstream('close')}")
-        spec = self.protocol.spec(cmd) if cmd not in self._never else None
-        if spec is None:
+        entry = self._dispatch.get(cmd)
+        if entry is None:
+            if cmd == Command.HELLO:
+                raise Close(f"HELLO after the handshake{_upstream('close')}")
             raise Close(f"unknown command {cmd} in protocol {self.protocol.label}{_upstream('close')}")
-        command = spec.command
-        if self.config.verbose:
+        command, want, run = entry
+        if self._verbose:
             log.info("%s: %s size=%d", self.name, command.name, size)
-        fixed = self._fixed.get(cmd)
-        if fixed is not None:
-            want, layout = fixed
-            if size != want:
-                raise Close(f"{command.name} size {size}, not {want}{_upstream('close, payload unread')}")
-            self._handlers[command](layout.unpack(self._read(size)) if size else {})
-        elif command is Command.SET_TENSOR:
-            self._set_tensor(spec.request, size)
-        elif command is Command.GRAPH_COMPUTE:
-            self._graph_compute(spec.request, size)
-        else:  # pragma: no cover - every shape of every version is handled above
-            raise Close(f"{command.name}: no handler")
+        if want < 0:
+            run(size)
+        elif size != want:
+            raise Close(f"{command.name} size {size}, not {want}{_upstream('close, payload unread')}")
+        elif size:
+            body = self._read_buffered(size)
+            if len(body) != size:
+                raise PeerGone(f"client closed the connection inside a message ({len(body)} of {size} bytes)")
+            run(body)
+        else:
+            run(b"")
 
     # ---- shared checks ---------------------------------------------------------------------------------------
 
@@ -267,28 +343,36 @@ class Connection:
         return buf
 
     def _tensor(self, t: Mapping[str, Any], command: str, what: str = "tensor") -> _Tensor:
+        """deserialize_tensor of a decoded tensor dict (see :meth:`_checked`)."""
+        return self._checked(t["type"], t["ne"], t["nb"], t["buffer"], t["data"], t, command, what)
+
+    def _flat_tensor(self, flat: tuple, start: int, command: str) -> _Tensor:
+        """deserialize_tensor of the rpc_tensor at ``start`` in a request's flat tuple (see :meth:`_checked`)."""
+        if self._tensor_hooked:
+            return self._tensor(_TENSOR.unpack(_TENSOR.struct.pack(*flat[start : start + _TENSOR.width])), command)
+        t = flat[start:]
+        return self._checked(t[_T_TYPE], t[_T_NE], t[_T_NB], t[_T_BUFFER], t[_T_DATA], None, command, "tensor")
+
+    def _checked(self, ttype: int, ne: Any, nb: Any, handle: int, d: int, fields: Mapping[str, Any] | None,
+                 command: str, what: str) -> _Tensor:
         """deserialize_tensor: type checks (close), unknown buffer -> null, data must lie inside its buffer."""
-        ttype = t["type"]
         if ttype >= GGML_TYPE_COUNT:
             raise Close(f"{command}: {what} type {ttype} is not a ggml type{_upstream('close')}")
         if TYPES[ttype].removed:
             raise Close(f"{command}: {what} has removed type {type_name(ttype)}{_upstream('close')}")
-        nbytes = ggml_nbytes(ttype, t["ne"], t["nb"])
-        handle = t["buffer"]
-        buf = self.table.get(handle) if handle else None
-        if buf is not None:
-            d = t["data"]
-            if d < buf.base or d + nbytes > buf.end:
-                raise Close(f"{command}: {what} data [{d:#x}, +{nbytes}) lies outside its buffer "
-                            f"[{buf.base:#x}, +{buf.size}){_upstream('process abort, buffer-range assertion')}")
-        return _Tensor(t, buf, nbytes)
+        nbytes = ggml_nbytes(ttype, ne, nb)
+        buf = self.table.buffers.get(handle) if handle else None
+        if buf is not None and (d < buf.base or d + nbytes > buf.end):
+            raise Close(f"{command}: {what} data [{d:#x}, +{nbytes}) lies outside its buffer "
+                        f"[{buf.base:#x}, +{buf.size}){_upstream('process abort, buffer-range assertion')}")
+        return _Tensor(fields, buf, nbytes, d)
 
     def _region(self, t: _Tensor, offset: int, n: int, command: str) -> memoryview:
         """The bytes [data+offset, +n) of a tensor, checked as upstream SET/GET_TENSOR check them, and safely."""
         if t.buffer is None:
             raise Close(f"{command}: tensor has no buffer (null or unknown handle){_upstream('close')}")
         buf = t.buffer
-        start = (t.fields["data"] + offset) & U64_MASK
+        start = (t.data + offset) & U64_MASK
         if start < buf.base or start >= buf.end or n > buf.end - start:
             raise Close(f"{command}: region [{start:#x}, +{n}) outside the buffer [{buf.base:#x}, +{buf.size})"
                         f"{_upstream('close')}")
@@ -311,18 +395,24 @@ class Connection:
 
     def _get_alignment(self, f: dict[str, Any]) -> None:
         self._device(f["device"], "GET_ALIGNMENT")
-        self._reply(Command.GET_ALIGNMENT, {"alignment": self.config.device.alignment})
+        self._send_fixed(Command.GET_ALIGNMENT, self._alignment_reply, {"alignment": self.config.device.alignment})
 
     def _get_max_size(self, f: dict[str, Any]) -> None:
         self._device(f["device"], "GET_MAX_SIZE")
-        self._reply(Command.GET_MAX_SIZE, {"max_size": self.config.device.max_size})
+        self._send_fixed(Command.GET_MAX_SIZE, self._max_size_reply, {"max_size": self.config.device.max_size})
+
+    def _send_fixed(self, command: Command, encoded: bytes | None, fields: Mapping[str, Any]) -> None:
+        if encoded is None:  # a version whose reply is not fixed-size (none today): encode it each time
+            self._reply(command, fields)
+        else:
+            self.sock.sendall(encoded)
 
     def _get_device_memory(self, f: dict[str, Any]) -> None:
         dev = self.table.devices[self._device(f["device"], "GET_DEVICE_MEMORY")]
         self._reply(Command.GET_DEVICE_MEMORY, {"free_mem": dev.free, "total_mem": dev.config.memory})
 
     def _device_count(self, f: dict[str, Any]) -> None:
-        self._reply(Command.DEVICE_COUNT, {"device_count": self.config.devices})
+        self._send_fixed(Command.DEVICE_COUNT, self._device_count_reply, {"device_count": self.config.devices})
 
     def _buffer_get_base(self, f: dict[str, Any]) -> None:
         buf = self._buffer(f["remote_ptr"], "BUFFER_GET_BASE")
@@ -343,22 +433,30 @@ class Connection:
 
     # ---- tensor data -----------------------------------------------------------------------------------------
 
-    def _set_tensor(self, payload: Payload, size: int) -> None:
-        head_size = payload.header_size
+    def _set_tensor_runner(self, payload: Payload) -> Callable[[int], None]:
+        layout = flat_layout(payload.schema)
+        slots = _slots(layout)
+        flag_field = self.protocol.cache_rule.flag_field
+        # No such field in this version's request: the flag reads as 0, as a dict .get(name, 0) would.
+        flag = slots[flag_field][0] if flag_field in slots else -1
+        return lambda size: self._set_tensor(size, payload.header_size, layout.struct.unpack, slots["tensor"][0],
+                                             slots["offset"][0], flag)
+
+    def _set_tensor(self, size: int, head_size: int, unpack: Callable[[bytes], tuple], tensor: int, offset: int,
+                    flag: int) -> None:
         if size < head_size:
             raise Close(f"SET_TENSOR size {size} below its {head_size}-byte header{_upstream('close')}")
         if size >= _SIZE_LIMIT:
             raise Close(f"SET_TENSOR size {size} >= 2^63{_upstream('process abort, uncaught length error')}")
-        f = flat_layout(payload.schema).unpack(self._read(head_size))
+        f = unpack(self._read(head_size))
         n = size - head_size
-        t = self._tensor(f["tensor"], "SET_TENSOR")
+        t = self._flat_tensor(f, tensor, "SET_TENSOR")
         # Checked before a single payload byte is read: nothing is received that does not fit its target.
-        region = self._region(t, f["offset"], n, "SET_TENSOR")
+        region = self._region(t, f[offset], n, "SET_TENSOR")
         if n == 0:
             return
-        rule = self.protocol.cache_rule
         cache = self.cache
-        if cache is None or not rule.server_saves(n, f.get(rule.flag_field or "", 0)):
+        if cache is None or not self.protocol.cache_rule.server_saves(n, f[flag] if flag >= 0 else 0):
             self._read_into(region)
             return
         cache.begin_save()
@@ -368,17 +466,18 @@ class Connection:
         finally:
             cache.end_save()
 
-    def _set_tensor_hash(self, f: dict[str, Any]) -> None:
+    def _set_tensor_hash_flat(self, f: tuple, slots: dict[str, tuple[int, int]]) -> None:
+        digest = f[slots["hash"][0]]
         # Upstream answers a miss without looking at the tensor at all.
-        n = self.cache.entry_size(f["hash"]) if self.cache is not None else None
+        n = self.cache.entry_size(digest) if self.cache is not None else None
         if n is None and self.cache is not None and self.cache.wait_for_saves(_SAVE_WAIT):
-            n = self.cache.entry_size(f["hash"])  # another connection was saving: maybe this very entry
+            n = self.cache.entry_size(digest)  # another connection was saving: maybe this very entry
         if n is None:
             self._reply(Command.SET_TENSOR_HASH, {"result": 0})
             return
-        t = self._tensor(f["tensor"], "SET_TENSOR_HASH")
-        region = self._region(t, f["offset"], n, "SET_TENSOR_HASH")
-        data = self.cache.load(f["hash"], n) if self.cache is not None else None
+        t = self._flat_tensor(f, slots["tensor"][0], "SET_TENSOR_HASH")
+        region = self._region(t, f[slots["offset"][0]], n, "SET_TENSOR_HASH")
+        data = self.cache.load(digest, n) if self.cache is not None else None
         if data is None:
             self._reply(Command.SET_TENSOR_HASH, {"result": 0})
             return
@@ -386,28 +485,35 @@ class Connection:
         self._reply(Command.SET_TENSOR_HASH, {"result": 1})
 
     def _get_tensor(self, f: dict[str, Any]) -> None:
+        """GET_TENSOR from the decoded dict: only for subclasses that replace it (the server uses the flat one)."""
         t = self._tensor(f["tensor"], "GET_TENSOR")
         size = f["size"]
         region = self._region(t, f["offset"], size, "GET_TENSOR")
-        self._send([REPLY_HEADER.pack(size), region])
+        self._send_data(REPLY_HEADER.pack(size), region)
 
-    def _memset_tensor(self, f: dict[str, Any]) -> None:
-        t = self._tensor(f["tensor"], "MEMSET_TENSOR")
+    def _get_tensor_flat(self, f: tuple, slots: dict[str, tuple[int, int]]) -> None:
+        t = self._flat_tensor(f, slots["tensor"][0], "GET_TENSOR")
+        size = f[slots["size"][0]]
+        region = self._region(t, f[slots["offset"][0]], size, "GET_TENSOR")
+        self._send_data(REPLY_HEADER.pack(size), region)
+
+    def _memset_tensor_flat(self, f: tuple, slots: dict[str, tuple[int, int]]) -> None:
+        t = self._flat_tensor(f, slots["tensor"][0], "MEMSET_TENSOR")
         if t.buffer is None:
             raise Close(f"MEMSET_TENSOR: tensor has no buffer (null or unknown handle){_upstream('close')}")
-        offset, size, nbytes = f["offset"], f["size"], t.nbytes
+        offset, size, nbytes = f[slots["offset"][0]], f[slots["size"][0]], t.nbytes
         if offset > nbytes or size > nbytes - offset:
             raise Close(f"MEMSET_TENSOR: region offset {offset} + {size} outside the tensor's {nbytes} bytes"
                         f"{_upstream('close')}")
         buf = t.buffer
-        rel = t.fields["data"] - buf.base
+        rel = t.data - buf.base
         if rel < 0 or rel > buf.size or offset > buf.size - rel or size > buf.size - rel - offset:
             raise Close(f"MEMSET_TENSOR: region outside the buffer{_upstream('close')}")
         if size == 0:
             return
         if buf.size == 0:
             raise Close(f"MEMSET_TENSOR on a zero-size buffer, which has no memset{_upstream('close')}")
-        buf.memory[rel + offset : rel + offset + size] = f["value"]
+        buf.memory[rel + offset : rel + offset + size] = f[slots["value"][0]]
 
     def _copy_tensor(self, f: dict[str, Any]) -> None:
         src = self._tensor(f["src"], "COPY_TENSOR", "src")
@@ -415,11 +521,11 @@ class Connection:
         if src.buffer is None or dst.buffer is None:
             raise Close(f"COPY_TENSOR: src or dst has no buffer{_upstream('close')}")
         n = src.nbytes
-        d = dst.fields["data"]
+        d = dst.data
         if d + n > dst.buffer.end:
             raise Close(f"COPY_TENSOR: {n} bytes from dst data {d:#x} run past the dst buffer end "
                         f"{dst.buffer.end:#x}{_upstream('close')}")
-        s_off = src.fields["data"] - src.buffer.base
+        s_off = src.data - src.buffer.base
         d_off = d - dst.buffer.base
         # numpy copies overlapping ranges correctly (memmove semantics).
         np.copyto(dst.buffer.memory[d_off : d_off + n], src.buffer.memory[s_off : s_off + n])
@@ -543,6 +649,7 @@ class Connection:
 
 def _single_graph_tensor(t: _Tensor) -> GraphTensor:
     f = t.fields
+    assert f is not None  # the supports_op path decodes its tensors to dicts
     buf = t.buffer
     return GraphTensor(
         id=f["id"],

@@ -37,26 +37,29 @@ class DeviceConfig:
 
 @dataclass(eq=False)
 class Buffer:
-    """One allocated buffer."""
+    """One allocated buffer (base and size never change, so its end and byte view are computed once)."""
 
     handle: int
     device: int
     base: int
     size: int
     memory: np.ndarray
+    #: One past the last fake address: every single-command tensor check reads it.
+    end: int = field(init=False, repr=False)
+    _bytes: memoryview = field(init=False, repr=False)
 
-    @property
-    def end(self) -> int:
-        return self.base + self.size
+    def __post_init__(self) -> None:
+        self.end = self.base + self.size
+        self._bytes = memoryview(self.memory)
 
     def view(self) -> memoryview:
         """The whole writable memory."""
-        return memoryview(self.memory)
+        return self._bytes
 
     def slice(self, address: int, n: int) -> memoryview:
         """The ``n`` bytes at absolute ``address``; the caller has checked the range."""
         start = address - self.base
-        return memoryview(self.memory)[start : start + n]
+        return self._bytes[start : start + n]
 
 
 @dataclass
