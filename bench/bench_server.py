@@ -126,6 +126,50 @@ def bench_round_trips(port: int, pid: int, n: int) -> tuple[float, float, float]
     return client_rate, raw_rate, server_us
 
 
+def bench_small_tensors(port: int, pid: int, n: int, size: int = 4096) -> dict[str, tuple[float, float]]:
+    """Small tensor traffic with pre-encoded requests (what the server alone sustains): (best rate over 3 runs,
+    server CPU microseconds per message) for GET_TENSOR round trips and for pipelined SET_TENSOR messages (no reply;
+    one GET_ALIGNMENT at the end proves they were all consumed)."""
+    with RpcClient.connect("127.0.0.1", port, timeout=30) as c:
+        handle, _ = c.alloc_buffer(0, 1 << 20)
+        base = c.buffer_get_base(handle)
+        t = make_tensor(id=1, ne=(size // 4,), buffer=handle, data=base)
+        payload = bytes(range(256)) * (size // 256)
+        get_req = encode_request(c.protocol, Command.GET_TENSOR, {"tensor": t, "offset": 0, "size": size})
+        head = b"".join(bytes(p) for p in request_parts(c.protocol, Command.SET_TENSOR,
+                                                         {"tensor": t, "offset": 0, "cache_flag": 0})[1:])
+        set_req = REQUEST_HEADER.pack(Command.SET_TENSOR, len(head) + size) + head + payload
+        align_req = encode_request(c.protocol, Command.GET_ALIGNMENT, {"device": 0})
+        reply = bytearray(8 + size)
+        view = memoryview(reply)
+        sock = c.sock
+
+        def receive(want: int) -> None:
+            got = 0
+            while got < want:
+                got += sock.recv_into(view[got:want])
+
+        def gets() -> None:
+            for _ in range(n):
+                sock.sendall(get_req)
+                receive(8 + size)
+
+        def sets() -> None:
+            for _ in range(n):
+                sock.sendall(set_req)
+            sock.sendall(align_req)
+            receive(16)
+
+        out = {}
+        for name, fn in (("set", sets), ("get", gets)):
+            fn()
+            cpu0 = cpu_seconds(pid)
+            times = timed(fn, 3)
+            out[name] = (n / min(times), (cpu_seconds(pid) - cpu0) / (3 * n) * 1e6)
+        assert reply[8:] == payload
+    return out
+
+
 def bench_streaming_rss(port: int, pid: int, size: int) -> tuple[int, int, int]:
     """(server RSS before the buffer, peak RSS while streaming ``size`` bytes into it, buffer size)."""
     chunk = np.random.default_rng(1).integers(0, 256, 64 * MIB, dtype=np.uint8)
@@ -256,6 +300,10 @@ def main() -> int:
         client_rate, raw_rate, server_us = bench_round_trips(port, pid, trips)
         print(f"GET_ALIGNMENT round trips: {client_rate:8.0f}/s through RpcClient, {raw_rate:8.0f}/s with "
               f"pre-encoded bytes; {server_us:.1f} us server CPU each   (bar >= 20,000; upstream 35-40k)")
+        small = bench_small_tensors(port, pid, trips // 2)
+        print(f"GET_TENSOR 4 KiB round trips: {small['get'][0]:8.0f}/s, {small['get'][1]:.1f} us server CPU each; "
+              f"SET_TENSOR 4 KiB messages: {small['set'][0]:8.0f}/s, {small['set'][1]:.1f} us server CPU each   "
+              "(pre-encoded; bar >= 20,000 round trips)")
         before, peak, size = bench_streaming_rss(port, pid, stream)
         over = peak - before - size
         print(f"RSS streaming a {size // MIB} MiB SET_TENSOR: {before / MIB:.0f} MiB before, peak {peak / MIB:.0f} MiB "

@@ -439,7 +439,8 @@ class Connection:
         flag_field = self.protocol.cache_rule.flag_field
         # No such field in this version's request: the flag reads as 0, as a dict .get(name, 0) would.
         flag = slots[flag_field][0] if flag_field in slots else -1
-        return lambda size: self._set_tensor(size, payload.header_size, layout.struct.unpack, slots["tensor"][0],
+        head_size = payload.header_size  # construct computes it anew on every call: once per connection here
+        return lambda size: self._set_tensor(size, head_size, layout.struct.unpack, slots["tensor"][0],
                                              slots["offset"][0], flag)
 
     def _set_tensor(self, size: int, head_size: int, unpack: Callable[[bytes], tuple], tensor: int, offset: int,
