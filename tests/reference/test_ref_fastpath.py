@@ -1,0 +1,111 @@
+"""The reference server's small-request fast path: flat-tuple field positions and the subclass hooks it keeps."""
+
+from __future__ import annotations
+
+import random
+import socket
+import threading
+from typing import Any
+
+import pytest
+from ggml_rpc.conformance.client import RpcClient
+from ggml_rpc.reference import make_config
+from ggml_rpc.reference.connection import Connection, _slots
+from ggml_rpc.spec import V6, V7, V7_0_1, Command, make_tensor
+from ggml_rpc.spec.layout import flat_layout
+from ggml_rpc.spec.messages import Shape
+from refhelpers import assert_closes
+
+
+def _fixed_schemas() -> list[tuple[str, Any]]:
+    out = []
+    for proto in (V6, V7, V7_0_1):
+        for cmd, spec in proto.commands.items():
+            for payload in (spec.request,):
+                if payload.shape in (Shape.FIXED, Shape.HEADER_DATA):
+                    out.append((f"{proto.label}-{cmd.name}", payload.schema))
+    return out
+
+
+def _at(value: Any, path: str) -> Any:
+    for part in path.split("."):
+        value = value[part]
+    return value
+
+
+@pytest.mark.parametrize(("name", "schema"), _fixed_schemas(), ids=[n for n, _ in _fixed_schemas()])
+def test_slots_agree_with_the_nested_dict_on_random_bytes(name: str, schema: Any) -> None:
+    layout = flat_layout(schema)
+    slots = _slots(layout)
+    rng = random.Random(name)
+    for _ in range(5):
+        raw = rng.randbytes(layout.size)
+        flat = layout.struct.unpack(raw)
+        nested = layout.unpack(raw)
+        for path, (start, width) in slots.items():
+            expected = _at(nested, path)
+            if isinstance(expected, dict) or (isinstance(expected, list) and isinstance(expected[0], dict)):
+                continue  # nested Structs: those the fast path reads are checked under their dotted paths
+            got = list(flat[start : start + width]) if isinstance(expected, list) else flat[start]
+            assert got == expected, path
+
+
+class _RecordingConnection(Connection):
+    """Checks tensors through the overridable dict hook and records which commands did."""
+
+    seen: list[str]
+
+    def _tensor(self, t: Any, command: str, what: str = "tensor") -> Any:
+        self.seen.append(command)
+        assert isinstance(t["ne"], list) and isinstance(t["name"], bytes)
+        return super()._tensor(t, command, what)
+
+
+def _serve_then_close(conn: Connection, sock: socket.socket) -> None:
+    try:
+        conn.serve()
+    finally:
+        sock.close()  # as the accept loop does: the connection only releases its own state
+
+
+def _serve_pair(cls: type[Connection], proto: str = "7") -> tuple[RpcClient, Connection, threading.Thread]:
+    ours, theirs = socket.socketpair()
+    conn = cls(theirs, make_config(proto), None)
+    conn.seen = []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=_serve_then_close, args=(conn, theirs), daemon=True)
+    thread.start()
+    ours.settimeout(10)
+    client = RpcClient(ours)
+    client.hello()
+    return client, conn, thread
+
+
+def test_a_subclass_hooking_tensor_checks_sees_every_fast_path_command() -> None:
+    client, conn, thread = _serve_pair(_RecordingConnection)
+    with client:
+        handle, _ = client.alloc_buffer(0, 256)
+        base = client.buffer_get_base(handle)
+        t = make_tensor(id=1, ne=(64,), buffer=handle, data=base)
+        client.set_tensor(t, 0, bytes(range(256)))
+        client.memset_tensor(t, 0, 4, 9)
+        assert bytes(client.get_tensor(t, 4, 4)) == bytes(range(4, 8))
+        assert bytes(client.get_tensor(t, 0, 2)) == b"\x09\x09"
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert conn.seen == ["SET_TENSOR", "MEMSET_TENSOR", "GET_TENSOR", "GET_TENSOR"]  # type: ignore[attr-defined]
+
+
+def test_constant_replies_follow_the_configuration() -> None:
+    ours, theirs = socket.socketpair()
+    config = make_config("6", devices=3, alignment=64, max_size=1 << 30)
+    thread = threading.Thread(target=_serve_then_close, args=(Connection(theirs, config, None), theirs), daemon=True)
+    thread.start()
+    ours.settimeout(10)
+    with RpcClient(ours) as c:
+        c.hello()
+        assert c.get_alignment(2) == 64
+        assert c.get_max_size(1) == 1 << 30
+        assert c.device_count() == 3
+        assert_closes(c, Command.GET_ALIGNMENT, {"device": 3})  # the device check stays in front of the reply
+    thread.join(timeout=10)
+    assert not thread.is_alive()
