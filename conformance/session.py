@@ -107,7 +107,8 @@ def decode_connection(
             out.notes.append(f"client->server stream ends inside a message at byte {reqs.offset}")
     except ProtocolError as exc:
         out.error, out.error_direction = exc, "client->server"
-        return out
+    # Replies to the requests decoded so far are still read, also when the client stream broke the spec later:
+    # a replayer needs them to know what the server answered before the offending message.
     try:
         while (rep := reps.next_message()) is not None:
             out.replies.append(rep)
@@ -115,7 +116,10 @@ def decode_connection(
             reps.finish()
             out.notes.append(f"{reps.awaiting} request(s) got no reply before the connection ended")
     except ProtocolError as exc:
-        out.error, out.error_direction = exc, "server->client"
+        if out.error is None:
+            out.error, out.error_direction = exc, "server->client"
+        else:
+            out.notes.append(f"server->client stream also breaks the spec: {exc}")
     return out
 
 

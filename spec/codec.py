@@ -280,17 +280,6 @@ def check_request(req: Request) -> None:
                                 field=f"nodes[{i}]", offset=base + 8 + 8 * i)
 
 
-_HEADER_SIZES: dict[Payload, int] = {}
-
-
-def _header_size(payload: Payload) -> int:
-    """``payload.header_size``, memoised: construct computes a Struct's size by walking it on every call."""
-    size = _HEADER_SIZES.get(payload)
-    if size is None:
-        size = _HEADER_SIZES[payload] = payload.header_size
-    return size
-
-
 # ---- stream decoders -------------------------------------------------------------------------------------------
 
 
@@ -430,7 +419,7 @@ class RequestDecoder(_StreamDecoder):
             raise UnknownCommand(f"command id {cmd} does not exist in protocol {protocol.label}", command=name,
                                  field="cmd", offset=off)
         req = spec.request
-        header_size = _header_size(req)
+        header_size = req.header_size
         if req.shape is Shape.FIXED and size != header_size:
             raise SizeMismatch(f"size {size}, but {name} is always {header_size} bytes", command=name,
                                field="size", offset=off + 1)
@@ -498,7 +487,7 @@ class ReplyDecoder(_StreamDecoder):
         if spec.reply.shape is Shape.RAW:
             expected = int(request.fields[spec.reply.length_from or "size"])
         else:
-            expected = _header_size(spec.reply)
+            expected = spec.reply.header_size
         self._pending.append((request, spec.reply, expected))
         return True
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from functools import cached_property
 
 from construct import Array, Bytes, Int8ul, Int32ul, Int64ul, Struct, this
 
@@ -38,9 +39,12 @@ class Payload:
     #: For RAW replies: the request field whose value is the reply's length.
     length_from: str | None = None
 
-    @property
+    @cached_property
     def header_size(self) -> int:
-        """Bytes of the fixed part (the whole payload for FIXED, the header for HEADER_DATA, 0 for RAW)."""
+        """Bytes of the fixed part (the whole payload for FIXED, the header for HEADER_DATA, 0 for RAW).
+
+        Cached: construct computes a Struct's size by walking it on every call, and servers ask per connection.
+        """
         if self.shape is Shape.RAW:
             return 0
         if self.shape is Shape.GRAPH:
