@@ -105,7 +105,7 @@ def _slots(layout: FlatLayout, start: int = 0, prefix: str = "") -> dict[str, tu
 # Flat-tuple positions of the rpc_tensor fields a single-command check reads, relative to the tensor's start.
 _TENSOR = flat_layout(RpcTensor)
 _T = _slots(_TENSOR)
-_T_TYPE, _T_BUFFER, _T_DATA = _T["type"][0], _T["buffer"][0], _T["data"][0]
+_T_ID, _T_TYPE, _T_BUFFER, _T_DATA = _T["id"][0], _T["type"][0], _T["buffer"][0], _T["data"][0]
 _T_NE, _T_NB = slice(_T["ne"][0], sum(_T["ne"])), slice(_T["nb"][0], sum(_T["nb"]))
 
 
@@ -144,8 +144,6 @@ class Connection:
             Command.COPY_TENSOR: self._copy_tensor,
             Command.GET_TENSOR: self._get_tensor,
             Command.GET_DEVICE_MEMORY: self._get_device_memory,
-            Command.INIT_TENSOR: self._init_tensor,
-            Command.GET_ALLOC_SIZE: self._get_alloc_size,
             Command.DEVICE_COUNT: self._device_count,
             Command.GRAPH_RECOMPUTE: self._graph_recompute,
             Command.GET_DEVICE_SUPPORTS_OP: self._supports_op,
@@ -172,6 +170,8 @@ class Connection:
         flat_handlers |= {
             Command.SET_TENSOR_HASH: self._set_tensor_hash_flat,
             Command.MEMSET_TENSOR: self._memset_tensor_flat,
+            Command.INIT_TENSOR: self._init_tensor_flat,
+            Command.GET_ALLOC_SIZE: self._get_alloc_size_flat,
         }
         # Per command id of this version (HELLO excepted): (command, exact size or -1 when variable, runner).
         # A fixed-size runner takes the payload bytes, a variable-size one the claimed size.
@@ -346,12 +346,13 @@ class Connection:
         """deserialize_tensor of a decoded tensor dict (see :meth:`_checked`)."""
         return self._checked(t["type"], t["ne"], t["nb"], t["buffer"], t["data"], t, command, what)
 
-    def _flat_tensor(self, flat: tuple, start: int, command: str) -> _Tensor:
+    def _flat_tensor(self, flat: tuple, start: int, command: str, what: str = "tensor") -> _Tensor:
         """deserialize_tensor of the rpc_tensor at ``start`` in a request's flat tuple (see :meth:`_checked`)."""
         if self._tensor_hooked:
-            return self._tensor(_TENSOR.unpack(_TENSOR.struct.pack(*flat[start : start + _TENSOR.width])), command)
-        t = flat[start:]
-        return self._checked(t[_T_TYPE], t[_T_NE], t[_T_NB], t[_T_BUFFER], t[_T_DATA], None, command, "tensor")
+            record = _TENSOR.unpack(_TENSOR.struct.pack(*flat[start : start + _TENSOR.width]))
+            return self._tensor(record, command, what)
+        t = flat[start : start + _TENSOR.width]
+        return self._checked(t[_T_TYPE], t[_T_NE], t[_T_NB], t[_T_BUFFER], t[_T_DATA], None, command, what)
 
     def _checked(self, ttype: int, ne: Any, nb: Any, handle: int, d: int, fields: Mapping[str, Any] | None,
                  command: str, what: str) -> _Tensor:
@@ -532,19 +533,22 @@ class Connection:
         np.copyto(dst.buffer.memory[d_off : d_off + n], src.buffer.memory[s_off : s_off + n])
         self._reply(Command.COPY_TENSOR, {"result": 1})
 
-    def _init_tensor(self, f: dict[str, Any]) -> None:
-        t = self._tensor(f["tensor"], "INIT_TENSOR")
+    def _init_tensor_flat(self, f: tuple, slots: dict[str, tuple[int, int]]) -> None:
+        t = self._flat_tensor(f, slots["tensor"][0], "INIT_TENSOR")
         if t.buffer is None:
             # Upstream logs and carries on; the CPU backend has nothing to initialise.
             log.info("%s: INIT_TENSOR of a tensor without buffer (ignored, as upstream)", self.name)
 
-    def _get_alloc_size(self, f: dict[str, Any]) -> None:
-        self._device(f["device"], "GET_ALLOC_SIZE")
-        t = self._tensor(f["tensor"], "GET_ALLOC_SIZE")
-        for i, s in enumerate(f["srcs"]):
+    def _get_alloc_size_flat(self, f: tuple, slots: dict[str, tuple[int, int]]) -> None:
+        self._device(f[slots["device"][0]], "GET_ALLOC_SIZE")
+        t = self._flat_tensor(f, slots["tensor"][0], "GET_ALLOC_SIZE")
+        first, width = slots["srcs"]
+        step = _TENSOR.width
+        for i, start in enumerate(range(first, first + width, step)):
             # Upstream silently drops a src of an invalid type; data outside its buffer is an abort there.
-            if s["id"] != 0 and s["type"] < GGML_TYPE_COUNT and not TYPES[s["type"]].removed:
-                self._tensor(s, "GET_ALLOC_SIZE", f"srcs[{i}]")
+            stype = f[start + _T_TYPE]
+            if f[start + _T_ID] != 0 and stype < GGML_TYPE_COUNT and not TYPES[stype].removed:
+                self._flat_tensor(f, start, "GET_ALLOC_SIZE", f"srcs[{i}]")
         # CPU buffer types allocate exactly ggml_nbytes.
         self._reply(Command.GET_ALLOC_SIZE, {"alloc_size": t.nbytes})
 

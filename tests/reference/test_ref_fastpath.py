@@ -109,3 +109,22 @@ def test_constant_replies_follow_the_configuration() -> None:
         assert_closes(c, Command.GET_ALIGNMENT, {"device": 3})  # the device check stays in front of the reply
     thread.join(timeout=10)
     assert not thread.is_alive()
+
+
+def test_get_alloc_size_checks_each_src_with_an_id_and_a_valid_type() -> None:
+    client, conn, thread = _serve_pair(_RecordingConnection)
+    with client:
+        handle, _ = client.alloc_buffer(0, 256)
+        base = client.buffer_get_base(handle)
+        t = make_tensor(id=1, ne=(10,))
+        inside = make_tensor(id=2, ne=(8,), buffer=handle, data=base)
+        no_id = make_tensor(id=0, ne=(1 << 20,), buffer=handle, data=base)  # would lie outside: never checked
+        removed = make_tensor(id=3) | {"type": 4}
+        assert client.get_alloc_size(0, t, [inside, no_id, removed, inside]) == 40
+        outside = make_tensor(id=4, ne=(8,), buffer=handle, data=base + 240)
+        assert_closes(client, Command.GET_ALLOC_SIZE, {"device": 0, "tensor": t, "srcs": [inside, outside]
+                                                       + [make_tensor(id=0)] * 8})
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    # The tensor and both `inside` srcs, then the tensor, `inside` and `outside` (which closes).
+    assert conn.seen == ["GET_ALLOC_SIZE"] * 6  # type: ignore[attr-defined]
