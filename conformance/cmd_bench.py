@@ -24,6 +24,7 @@ from .bench_report import BenchProgress, figures_table, header, write_json
 from .bench_wire import MIB, BenchTarget, GetTensor, GraphCompute, HashHit, RoundTrips, SetTensor, size_label
 from .benchmark import FigureResult, Measurement, record, run_measurement, steps_of
 from .cli import UsageError
+from .client import ConnectionClosed
 from .harness import SpawnedTarget, TargetError, parse_address
 
 KIB = 1 << 10
@@ -132,7 +133,7 @@ def _probe(target: BenchTarget) -> None:
         target.connect(timeout=10.0).close()
     except HandshakeError as exc:
         raise UsageError(f"{target.name}: {exc}") from None
-    except (OSError, ProtocolError) as exc:
+    except (OSError, ProtocolError, ConnectionClosed) as exc:
         raise UsageError(f"{target.name} ({target.address}): cannot talk to the server: {exc}") from None
 
 

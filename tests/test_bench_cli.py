@@ -239,3 +239,29 @@ def test_replaying_a_cache_using_capture_twice_on_one_server(real_captures: Path
     (r,) = fr.results
     assert r.error is None and len(r.samples) == 1 and r.samples[0] > 0
     assert len(list(tmp_path.iterdir())) == 1  # output.weight, saved once
+
+
+def test_server_that_closes_at_once_is_a_usage_error(capsys):
+    """A peer that accepts and closes without a HELLO reply: one line, exit 2, no traceback."""
+    import socket
+    import threading
+
+    from ggml_rpc.conformance.cli import main
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def close_each(n: int) -> None:
+        for _ in range(n):
+            conn, _ = listener.accept()
+            conn.close()
+
+    t = threading.Thread(target=close_each, args=(1,), daemon=True)
+    t.start()
+    try:
+        code = main(["bench", "--quick", "--no-reference", "--no-kit", "--server", f"127.0.0.1:{port}"])
+    finally:
+        listener.close()
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "cannot talk to the server" in err and "Traceback" not in err
