@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -170,6 +171,64 @@ def bench_small_tensors(port: int, pid: int, n: int, size: int = 4096) -> dict[s
     return out
 
 
+def bench_command_cpu(kinds: tuple[str, ...], batches: int = 40, k: int = 500) -> dict[str, float]:
+    """Server CPU microseconds per command, least of 3 runs: a connection served on a thread of this process over a
+    socketpair, fed ``k`` pipelined requests at a time (its thread's CPU time: what the server's own code and system
+    calls cost, whatever else the machine runs)."""
+    from ggml_rpc.reference import make_config
+    from ggml_rpc.reference.connection import Connection
+
+    def once(kind: str) -> float:
+        ours, theirs = socket.socketpair()
+        # Room for a whole batch of requests and of replies: neither side waits on the other mid-batch.
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        theirs.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        theirs.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        conn = Connection(theirs, make_config("7"), None)
+        cpu: list[float] = []
+
+        def serve() -> None:
+            t0 = time.thread_time()
+            conn.serve()
+            cpu.append(time.thread_time() - t0)
+
+        thread = threading.Thread(target=serve)
+        thread.start()
+        ours.settimeout(60)
+        with RpcClient(ours) as c:
+            c.hello()
+            handle, _ = c.alloc_buffer(0, 1 << 20)
+            t = make_tensor(id=1, ne=(1024,), buffer=handle, data=c.buffer_get_base(handle))
+            none = make_tensor(id=0)
+            if kind == "SET_TENSOR 4 KiB":
+                head = b"".join(bytes(p) for p in request_parts(c.protocol, Command.SET_TENSOR,
+                                                                 {"tensor": t, "offset": 0, "cache_flag": 0})[1:])
+                req, reply = REQUEST_HEADER.pack(Command.SET_TENSOR, len(head) + 4096) + head + bytes(4096), 0
+            else:
+                command, fields, reply = {
+                    "GET_ALIGNMENT": (Command.GET_ALIGNMENT, {"device": 0}, 16),
+                    "GET_TENSOR 64 B": (Command.GET_TENSOR, {"tensor": t, "offset": 0, "size": 64}, 72),
+                    "GET_TENSOR 4 KiB": (Command.GET_TENSOR, {"tensor": t, "offset": 0, "size": 4096}, 4104),
+                    "INIT_TENSOR": (Command.INIT_TENSOR, {"tensor": t}, 0),
+                    "GET_ALLOC_SIZE": (Command.GET_ALLOC_SIZE, {"device": 0, "tensor": t, "srcs": [t, t] + [none] * 8},
+                                       16),
+                }[kind]
+                req = encode_request(c.protocol, command, fields)
+            batch = req * k
+            view = memoryview(bytearray(max(reply * k, 1)))
+            for _ in range(batches):
+                c.send_raw(batch)
+                got = 0
+                while got < reply * k:
+                    got += ours.recv_into(view[got:])
+            c.get_alignment(0)  # every request was consumed
+        thread.join(timeout=60)
+        return cpu[0] / (batches * k) * 1e6
+
+    return {kind: min(once(kind) for _ in range(3)) for kind in kinds}
+
+
 def bench_streaming_rss(port: int, pid: int, size: int) -> tuple[int, int, int]:
     """(server RSS before the buffer, peak RSS while streaming ``size`` bytes into it, buffer size)."""
     chunk = np.random.default_rng(1).integers(0, 256, 64 * MIB, dtype=np.uint8)
@@ -304,6 +363,10 @@ def main() -> int:
         print(f"GET_TENSOR 4 KiB round trips: {small['get'][0]:8.0f}/s, {small['get'][1]:.1f} us server CPU each; "
               f"SET_TENSOR 4 KiB messages: {small['set'][0]:8.0f}/s, {small['set'][1]:.1f} us server CPU each   "
               "(pre-encoded; bar >= 20,000 round trips)")
+        per_command = bench_command_cpu(("GET_ALIGNMENT", "GET_TENSOR 64 B", "GET_TENSOR 4 KiB", "SET_TENSOR 4 KiB",
+                                          "INIT_TENSOR", "GET_ALLOC_SIZE"), batches=10 if args.quick else 40)
+        print("server CPU per pipelined command (in-process thread, least of 3): "
+              + ", ".join(f"{kind} {us:.1f} us" for kind, us in per_command.items()))
         before, peak, size = bench_streaming_rss(port, pid, stream)
         over = peak - before - size
         print(f"RSS streaming a {size // MIB} MiB SET_TENSOR: {before / MIB:.0f} MiB before, peak {peak / MIB:.0f} MiB "
