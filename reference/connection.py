@@ -47,6 +47,8 @@ log = logging.getLogger("ggml_rpc.reference")
 DEFAULT_MAX_GRAPH_BYTES = 256 << 20
 _GRAPH_CHUNK = 1 << 20
 _SIZE_LIMIT = 1 << 63  # upstream: a length error it does not catch (process abort)
+#: Tensor sizes remembered per connection (the memo is emptied when full).
+_NBYTES_REMEMBERED = 4096
 #: Longest a SET_TENSOR_HASH miss waits for saves under way on other connections (--concurrent only).
 _SAVE_WAIT = 5.0
 
@@ -149,6 +151,7 @@ class Connection:
             Command.GET_DEVICE_SUPPORTS_OP: self._supports_op,
         }
         self._verbose = config.verbose
+        self._nbytes: dict[tuple, int] = {}
         # A subclass that checks tensors its own way (test variants do) gets every tensor as the dict it expects.
         self._tensor_hooked = self._overrides("_tensor")
         self._read_buffered = self._rfile.read
@@ -344,7 +347,7 @@ class Connection:
 
     def _tensor(self, t: Mapping[str, Any], command: str, what: str = "tensor") -> _Tensor:
         """deserialize_tensor of a decoded tensor dict (see :meth:`_checked`)."""
-        return self._checked(t["type"], t["ne"], t["nb"], t["buffer"], t["data"], t, command, what)
+        return self._checked(t["type"], tuple(t["ne"]), tuple(t["nb"]), t["buffer"], t["data"], t, command, what)
 
     def _flat_tensor(self, flat: tuple, start: int, command: str, what: str = "tensor") -> _Tensor:
         """deserialize_tensor of the rpc_tensor at ``start`` in a request's flat tuple (see :meth:`_checked`)."""
@@ -354,14 +357,21 @@ class Connection:
         t = flat[start : start + _TENSOR.width]
         return self._checked(t[_T_TYPE], t[_T_NE], t[_T_NB], t[_T_BUFFER], t[_T_DATA], None, command, what)
 
-    def _checked(self, ttype: int, ne: Any, nb: Any, handle: int, d: int, fields: Mapping[str, Any] | None,
-                 command: str, what: str) -> _Tensor:
+    def _checked(self, ttype: int, ne: tuple[int, ...], nb: tuple[int, ...], handle: int, d: int,
+                 fields: Mapping[str, Any] | None, command: str, what: str) -> _Tensor:
         """deserialize_tensor: type checks (close), unknown buffer -> null, data must lie inside its buffer."""
         if ttype >= GGML_TYPE_COUNT:
             raise Close(f"{command}: {what} type {ttype} is not a ggml type{_upstream('close')}")
         if TYPES[ttype].removed:
             raise Close(f"{command}: {what} has removed type {type_name(ttype)}{_upstream('close')}")
-        nbytes = ggml_nbytes(ttype, ne, nb)
+        # A client names the same few tensors again and again: their sizes are remembered (bounded).
+        key = (ttype, ne, nb)
+        nbytes = self._nbytes.get(key)
+        if nbytes is None:
+            nbytes = ggml_nbytes(ttype, ne, nb)
+            if len(self._nbytes) >= _NBYTES_REMEMBERED:
+                self._nbytes.clear()
+            self._nbytes[key] = nbytes
         buf = self.table.buffers.get(handle) if handle else None
         if buf is not None and (d < buf.base or d + nbytes > buf.end):
             raise Close(f"{command}: {what} data [{d:#x}, +{nbytes}) lies outside its buffer "
