@@ -6,7 +6,8 @@ target with the target's handles and addresses (learnt from ALLOC_BUFFER / BUFFE
 
 * the model replied: the target must send a reply of the same size; HELLO, data read back, hash hit/miss, copy
   results, allocation success are compared exactly (server-specific values too when the target is the embedded
-  reference server, whose configuration the model shares);
+  reference server, whose configuration the model shares; against another server, the model's budget is the
+  memory it announces, and an example stops being judged once the server granted more than that);
 * the model closed: the target must close without sending a byte (bytes are a wrong reply, GET_TENSOR data an
   out-of-buffer read; no close within the timeout is a hang);
 * the model neither replied nor closed (a no-reply command): nothing may have arrived, and the connection must stay
@@ -71,6 +72,10 @@ class Example:
         self._last_ref: ConnRef | None = None
         self._scope_key: tuple | None = None
         self._opening: FuzzMessage | None = None
+        #: The target granted an allocation beyond the model's budget: it holds memory the model does not know of.
+        self.memory_diverged = False
+        #: The model no longer knows the target's state (a refusal after ``memory_diverged``): judge nothing more.
+        self.untracked = False
 
     # ---- connections -----------------------------------------------------------------------------------------
 
@@ -84,9 +89,10 @@ class Example:
 
     @property
     def inert(self) -> bool:
-        """The target is gone, shrinking ran out of time, the budget is spent or a stop was asked for: steps send
-        nothing."""
-        return bool(self.c.gone) or self.c.giving_up or self.c.stop_requested or self.c.out_of_budget
+        """The target is gone, shrinking ran out of time, the budget is spent, a stop was asked for or the model lost
+        track of the target's memory: steps send nothing."""
+        return (bool(self.c.gone) or self.c.giving_up or self.c.stop_requested or self.c.out_of_budget
+                or self.untracked)
 
     def prepare(self, ref: ConnRef) -> None:
         """Make ``ref`` the open connection (re-opening it when it ended) and point the scope at its state."""
@@ -283,12 +289,7 @@ class Example:
         w = flat_layout(schema).unpack(want)
         g = flat_layout(schema).unpack(got)
         if cmd is Command.ALLOC_BUFFER:
-            beyond_model = msg.fields.get("size", 0) > self.c.model_config.device.memory
-            if not self.c.exact and beyond_model:
-                pass  # how much memory a server has is its own business: only the model's budget refused it
-            elif bool(w["remote_ptr"]) != bool(g["remote_ptr"]) or (w["remote_ptr"] and w["remote_size"] !=
-                                                                     g["remote_size"]):
-                self._fail("wrong-reply", f"allocation {g}, the reference {w}", msg)
+            self._compare_alloc(msg, w, g)
             self.reloc.buffer(w["remote_ptr"], g["remote_ptr"])
             return
         if cmd is Command.BUFFER_GET_BASE:
@@ -300,6 +301,28 @@ class Example:
             return
         if w != g:
             self._fail("wrong-reply", f"reply {g}, the reference replies {w}", msg)
+
+    def _compare_alloc(self, msg: FuzzMessage, want: dict, got: dict) -> None:
+        """Same success and size as the model's, unless the model cannot know the target's memory.
+
+        The model's budget is the target's announced total (or, against the embedded reference, its very
+        configuration).  A server other than the embedded reference may still grant more than the model does (it
+        need not enforce what it announces): that is its own business, but from then on it holds memory the
+        model never granted, so a later refusal is no finding and the rest of the example is not judged.
+        """
+        granted, model_granted = bool(got["remote_ptr"]), bool(want["remote_ptr"])
+        if granted == model_granted:
+            if granted and want["remote_size"] != got["remote_size"]:
+                self._fail("wrong-reply", f"allocation {got}, the reference {want}", msg)
+            return
+        if not self.c.exact:
+            if granted and msg.fields.get("size", 0) > self.c.model_config.device.memory:
+                self.memory_diverged = True
+                return
+            if not granted and self.memory_diverged:
+                self.untracked = True
+                return
+        self._fail("wrong-reply", f"allocation {got}, the reference {want}", msg)
 
     def _fail(self, kind: str, message: str, msg: FuzzMessage | None) -> None:
         finding = Finding(kind, message, command=msg.name if msg else "", broken=msg.broken if msg else None)
