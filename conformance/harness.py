@@ -286,6 +286,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def exit_status(code: int) -> str:
+    """How a server process ended, from its exit code (negative: the signal that killed it)."""
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
 class SpawnedTarget(Target):
     """A server the harness starts itself from a command line (``{port}`` is replaced by a free port).
 
@@ -351,14 +361,7 @@ class SpawnedTarget(Target):
             return {"status": "still running but not answering", "log_tail": list(self.log)}
         if self._reader is not None:
             self._reader.join(timeout=1.0)
-        if code < 0:
-            try:
-                status = f"killed by signal {signal.Signals(-code).name}"
-            except ValueError:
-                status = f"killed by signal {-code}"
-        else:
-            status = f"exited with code {code}"
-        return {"status": status, "exit_code": code, "log_tail": list(self.log)}
+        return {"status": exit_status(code), "exit_code": code, "log_tail": list(self.log)}
 
     def stop(self) -> None:
         proc = self.proc

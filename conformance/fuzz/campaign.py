@@ -12,10 +12,11 @@ import contextlib
 import ctypes
 import ctypes.util
 import sys
+import tempfile
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from ggml_rpc.reference.connection import ServerConfig
 from ggml_rpc.spec import CONN_CAPS_SIZE, Command, Protocol, encode_request
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis import seed as hypothesis_seed
+from hypothesis.configuration import set_hypothesis_home_dir, storage_directory
 from hypothesis.errors import Flaky
 from hypothesis.stateful import get_state_machine_test
 
@@ -266,6 +268,11 @@ class Campaign:
     def run(self) -> list[SavedFinding]:
         rounds = 0
         warnings.simplefilter("ignore", RuntimeWarning)  # the model's executor on fuzzed numbers (NaN, inf)
+        with _scratch_hypothesis_home():
+            self._run(rounds)
+        return self.findings
+
+    def _run(self, rounds: int) -> None:
         try:
             while True:
                 if self.stop_requested:
@@ -291,7 +298,6 @@ class Campaign:
             if self.model_cache is not None:
                 self.model_cache.remove()
             self.stats.max_rss_kib = max(self.stats.max_rss_kib, rss_kib())
-        return self.findings
 
     def _round(self, number: int) -> None:
         s = settings(max_examples=self.options.round_examples, stateful_step_count=self.options.steps,
@@ -428,6 +434,19 @@ def _rewrite_line(out_dir: Path | None, saved: SavedFinding) -> None:
     rows = index.read_text().splitlines()
     rows[-1] = f"{saved.summary_file.stem}: {saved.line()}"
     index.write_text("\n".join(rows) + "\n")
+
+
+@contextlib.contextmanager
+def _scratch_hypothesis_home() -> Iterator[None]:
+    """Hypothesis' files (it caches constants of the source even without an example database) go to a temporary
+    folder for the campaign, not to ``.hypothesis/`` in whatever folder the user runs the fuzzer from."""
+    previous = storage_directory(intent_to_write=False).home_directory
+    with tempfile.TemporaryDirectory(prefix="ggml-rpc-fuzz-hypothesis-") as scratch:
+        set_hypothesis_home_dir(scratch)
+        try:
+            yield
+        finally:
+            set_hypothesis_home_dir(previous)
 
 
 def _libc_trim() -> Callable[[int], int] | None:

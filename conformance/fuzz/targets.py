@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from ggml_rpc.conformance.harness import Target, TargetError
+from ggml_rpc.conformance.harness import Target, TargetError, exit_status
 from ggml_rpc.reference.connection import ServerConfig
 from ggml_rpc.reference.server import Server, make_config
 from ggml_rpc.spec import DEFAULT_HOST, Protocol
@@ -65,7 +65,8 @@ class EmbeddedFuzzTarget(Target):
         self.proc: multiprocessing.process.BaseProcess | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self.restarts = 0
-        self.description = f"embedded reference server, protocol {config.protocol.label}"
+        # The protocol is not part of the name: the campaign header states it once.
+        self.description = "embedded reference server"
         if server_cls is not Server:
             self.description += f" ({server_cls.__name__})"
 
@@ -102,13 +103,7 @@ class EmbeddedFuzzTarget(Target):
         if proc.is_alive():
             return {"status": "still running but not answering", "log_tail": []}
         code = proc.exitcode
-        if code is not None and code < 0:
-            try:
-                status = f"killed by signal {signal.Signals(-code).name}"
-            except ValueError:
-                status = f"killed by signal {-code}"
-        else:
-            status = f"exited with code {code}"
+        status = exit_status(code) if code is not None else "exit code unknown"
         return {"status": status, "exit_code": code, "log_tail": []}
 
     def stop(self) -> None:

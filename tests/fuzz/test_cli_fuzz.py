@@ -19,23 +19,45 @@ from ggml_rpc.reference import running_server
 def test_embedded_campaign_finds_nothing(tmp_path, capsys):
     assert main(["fuzz", "--seconds", "4", "--seed", "3", "--out", str(tmp_path / "f")]) == 0
     out, err = capsys.readouterr()
-    assert "fuzzing embedded reference server" in err and "protocol 7.0.0" in err
+    header = next(line for line in err.splitlines() if line.startswith("fuzzing "))
+    assert header.startswith("fuzzing embedded reference server at 127.0.0.1:")
+    assert header.count("protocol") == 1 and header.endswith(", protocol 7.0.0, seed 3")
     assert "findings: 0 crash, 0 hang, 0 wrong-reply, 0 out-of-buffer" in out
     assert "execs/s" in out and "rules broken:" in out
     assert not (tmp_path / "f").exists()  # nothing found, nothing written
 
 
-def test_external_server_by_examples(capsys):
+def test_external_server_by_examples(tmp_path, capsys):
+    # The reference server's default budget (4 GiB per device), which the model must learn and share.
     with running_server("6") as srv:
-        assert main(["fuzz", "--server", f"{srv.host}:{srv.port}", "--examples", "3", "--steps", "20"]) == 0
+        assert main(["fuzz", "--server", f"{srv.host}:{srv.port}", "--examples", "3", "--steps", "20",
+                     "--out", str(tmp_path / "f")]) == 0
     out, err = capsys.readouterr()
     assert "server at" in err and "protocol 6.0.0" in err
     assert out.startswith("3 examples") or " examples," in out
+    assert not (tmp_path / "f").exists()
 
 
-def test_spawned_server(capsys):
+def test_the_cli_leaves_nothing_but_the_out_dir_in_the_current_folder(tmp_path, monkeypatch, capsys):
+    from hypothesis.configuration import storage_directory
+
+    home = storage_directory(intent_to_write=False).home_directory
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    script = Path(__file__).with_name("vulnerable.py")
+    cmd = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} --port {{port}}"
+    assert main(["fuzz", "--spawn", cmd, "--seconds", "10", "--seed", "1", "--out", "found"]) == 1
+    assert "FINDING crash" in capsys.readouterr().err
+    assert sorted(p.name for p in cwd.iterdir()) == ["found"]  # no .hypothesis/, no fuzz-findings/
+    assert (cwd / "found" / "findings.txt").is_file()
+    assert not (cwd / "found" / ".hypothesis").exists()
+    assert storage_directory(intent_to_write=False).home_directory == home  # hypothesis' setting is restored
+
+
+def test_spawned_server(tmp_path, capsys):
     cmd = f"{shlex.quote(sys.executable)} -m ggml_rpc.conformance.cli serve --port {{port}} --proto 7.0.1 --mem 64M"
-    assert main(["fuzz", "--spawn", cmd, "--examples", "2", "--steps", "15"]) == 0
+    assert main(["fuzz", "--spawn", cmd, "--examples", "2", "--steps", "15", "--out", str(tmp_path / "f")]) == 0
     out, err = capsys.readouterr()
     assert "spawned:" in err and "protocol 7.0.1" in err
     assert "0 crash" in out
