@@ -29,11 +29,12 @@ from ggml_rpc.spec import (
     encode_reply,
     ggml_nbytes,
     hello_reply,
+    tensor_name,
     type_name,
 )
 from ggml_rpc.spec.codec import REPLY_HEADER, REQUEST_HEADER, REQUEST_HEADER_SIZE, decode_payload
 from ggml_rpc.spec.enums import GGML_TYPE_COUNT
-from ggml_rpc.spec.layout import FlatLayout, flat_layout
+from ggml_rpc.spec.layout import flat_layout
 from ggml_rpc.spec.messages import Shape
 from ggml_rpc.spec.tensor import RpcTensor
 
@@ -88,25 +89,9 @@ class _Tensor:
     data: int
 
 
-def _slots(layout: FlatLayout, start: int = 0, prefix: str = "") -> dict[str, tuple[int, int]]:
-    """Where each field (dotted path for nested Structs) sits in the layout's flat tuple: (first index, width).
-
-    Read off the layout's own recipe, so hot handlers can index the tuple of one ``struct.unpack`` instead of
-    rebuilding nested dicts, with nothing restated.
-    """
-    out: dict[str, tuple[int, int]] = {}
-    i = start
-    for step in layout._steps:
-        out[prefix + step.name] = (i, step.width)
-        if step.kind == "struct" and step.nested is not None:
-            out.update(_slots(step.nested, i, f"{prefix}{step.name}."))
-        i += step.width
-    return out
-
-
 # Flat-tuple positions of the rpc_tensor fields a single-command check reads, relative to the tensor's start.
 _TENSOR = flat_layout(RpcTensor)
-_T = _slots(_TENSOR)
+_T = _TENSOR.slots()
 _T_ID, _T_TYPE, _T_BUFFER, _T_DATA = _T["id"][0], _T["type"][0], _T["buffer"][0], _T["data"][0]
 _T_NE, _T_NB = slice(_T["ne"][0], sum(_T["ne"])), slice(_T["nb"][0], sum(_T["nb"]))
 
@@ -199,7 +184,7 @@ class Connection:
         layout = flat_layout(req.schema)
         flat = flat_handlers.get(cmd)
         if flat is not None:
-            unpack, slots = layout.struct.unpack, _slots(layout)
+            unpack, slots = layout.struct.unpack, layout.slots()
             return lambda body: flat(unpack(body), slots)
         handler, unpack_dict = self._handlers[cmd], layout.unpack
         return lambda body: handler(unpack_dict(body) if body else {})
@@ -446,7 +431,7 @@ class Connection:
 
     def _set_tensor_runner(self, payload: Payload) -> Callable[[int], None]:
         layout = flat_layout(payload.schema)
-        slots = _slots(layout)
+        slots = layout.slots()
         flag_field = self.protocol.cache_rule.flag_field
         # No such field in this version's request: the flag reads as 0, as a dict .get(name, 0) would.
         flag = slots[flag_field][0] if flag_field in slots else -1
@@ -559,8 +544,8 @@ class Connection:
             stype = f[start + _T_TYPE]
             if f[start + _T_ID] != 0 and stype < GGML_TYPE_COUNT and not TYPES[stype].removed:
                 self._flat_tensor(f, start, "GET_ALLOC_SIZE", f"srcs[{i}]")
-        # CPU buffer types allocate exactly ggml_nbytes.
-        self._reply(Command.GET_ALLOC_SIZE, {"alloc_size": t.nbytes})
+        # CPU buffer types allocate exactly ggml_nbytes, a size_t upstream: it wraps past 2^64 rather than fail.
+        self._reply(Command.GET_ALLOC_SIZE, {"alloc_size": t.nbytes & U64_MASK})
 
     def _supports_op(self, f: dict[str, Any]) -> None:
         self._device(f["device"], "GET_DEVICE_SUPPORTS_OP")
@@ -676,7 +661,7 @@ def _single_graph_tensor(t: _Tensor) -> GraphTensor:
         flags=f["flags"],
         view_offs=f["view_offs"],
         data=f["data"],
-        name=bytes(f["name"]).split(b"\0", 1)[0].decode("utf-8", "replace"),
+        name=tensor_name(f["name"]),
         use_count=f["use_count"],
         buffer=buf.view() if buf is not None else None,
         offset=f["data"] - buf.base if buf is not None else 0,

@@ -136,6 +136,21 @@ class FlatLayout:
             else:
                 out.append(v)
 
+    def slots(self, start: int = 0, prefix: str = "") -> dict[str, tuple[int, int]]:
+        """Where each field sits in the flat tuple of one ``struct.unpack``: dotted path -> (first index, width).
+
+        Hot paths index that tuple instead of rebuilding nested dicts; nested Structs are listed both as a whole
+        and field by field (``tensor`` and ``tensor.data``).
+        """
+        out: dict[str, tuple[int, int]] = {}
+        i = start
+        for step in self._steps:
+            out[prefix + step.name] = (i, step.width)
+            if step.kind == "struct" and step.nested is not None:
+                out.update(step.nested.slots(i, f"{prefix}{step.name}."))
+            i += step.width
+        return out
+
     def pack(self, value: dict[str, Any]) -> bytes:
         """Build the bytes of a nested dict of this layout."""
         flat: list = []

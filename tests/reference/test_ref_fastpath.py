@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from ggml_rpc.conformance.client import RpcClient
 from ggml_rpc.reference import make_config
-from ggml_rpc.reference.connection import Connection, _slots
+from ggml_rpc.reference.connection import Connection
 from ggml_rpc.spec import V6, V7, V7_0_1, Command, make_tensor
 from ggml_rpc.spec.layout import flat_layout
 from ggml_rpc.spec.messages import Shape
@@ -36,7 +36,7 @@ def _at(value: Any, path: str) -> Any:
 @pytest.mark.parametrize(("name", "schema"), _fixed_schemas(), ids=[n for n, _ in _fixed_schemas()])
 def test_slots_agree_with_the_nested_dict_on_random_bytes(name: str, schema: Any) -> None:
     layout = flat_layout(schema)
-    slots = _slots(layout)
+    slots = layout.slots()
     rng = random.Random(name)
     for _ in range(5):
         raw = rng.randbytes(layout.size)
