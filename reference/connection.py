@@ -66,7 +66,7 @@ class ServerConfig:
     concurrent: bool = False
     verbose: bool = False
     max_graph_bytes: int = DEFAULT_MAX_GRAPH_BYTES
-    #: Runs a rebuilt graph (None: ``ggml_rpc.reference.executor.execute``, imported when first needed).
+    #: Runs a rebuilt graph (None: the built-in executor, a plan ``prepare``d once per graph and run again).
     executor: Callable[[list[GraphTensor]], None] | None = None
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from ggml_rpc.spec import TYPES, GgmlOp, type_name
+from ggml_rpc.spec import GgmlOp, type_name
 
 from ..graph import ExecutorError, GraphTensor
 from .memory import BF16, F16, F32, PLAIN_DTYPES, Memory, node_error
@@ -157,10 +157,6 @@ def same_shape(node: GraphTensor, t: GraphTensor, what: str = "source 0") -> Non
         raise node_error(node, f"{what} shape differs from the result's")
 
 
-def nrows(t: GraphTensor) -> int:
-    return int(t.ne[1]) * int(t.ne[2]) * int(t.ne[3])
-
-
 def nelements(t: GraphTensor) -> int:
     return int(t.ne[0]) * int(t.ne[1]) * int(t.ne[2]) * int(t.ne[3])
 
@@ -185,8 +181,3 @@ def params_f32(node: GraphTensor) -> np.ndarray:
 
 def params_i32(node: GraphTensor) -> np.ndarray:
     return np.asarray(node.op_params, dtype=np.int32)
-
-
-def is_quantized(type_id: int) -> bool:
-    info = TYPES.get(type_id)
-    return info is not None and info.blck > 1
