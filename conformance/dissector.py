@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from construct import Array, Bytes, Construct, FormatField, Renamed, Struct
-from construct.expr import Path
-from ggml_rpc.spec import codec
+from construct import Construct, Struct
+from ggml_rpc.spec import codec, schema_walk
 from ggml_rpc.spec.enums import NEVER_ON_WIRE, TYPES, Command, GgmlOp, GluOp, TensorFlag, UnaryOp
 from ggml_rpc.spec.facts import DEFAULT_PORT
 from ggml_rpc.spec.messages import GRAPH_MIN_SIZE, Payload, Shape
@@ -43,11 +42,8 @@ GRAPH_REASSEMBLE_MAX = 64 << 20
 HEX_FIELDS = frozenset({"id", "buffer", "src", "view_src", "data", "remote_ptr", "base_ptr", "nodes", "hash"})
 STRING_FIELDS = frozenset({"name"})
 
-_FMT_KINDS = {"B": "u8", "H": "u16", "I": "u32", "L": "u32", "Q": "u64", "b": "i8", "h": "i16", "i": "i32",
-              "l": "i32", "q": "i64"}
 _LUA_FIELD_TYPES = {"u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64", "i8": "int8", "i16": "int16",
                     "i32": "int32", "i64": "int64", "bytes": "bytes", "string": "string"}
-_SIZES = {"u8": 1, "u16": 2, "u32": 4, "u64": 8, "i8": 1, "i16": 2, "i32": 4, "i64": 8}
 
 
 class GeneratorError(Exception):
@@ -68,15 +64,6 @@ def lua_str(text: str) -> str:
             out.append(ch)
     out.append('"')
     return "".join(out)
-
-
-def _unwrap(sub: Construct) -> tuple[Construct, str]:
-    """The inner construct of a (possibly doc-annotated) field and its doc string."""
-    doc = ""
-    while isinstance(sub, Renamed):
-        doc = doc or (sub.docs or "")
-        sub = sub.subcon
-    return sub, doc
 
 
 @dataclass
@@ -170,20 +157,25 @@ class _Builder:
         name = sub.name
         if not name:
             raise GeneratorError("every field of a payload Struct needs a name")
-        inner, doc = _unwrap(sub)
+        try:
+            info = schema_walk.classify(sub)
+        except TypeError as e:
+            raise GeneratorError(f"field {name}: {e}") from e
         count: int | None = None
         count_from: str | None = None
-        if isinstance(inner, Array):
-            if isinstance(inner.count, int):
-                count = inner.count
-            elif isinstance(inner.count, Path) and vars(inner.count).get("_Path__name") == "this":
-                count_from = vars(inner.count)["_Path__field"]
+        if info.kind in ("array", "struct_array"):
+            if info.variable:
+                count_from = str(info.count)
             else:
-                raise GeneratorError(f"array {name}: count must be a number or this.<field>")
-            inner, inner_doc = _unwrap(inner.subcon)
-            doc = doc or inner_doc
+                count = int(info.count)
+            if not info.doc:
+                # The doc may sit on the element rather than on the array.
+                _, elem_doc = schema_walk.unwrap(info.sub.subcon)
+                info = replace(info, doc=elem_doc)
+        doc = info.doc
         abbr_base = f"{PROTO_NAME}.{prefix + '.' if prefix else ''}{name}"
-        if isinstance(inner, Struct):
+        if info.struct is not None:
+            inner = info.struct
             sub_prefix = STRUCT_PREFIXES.get(id(inner), name)
             index = self.layout(inner, sub_prefix)
             # The subtree field describes the Struct itself (its own doc), not one use of it.
@@ -193,20 +185,14 @@ class _Builder:
             if size is None:
                 raise GeneratorError(f"nested Struct {name} must have a fixed size")
             return _Elem(name, "struct", size, f, count, count_from, index)
-        if isinstance(inner, FormatField):
-            if inner.fmtstr[0] not in "<=":
-                raise GeneratorError(f"field {name}: only little-endian fields are supported")
-            kind = _FMT_KINDS.get(inner.fmtstr[1:])
-            if kind is None:
-                raise GeneratorError(f"field {name}: no Lua field type for format {inner.fmtstr!r}")
-            values = self.value_fields.get(abbr_base)
-            f = self.add_field(abbr_base, name, kind, doc, values)
-            return _Elem(name, kind, _SIZES[kind], f, count, count_from, values=values)
-        if isinstance(inner, Bytes) and isinstance(inner.length, int):
+        if info.kind == "bytes":
             kind = "string" if name in STRING_FIELDS else "bytes"
             f = self.add_field(abbr_base, name, kind, doc)
-            return _Elem(name, kind, inner.length, f, count, count_from)
-        raise GeneratorError(f"field {name}: no dissector rule for {type(inner).__name__}")
+            return _Elem(name, kind, info.length, f, count, count_from)
+        kind = schema_walk.int_label(info.fmt)
+        values = self.value_fields.get(abbr_base)
+        f = self.add_field(abbr_base, name, kind, doc, values)
+        return _Elem(name, kind, schema_walk.element_size(info), f, count, count_from, values=values)
 
 
 #: Fields that make a Struct a tensor description: shown with its name, shape, nbytes and sub-op names.
