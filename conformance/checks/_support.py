@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ggml_rpc.conformance.client import ConnectionClosed, RpcClient
 from ggml_rpc.conformance.harness import Category, Check, CheckFailed, Context, Level, hexdump
-from ggml_rpc.spec import Command, GgmlType, Protocol, encode_request, make_tensor
+from ggml_rpc.spec import V6, Command, GgmlType, Protocol, encode_request, make_tensor
 from ggml_rpc.spec.codec import REPLY_HEADER, REQUEST_HEADER
 
 #: Every check in definition order; the catalogue module freezes it.
@@ -121,6 +121,8 @@ def request_bytes(protocol: Protocol, command: Command, fields: dict | None = No
 #: DEVICE_COUNT: the probe sent after a request that should have closed the connection.  A server that wrongly
 #: kept the connection open answers it at once, so the check does not have to wait for a timeout.
 PROBE = raw_request(Command.DEVICE_COUNT, b"")
+#: The probe's reply body size (DEVICE_COUNT is the same in every version).
+PROBE_REPLY_SIZE = V6.spec(Command.DEVICE_COUNT).reply.header_size
 
 
 #: A peer that keeps talking is cut off after this much evidence.
@@ -191,10 +193,11 @@ def expect_open(ctx: Context, client: RpcClient, sent: bytes, rule: str) -> None
         raise fail(f"{rule}: the server closed the connection", sent=hexdump(sent, 48),
                    expected="connection open", got=str(exc)) from None
     (size,) = REPLY_HEADER.unpack(header)
-    if size != 4:
+    if size != PROBE_REPLY_SIZE:
         raise fail(f"{rule}: unexpected bytes before the next reply", sent=hexdump(sent, 48),
-                   expected="DEVICE_COUNT reply header 04 00 00 00 00 00 00 00", got=hexdump(header))
-    body = bytearray(4)
+                   expected="DEVICE_COUNT reply header " + hexdump(REPLY_HEADER.pack(PROBE_REPLY_SIZE)),
+                   got=hexdump(header))
+    body = bytearray(PROBE_REPLY_SIZE)
     client._recv_into(memoryview(body))
 
 
@@ -216,11 +219,12 @@ def recv_upto(sock: socket.socket, n: int, timeout: float) -> bytes:
 def expect_silence_then_reply(ctx: Context, client: RpcClient, sent: bytes, what: str) -> None:
     """A no-reply command ``sent`` must produce no bytes: the next reply-bearing command's reply comes first."""
     client.send_raw(PROBE)
-    got = recv_upto(client.sock, 12, ctx.timeout)
-    want = REPLY_HEADER.pack(4)
-    if len(got) != 12 or got[:8] != want:
+    want = REPLY_HEADER.pack(PROBE_REPLY_SIZE)
+    got = recv_upto(client.sock, len(want) + PROBE_REPLY_SIZE, ctx.timeout)
+    if len(got) != len(want) + PROBE_REPLY_SIZE or got[: len(want)] != want:
         raise fail(f"{what} has no reply, but other bytes arrived where the next command's reply belongs",
-                   sent=hexdump(sent, 48), expected="only the DEVICE_COUNT reply: " + hexdump(want) + " + 4 bytes",
+                   sent=hexdump(sent, 48),
+                   expected=f"only the DEVICE_COUNT reply: {hexdump(want)} + {PROBE_REPLY_SIZE} bytes",
                    got=hexdump(got))
     client.sock.settimeout(ctx.timeout)
 
