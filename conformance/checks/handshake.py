@@ -13,28 +13,33 @@ from ggml_rpc.conformance.checks._support import (
 from ggml_rpc.conformance.checks._support import check as _check
 from ggml_rpc.conformance.harness import Category, Context, Level, Unsupported, hexdump
 from ggml_rpc.spec import CONN_CAPS_SIZE, V6, Command, encode_request
-from ggml_rpc.spec.codec import REPLY_HEADER
+from ggml_rpc.spec.codec import REPLY_HEADER, REPLY_HEADER_SIZE
+from ggml_rpc.spec.layout import flat_layout
 
 HS = Category.HANDSHAKE
 HELLO_REQUEST = encode_request(V6, Command.HELLO, {"conn_caps": bytes(CONN_CAPS_SIZE)})
-HELLO_REPLY_SIZE = 28
+#: HELLO is the same in every version: its reply layout (and size) come from the v6 table.
+_HELLO_REPLY = V6.spec(Command.HELLO).reply
+HELLO_REPLY_SIZE = _HELLO_REPLY.header_size
+_HELLO_LAYOUT = flat_layout(_HELLO_REPLY.schema)
 
 
 def _raw_hello(ctx: Context) -> bytes:
     """The complete HELLO reply bytes (header included), read without interpreting them."""
     client = ctx.connect(hello=False)
     client.send_raw(HELLO_REQUEST)
-    got = recv_upto(client.sock, 8 + HELLO_REPLY_SIZE, ctx.timeout)
+    whole = REPLY_HEADER_SIZE + HELLO_REPLY_SIZE
+    got = recv_upto(client.sock, whole, ctx.timeout)
     client.close()  # servers may serve one connection at a time: leave room for the next one
-    if len(got) >= 8:
-        (size,) = REPLY_HEADER.unpack(got[:8])
+    if len(got) >= REPLY_HEADER_SIZE:
+        (size,) = REPLY_HEADER.unpack(got[:REPLY_HEADER_SIZE])
         if size != HELLO_REPLY_SIZE:
-            raise fail("HELLO reply size header is not 28", sent=hexdump(HELLO_REQUEST),
+            raise fail(f"HELLO reply size header is not {HELLO_REPLY_SIZE}", sent=hexdump(HELLO_REQUEST),
                        expected=hexdump(REPLY_HEADER.pack(HELLO_REPLY_SIZE)), got=hexdump(got))
-    if len(got) != 8 + HELLO_REPLY_SIZE:
-        raise fail("HELLO reply is incomplete", sent=hexdump(HELLO_REQUEST), expected="36 bytes (8 + 28)",
-                   got=hexdump(got))
-    return got[8:]
+    if len(got) != whole:
+        raise fail("HELLO reply is incomplete", sent=hexdump(HELLO_REQUEST),
+                   expected=f"{whole} bytes ({REPLY_HEADER_SIZE} + {HELLO_REPLY_SIZE})", got=hexdump(got))
+    return got[REPLY_HEADER_SIZE:]
 
 
 @_check("HELLO-001", "HELLO is answered with a 28-byte reply (size header 28)", HS, section=Command.HELLO,
@@ -49,7 +54,8 @@ def hello_reply_size(ctx: Context) -> str:
         section=Command.HELLO, any_version=True)
 def hello_version(ctx: Context) -> str:
     body = _raw_hello(ctx)
-    version = (body[0], body[1], body[2])
+    fields = _HELLO_LAYOUT.unpack(body)
+    version = (fields["major"], fields["minor"], fields["patch"])
     label = ".".join(map(str, version))
     want = ctx.runner.expect
     ctx.note("version", got=f"{label} ({ctx.info.verdict})")
@@ -63,19 +69,18 @@ def hello_version(ctx: Context) -> str:
 
 @_check("HELLO-003", "HELLO reply pad byte is 0", HS, section=Command.HELLO, any_version=True)
 def hello_pad(ctx: Context) -> None:
-    body = _raw_hello(ctx)
-    if body[3] != 0:
-        raise fail("pad byte (offset 3 of the HELLO reply) is not 0", expected="00", got=f"{body[3]:02x}",
-                   sent=hexdump(HELLO_REQUEST))
+    pad = _HELLO_LAYOUT.unpack(_raw_hello(ctx))["pad"]
+    if pad != 0:
+        raise fail("pad byte of the HELLO reply is not 0", expected="00", got=f"{pad:02x}", sent=hexdump(HELLO_REQUEST))
 
 
 @_check("HELLO-004", "HELLO reply caps are all zero over plain TCP (keeps the client on TCP)", HS, level=Level.SHOULD,
         section=Command.HELLO, any_version=True)
 def hello_caps(ctx: Context) -> None:
-    body = _raw_hello(ctx)
-    if any(body[4:]):
+    caps = _HELLO_LAYOUT.unpack(_raw_hello(ctx))["conn_caps"]
+    if any(caps):
         raise fail("conn_caps of the HELLO reply are not all zero although the client sent zero caps",
-                   expected="24 zero bytes", got=hexdump(body[4:]))
+                   expected=f"{CONN_CAPS_SIZE} zero bytes", got=hexdump(caps))
 
 
 @_check("HELLO-005", "every connection announces the same version", HS, section=Command.HELLO, any_version=True)
