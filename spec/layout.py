@@ -18,38 +18,25 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from construct import Array, Bytes, Construct, FormatField, Renamed, Struct
+from construct import Construct, Struct
 
-
-def _unwrap(sub: Construct) -> Construct:
-    while isinstance(sub, Renamed):
-        sub = sub.subcon
-    return sub
+from .schema_walk import classify, unwrap
 
 
 def _field_kind(sub: Construct) -> tuple[str, Any]:
     """Classify one sub-construct: ('scalar', fmtchar) | ('array', (count, fmtchar)) | ('bytes', n) | ('struct', s)."""
-    sub = _unwrap(sub)
-    if isinstance(sub, FormatField):
-        if sub.fmtstr[0] not in "<=":
-            raise TypeError(f"only little-endian fields are supported, got {sub.fmtstr!r}")
-        return "scalar", sub.fmtstr[1:]
-    if isinstance(sub, Array):
-        inner = _unwrap(sub.subcon)
-        if not isinstance(sub.count, int):
-            raise TypeError("only fixed-count arrays have a flat layout")
-        if isinstance(inner, Struct):
-            return "struct_array", (sub.count, inner)
-        if not isinstance(inner, FormatField):
-            raise TypeError("only arrays of scalars or Structs have a flat layout")
-        return "array", (sub.count, inner.fmtstr[1:])
-    if isinstance(sub, Bytes):
-        if not isinstance(sub.length, int):
-            raise TypeError("only fixed-length Bytes have a flat layout")
-        return "bytes", sub.length
-    if isinstance(sub, Struct):
-        return "struct", sub
-    raise TypeError(f"no flat layout for {type(sub).__name__}")
+    info = classify(sub)
+    if info.variable:
+        raise TypeError("only fixed-count arrays have a flat layout")
+    if info.kind == "int":
+        return "scalar", info.fmt
+    if info.kind == "array":
+        return "array", (info.count, info.fmt)
+    if info.kind == "bytes":
+        return "bytes", info.length
+    if info.kind == "struct_array":
+        return "struct_array", (info.count, info.struct)
+    return "struct", info.struct
 
 
 @dataclass(frozen=True)
@@ -202,7 +189,7 @@ def numpy_dtype(schema: Struct) -> np.dtype:
         names.append(sub.name)
         formats.append(fmt)
         offsets.append(offset)
-        offset += _unwrap(sub).sizeof()
+        offset += unwrap(sub)[0].sizeof()
     dt = np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": offset})
     if dt.itemsize != schema.sizeof():
         raise AssertionError("derived dtype size disagrees with construct")
