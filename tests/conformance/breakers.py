@@ -87,26 +87,22 @@ def data_len(msg: Msg) -> int:
     return len(msg.data) if msg.data is not None else 0
 
 
-def set_region_outside(conn: Conn, msg: Msg) -> bool:
-    if msg.cmd != C.SET_TENSOR or msg.fields is None:
-        return False
-    t = msg.fields["tensor"]
+def _span_outside(conn: Conn, fields: dict, length: int) -> bool:
+    """``length`` bytes at the tensor's data + offset leave its (known) buffer."""
+    t = fields["tensor"]
     r = region(conn, t)
     if r is None:
         return False
-    start = t["data"] + msg.fields["offset"]
-    return start < r[0] or start >= r[1] or data_len(msg) > r[1] - start
+    start = t["data"] + fields["offset"]
+    return start < r[0] or start >= r[1] or length > r[1] - start
+
+
+def set_region_outside(conn: Conn, msg: Msg) -> bool:
+    return msg.cmd == C.SET_TENSOR and msg.fields is not None and _span_outside(conn, msg.fields, data_len(msg))
 
 
 def get_region_outside(conn: Conn, msg: Msg) -> bool:
-    if msg.cmd != C.GET_TENSOR or msg.fields is None:
-        return False
-    t = msg.fields["tensor"]
-    r = region(conn, t)
-    if r is None:
-        return False
-    start = t["data"] + msg.fields["offset"]
-    return start < r[0] or start >= r[1] or msg.fields["size"] > r[1] - start
+    return msg.cmd == C.GET_TENSOR and msg.fields is not None and _span_outside(conn, msg.fields, msg.fields["size"])
 
 
 def graph_counts(msg: Msg) -> tuple[int, int] | None:
