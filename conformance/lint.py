@@ -35,7 +35,8 @@ from ggml_rpc.spec import (
     tensor_nbytes,
 )
 from ggml_rpc.spec.layout import flat_layout
-from ggml_rpc.spec.versions import PROTOCOLS
+from ggml_rpc.spec.messages import Payload, Shape
+from ggml_rpc.spec.versions import PROTOCOLS, CommandSpec
 
 from .capture import read_connections
 from .session import DecodedConnection, decode_connection
@@ -69,6 +70,22 @@ class Violation:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def reply_size(spec: CommandSpec, fields: Mapping[str, Any]) -> int:
+    """The payload size of the reply to a request with ``fields`` (``spec`` must have a reply): a raw reply is as
+    long as the request field its payload names (GET_TENSOR's ``size``), any other its layout's header."""
+    reply = spec.reply
+    assert isinstance(reply, Payload)
+    if reply.shape is Shape.RAW:
+        return int(fields[reply.length_from or "size"])
+    return reply.header_size
+
+
+def shifted_framing_message(protocol: Protocol, other: Protocol) -> str:
+    """The FRAMING violation text for :func:`shifted_framing`'s finding (offline and live checks say the same)."""
+    return (f"ends one byte short of its tensor in the {protocol.label} layout and fills it exactly in the "
+            f"{other.label} one: probably {other.label} framing")
 
 
 def _same_tensor(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
@@ -227,8 +244,7 @@ def lint_connection(dc: DecodedConnection) -> list[Violation]:
             other = shifted_framing(dc.protocol, msg.raw)
             if other is not None:
                 out.append(Violation("FRAMING", dc.conn.index, msg.index, "client->server", "SET_TENSOR",
-                                     f"ends one byte short of its tensor in the {dc.protocol.label} layout and "
-                                     f"fills it exactly in the {other.label} one: probably {other.label} framing"))
+                                     shifted_framing_message(dc.protocol, other)))
                 continue
         if tracker is not None:
             data = msg.data
@@ -257,4 +273,4 @@ def summarize(violations: Iterable[Violation]) -> dict[str, int]:
 
 
 __all__ = ["RULES", "CacheFlagTracker", "ProtocolError", "Violation", "lint_connection", "lint_file",
-           "other_framing", "shifted_framing", "summarize"]
+           "other_framing", "reply_size", "shifted_framing", "shifted_framing_message", "summarize"]

@@ -48,7 +48,7 @@ from ggml_rpc.spec.codec import REPLY_HEADER, REQUEST_HEADER
 from ggml_rpc.spec.messages import Shape
 from ggml_rpc.spec.versions import PROTOCOLS
 
-from .lint import CacheFlagTracker, Violation, other_framing, shifted_framing
+from .lint import CacheFlagTracker, Violation, other_framing, reply_size, shifted_framing, shifted_framing_message
 from .pcapwrite import PcapWriter, TcpFlow
 
 #: Bytes read from a socket at a time.
@@ -235,8 +235,7 @@ class _Checker:
             self._rq_flagged = []  # the cache-flag rule needs this payload's hash
         command = Command(cmd)
         if spec.has_reply:
-            expected = int(fields["size"]) if command is Command.GET_TENSOR else spec.reply.header_size  # type: ignore[union-attr]
-            self._pending.append((Request(command, fields, None, size, 0, index), expected))
+            self._pending.append((Request(command, fields, None, size, 0, index), reply_size(spec, fields)))
 
     def _finish_request(self) -> None:
         assert self._rq is not None
@@ -291,8 +290,7 @@ class _Checker:
         if f["offset"] + n == nbytes - 1:
             other = shifted_framing(self.protocol, head, total)
             if other is not None:
-                return "FRAMING", (f"ends one byte short of its tensor in the {self.protocol.label} layout and "
-                                   f"fills it exactly in the {other.label} one: probably {other.label} framing")
+                return "FRAMING", shifted_framing_message(self.protocol, other)
         return None
 
     # ---- replies -----------------------------------------------------------------------------------------------

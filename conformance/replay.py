@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 from ggml_rpc.spec import (
+    REPLY_HEADER_SIZE,
     Command,
     GgmlType,
     Protocol,
@@ -48,6 +49,7 @@ from ggml_rpc.spec import (
 from ggml_rpc.spec.layout import flat_layout
 
 from .client import ConnectionClosed, RpcClient
+from .lint import reply_size
 from .session import DecodedConnection, decode_file
 
 #: Default tolerance for computed reads (normalised mean squared error, as ggml's backend tests use).
@@ -404,7 +406,7 @@ class Replayer:
                         written.clear()
                     if not spec.has_reply:
                         continue
-                    expected_size = self._reply_size(cmd, req)
+                    expected_size = reply_size(spec, req.fields)
                     if rec is None:
                         self.report.compared["close"] += 1
                         if not client.expect_closed(timeout=min(self.timeout, 5.0)):
@@ -425,7 +427,7 @@ class Replayer:
                 except ProtocolError as exc:  # a size header no reply of this command can have (not an RPC server?)
                     self._mismatch(path, dc, req, "exact", f"a {expected_size}-byte reply", str(exc))
                     return
-                self.report.bytes_received += 8 + len(body)
+                self.report.bytes_received += REPLY_HEADER_SIZE + len(body)
                 if len(body) != expected_size:
                     self._mismatch(path, dc, req, "exact", f"a {expected_size}-byte reply", f"{len(body)} bytes")
                     return
@@ -473,13 +475,6 @@ class Replayer:
         """The cache flag of a SET_TENSOR in the target's layout (0 where the layout has none)."""
         name = self.target.cache_rule.flag_field
         return int(fields.get(name, 0)) if name else 0
-
-    def _reply_size(self, cmd: Command, req: Request) -> int:
-        spec = self.target.spec(cmd)
-        assert spec is not None and spec.reply
-        if cmd is Command.GET_TENSOR:
-            return int(req.fields["size"])
-        return spec.reply.header_size  # type: ignore[union-attr]
 
     def _set_tensor_fields(self, fields: dict[str, Any], last_miss: Request | None, req: Request,
                            dc_protocol: Protocol | None) -> dict[str, Any]:
