@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from ggml_rpc.conformance import capture
+from ggml_rpc.conformance.benchmark import samples
 from ggml_rpc.conformance.session import decode_connection
 from ggml_rpc.spec import TENSOR_DTYPE, V7, Command, RequestDecoder, encode_request
 
@@ -26,15 +25,6 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CAPTURE = ROOT.parent / "shared" / "real-captures" / "v7-v7-gen-cold.pcap"
 CAPTURE_TARGET_MBPS = 500.0
 GRAPH_TARGET_MS = 10.0
-
-
-def timed(fn: Callable[[], object], repeat: int) -> list[float]:
-    out = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
 
 
 def decode_capture(path: Path) -> int:
@@ -51,7 +41,7 @@ def decode_capture(path: Path) -> int:
 def bench_capture(path: Path, repeat: int) -> tuple[float, float]:
     size = path.stat().st_size
     messages = decode_capture(path)
-    times = timed(lambda: decode_capture(path), repeat)
+    times = samples(lambda: decode_capture(path), repeat)
     best, median = min(times), statistics.median(times)
     print(f"capture {path.name}: {size / 1e6:.1f} MB, {messages} messages")
     print(f"  end to end (fast path): best {best * 1e3:.1f} ms = {size / best / 1e6:.0f} MB/s, "
@@ -60,15 +50,15 @@ def bench_capture(path: Path, repeat: int) -> tuple[float, float]:
     fast = capture._fast_segments
     capture._fast_segments = lambda data, notes: None  # force the dpkt reader for comparison
     try:
-        slow = timed(lambda: decode_capture(path), max(3, repeat // 3))
+        slow = samples(lambda: decode_capture(path), max(3, repeat // 3))
     finally:
         capture._fast_segments = fast
     print(f"  end to end (dpkt path): median {statistics.median(slow) * 1e3:.1f} ms = "
           f"{size / statistics.median(slow) / 1e6:.0f} MB/s; fast path is {statistics.median(slow) / median:.1f}x")
 
     conns = capture.read_connections(path)
-    decode_only = timed(lambda: [decode_connection(c) for c in conns], repeat)
-    read_only = timed(lambda: capture.read_connections(path), repeat)
+    decode_only = samples(lambda: [decode_connection(c) for c in conns], repeat)
+    read_only = samples(lambda: capture.read_connections(path), repeat)
     print(f"  split (medians): read+reassemble {statistics.median(read_only) * 1e3:.1f} ms, "
           f"decode {statistics.median(decode_only) * 1e3:.1f} ms")
     return size / best / 1e6, size / median / 1e6
@@ -97,8 +87,8 @@ def bench_graph(n_tensors: int, repeat: int) -> float:
         (req,) = RequestDecoder(V7, expect_hello=False, validate=validate).feed(wire)
         assert req.fields["n_tensors"] == n_tensors
 
-    checked = timed(lambda: decode(True), repeat)
-    framed = timed(lambda: decode(False), repeat)
+    checked = samples(lambda: decode(True), repeat)
+    framed = samples(lambda: decode(False), repeat)
     print(f"GRAPH_COMPUTE of {n_tensors} tensors ({len(wire) / 1e6:.2f} MB):")
     print(f"  decode + checks: best {min(checked) * 1e3:.3f} ms, median {statistics.median(checked) * 1e3:.3f} ms "
           f"(target <= {GRAPH_TARGET_MS:.0f} ms); decode only: median {statistics.median(framed) * 1e3:.3f} ms")

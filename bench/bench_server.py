@@ -16,11 +16,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+from ggml_rpc.conformance.benchmark import samples
 from ggml_rpc.conformance.client import RpcClient
 from ggml_rpc.reference.graph import build_graph
 from ggml_rpc.spec import TENSOR_DTYPE, Command, GgmlOp, encode_request, make_tensor, request_parts
@@ -62,15 +62,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def timed(fn: Callable[[], object], repeat: int) -> list[float]:
-    out = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
-
-
 def bench_bulk(port: int, pid: int, size: int, repeat: int) -> tuple[float, float, float, float]:
     """Wall-clock GB/s of SET and GET, and GB per server CPU second for each (what one idle core would give)."""
     with RpcClient.connect("127.0.0.1", port, timeout=120) as c:
@@ -89,9 +80,9 @@ def bench_bulk(port: int, pid: int, size: int, repeat: int) -> tuple[float, floa
 
         set_once()  # first touch of the buffer's pages is not what is measured
         cpu0 = cpu_seconds(pid)
-        set_times = timed(set_once, repeat)
+        set_times = samples(set_once, repeat)
         cpu1 = cpu_seconds(pid)
-        get_times = timed(get_once, repeat)
+        get_times = samples(get_once, repeat)
         cpu2 = cpu_seconds(pid)
         assert np.array_equal(out, data)
         c.free_buffer(handle)
@@ -165,7 +156,7 @@ def bench_small_tensors(port: int, pid: int, n: int, size: int = 4096) -> dict[s
         for name, fn in (("set", sets), ("get", gets)):
             fn()
             cpu0 = cpu_seconds(pid)
-            times = timed(fn, 3)
+            times = samples(fn, 3)
             out[name] = (n / min(times), (cpu_seconds(pid) - cpu0) / (3 * n) * 1e6)
         assert reply[8:] == payload
     return out
@@ -288,7 +279,7 @@ def bench_graph_build(n: int, repeat: int) -> tuple[float, float, float, float]:
     from ggml_rpc.reference.executor import prepare
 
     nodes, arr, buffers = synthetic_graph(n)
-    wall = statistics.median(timed(lambda: build_graph(nodes, arr, buffers), repeat))
+    wall = statistics.median(samples(lambda: build_graph(nodes, arr, buffers), repeat))
     graph = build_graph(nodes, arr, buffers)
     plan = prepare(graph.nodes)
     cpu: dict[str, list[float]] = {"build": [], "prepare": [], "run": []}
@@ -333,7 +324,7 @@ def bench_graph_round_trip(port: int, pid: int, n: int, repeat: int) -> dict[str
             fn()
             runs = max(repeat, 20)  # server CPU is read in clock ticks: enough exchanges to resolve milliseconds
             cpu0 = cpu_seconds(pid)
-            wall = statistics.median(timed(fn, runs))
+            wall = statistics.median(samples(fn, runs))
             out[name] = (wall, (cpu_seconds(pid) - cpu0) / runs)
         return out
 

@@ -213,6 +213,11 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
+def samples(fn: Callable[[], object], repeat: int) -> list[float]:
+    """Seconds each of ``repeat`` calls of ``fn`` takes."""
+    return [timed(fn) for _ in range(repeat)]
+
+
 def machine() -> dict[str, Any]:
     """Where the figures were taken (kept in the JSON record)."""
     try:
