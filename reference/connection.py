@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -278,8 +277,9 @@ class Connection:
         if not first:
             raise PeerGone("client closed the connection before HELLO")
         if first[0] != Command.HELLO:
-            raise Close(f"first command is {first[0]}, not HELLO (14){_upstream('close, Expected HELLO command')}")
-        (size,) = struct.unpack("<Q", self._read(8))
+            raise Close(f"first command is {first[0]}, not HELLO ({int(Command.HELLO)})"
+                        f"{_upstream('close, Expected HELLO command')}")
+        _, size = REQUEST_HEADER.unpack(first + self._read(REQUEST_HEADER_SIZE - 1))
         expected = self.protocol.commands[Command.HELLO].request.header_size
         if size != expected:
             raise Close(f"HELLO size {size}, not {expected}{_upstream('close')}")
@@ -294,7 +294,8 @@ class Connection:
         if len(header) != REQUEST_HEADER_SIZE:
             if not header:
                 raise PeerGone("client closed the connection")
-            raise PeerGone(f"client closed the connection inside a request header ({len(header)} of 9 bytes)")
+            raise PeerGone(f"client closed the connection inside a request header ({len(header)} of "
+                           f"{REQUEST_HEADER_SIZE} bytes)")
         cmd, size = REQUEST_HEADER.unpack(header)
         self.commands += 1
         entry = self._dispatch.get(cmd)
