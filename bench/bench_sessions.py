@@ -34,9 +34,11 @@ from ggml_rpc.conformance.pcapwrite import PcapWriter
 from ggml_rpc.conformance.replay import LoadedCapture, Relocator, Replayer, load_captures
 from ggml_rpc.conformance.session import DecodedConnection
 from ggml_rpc.spec import (
+    CONN_CAPS_SIZE,
     TENSOR_DTYPE,
     V7,
     Command,
+    GgmlType,
     Reply,
     ReplyDecoder,
     Request,
@@ -117,7 +119,7 @@ def replay_session(total: int) -> DecodedConnection:
     """HELLO, ALLOC, BASE, SET_TENSORs of 64 MiB adding up to ``total``, one read back; decoded from chunks."""
     data = memoryview(np.random.default_rng(2).integers(0, 256, CHUNK, dtype=np.uint8).tobytes())
     handle, base = 0x5555_0000, 0x7F00_0000_0000
-    t = make_tensor(id=1, type=24, ne=(CHUNK,), buffer=handle, data=base, name="bulk")
+    t = make_tensor(id=1, type=int(GgmlType.I8), ne=(CHUNK,), buffer=handle, data=base, name="bulk")
     reqs = RequestDecoder()
     reps = ReplyDecoder()
     out = DecodedConnection(Connection(0, ("127.0.0.1", 40000), ("127.0.0.1", 50052), 0.0, saw_syn=True), V7)
@@ -136,7 +138,7 @@ def replay_session(total: int) -> DecodedConnection:
             assert rep is not None
             out.replies.append(rep)
 
-    request(Command.HELLO, {"conn_caps": bytes(24)}, reply=hello_reply(V7.version))
+    request(Command.HELLO, {"conn_caps": bytes(CONN_CAPS_SIZE)}, reply=hello_reply(V7.version))
     reps.protocol = reqs.protocol = V7
     request(Command.ALLOC_BUFFER, {"device": 0, "size": CHUNK}, reply={"remote_ptr": handle, "remote_size": CHUNK})
     request(Command.BUFFER_GET_BASE, {"remote_ptr": handle}, reply={"base_ptr": base})
@@ -165,7 +167,7 @@ def bench_replay(mib: int, repeat: int) -> tuple[float, float]:
             t0 = time.perf_counter()
             with RpcClient.connect("127.0.0.1", port) as c:
                 h, _ = c.alloc_buffer(0, CHUNK)
-                t = make_tensor(id=1, type=24, ne=(CHUNK,), buffer=h, data=c.buffer_get_base(h))
+                t = make_tensor(id=1, type=int(GgmlType.I8), ne=(CHUNK,), buffer=h, data=c.buffer_get_base(h))
                 for _ in range(mib * MIB // CHUNK):
                     c.set_tensor(t, 0, data)
                 c.get_tensor(t, 0, CHUNK)
@@ -230,7 +232,7 @@ def transfer(port: int, data: memoryview) -> float:
     t0 = time.perf_counter()
     with RpcClient.connect("127.0.0.1", port) as c:
         h, _ = c.alloc_buffer(0, data.nbytes)
-        t = make_tensor(id=1, type=24, ne=(data.nbytes,), buffer=h, data=c.buffer_get_base(h))
+        t = make_tensor(id=1, type=int(GgmlType.I8), ne=(data.nbytes,), buffer=h, data=c.buffer_get_base(h))
         c.set_tensor(t, 0, data)
         out = bytearray(data.nbytes)
         c.get_tensor_into(t, 0, memoryview(out))

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 from ggml_rpc.spec import (
+    CONN_CAPS_SIZE,
     V7,
     Command,
     GgmlOp,
@@ -254,15 +255,15 @@ def bad_input(s: Session) -> None:
 
     @case("HELLO of the wrong size", hello=False)
     def _(c: RpcClient) -> None:
-        _raw(c, int(Command.HELLO), bytes(28))
+        _raw(c, int(Command.HELLO), bytes(CONN_CAPS_SIZE + 4))
 
     @case("second HELLO")
     def _(c: RpcClient) -> None:
-        _raw(c, int(Command.HELLO), bytes(24))
+        _raw(c, int(Command.HELLO), bytes(CONN_CAPS_SIZE))
 
     @case("command 18 (NONE, never on the wire)")
     def _(c: RpcClient) -> None:
-        _raw(c, 18, b"")
+        _raw(c, int(Command.NONE), b"")
 
     @case("fixed-size request of the wrong size")
     def _(c: RpcClient) -> None:

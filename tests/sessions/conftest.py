@@ -7,9 +7,20 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from ggml_rpc.spec import V6, V7, Command, Protocol, encode_reply, encode_request, fnv1a64, hello_reply, make_tensor
+from ggml_rpc.spec import (
+    CONN_CAPS_SIZE,
+    V6,
+    V7,
+    Command,
+    Protocol,
+    encode_reply,
+    encode_request,
+    fnv1a64,
+    hello_reply,
+    make_tensor,
+)
 
-HELLO_REQ = {"conn_caps": bytes(24)}
+HELLO_REQ = {"conn_caps": bytes(CONN_CAPS_SIZE)}
 
 
 def hello(protocol: Protocol) -> list[tuple[bool, bytes]]:

@@ -14,7 +14,7 @@ from ggml_rpc.conformance.replay import replay
 from ggml_rpc.conformance.scenarios import Session, cache_flag_abuse, inference, model_load
 from ggml_rpc.conformance.session import decode_file
 from ggml_rpc.reference import running_server
-from ggml_rpc.spec import fnv1a64, make_tensor
+from ggml_rpc.spec import GgmlType, fnv1a64, make_tensor
 
 from .conftest import tshark_problems
 
@@ -46,7 +46,7 @@ def test_bulk_bytes_pass_unchanged_at_small_mss(tmp_path):
     with running_server("7") as srv, running_proxy(srv.address, pcap=pcap, mss=1460) as px:
         with RpcClient.connect(px.host, px.port) as c:
             handle, _ = c.alloc_buffer(0, len(data))
-            t = make_tensor(id=1, type=24, ne=(len(data),), buffer=handle, data=c.buffer_get_base(handle))
+            t = make_tensor(id=1, type=int(GgmlType.I8), ne=(len(data),), buffer=handle, data=c.buffer_get_base(handle))
             c.set_tensor(t, 0, data)
             assert bytes(c.get_tensor(t, 0, len(data))) == data
     assert px.stats.bytes_c2s > len(data) and px.stats.bytes_s2c > len(data)
@@ -118,7 +118,7 @@ def test_live_check_names_the_other_versions_framing(server_proto, client_layout
     with running_server(server_proto) as srv, running_proxy(srv.address, check=True, on_violation=seen.append) as px:
         with RpcClient.connect(px.host, px.port) as c:
             handle, _ = c.alloc_buffer(0, 4096)
-            t = make_tensor(id=1, type=24, ne=(len(data),), buffer=handle, data=c.buffer_get_base(handle))
+            t = make_tensor(id=1, type=int(GgmlType.I8), ne=(len(data),), buffer=handle, data=c.buffer_get_base(handle))
             fields = {"tensor": t, "offset": 0}
             if layout.cache_rule.flag_field:
                 fields["cache_flag"] = 0
