@@ -23,9 +23,9 @@ from ggml_rpc.conformance.checks._support import (
 )
 from ggml_rpc.conformance.checks._support import check as _check
 from ggml_rpc.conformance.harness import Category, Context, Level
+from ggml_rpc.spec import V6, GgmlOp, TensorFlag, encode_request, make_tensor, null_tensor
 from ggml_rpc.spec import Command as C
-from ggml_rpc.spec import GgmlOp, TensorFlag, make_tensor, null_tensor
-from ggml_rpc.spec.codec import TENSOR_LAYOUT
+from ggml_rpc.spec.codec import REQUEST_HEADER_SIZE, TENSOR_LAYOUT
 from ggml_rpc.spec.tensor import GGML_MAX_SRC
 
 FR = Category.FRAMING
@@ -49,9 +49,8 @@ def add_graph(buf: Buf, *, device: int = 0, base_id: int = 0x100) -> tuple[list[
 
 
 def graph_bytes(device: int, nodes: list[int], tensors: list[dict]) -> bytes:
-    body = struct.pack("<II", device, len(nodes)) + b"".join(u64(n) for n in nodes)
-    body += u32(len(tensors)) + b"".join(_tbytes(t) for t in tensors)
-    return raw_request(C.GRAPH_COMPUTE, body)
+    """A GRAPH_COMPUTE request (laid out the same in every covered version)."""
+    return encode_request(V6, C.GRAPH_COMPUTE, {"device": device, "nodes": nodes, "tensors": tensors})
 
 
 @_check("FRAME-001", "a command id at or above RPC_CMD_COUNT closes the connection", FR, section="enum-commands")
@@ -343,11 +342,8 @@ def graph_short_nodes(ctx: Context) -> None:
 def graph_short_tensors(ctx: Context) -> None:
     def build(buf: Buf) -> bytes:
         nodes, tensors = add_graph(buf)
-        whole = graph_bytes(0, nodes, tensors)
-        body = whole[9:]
-        body = body[: 12 + 8 * len(nodes)] + b"".join(_tbytes(t) for t in tensors[:2])
-        body = body[:8 + 8 * len(nodes)] + u32(3) + body[12 + 8 * len(nodes):]
-        return raw_request(C.GRAPH_COMPUTE, body)
+        payload = graph_bytes(0, nodes, tensors)[REQUEST_HEADER_SIZE:]
+        return raw_request(C.GRAPH_COMPUTE, payload[: -TENSOR_LAYOUT.size])  # the count still says 3
 
     bad_on_fresh(ctx, build, "GRAPH_COMPUTE claiming 3 tensors, carrying 2")
 
