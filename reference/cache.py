@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import secrets
 import threading
 from collections import OrderedDict
@@ -26,12 +25,19 @@ from ggml_rpc.spec import cache_file_name, fnv1a64
 
 log = logging.getLogger("ggml_rpc.reference")
 
-_ENTRY = re.compile(r"^[0-9a-f]{16}$")
 _TEMP_PREFIX = ".tmp-"
 # os.write moves at most about 2 GiB per call on Linux; chunks also keep the loop responsive.
 _WRITE_CHUNK = 64 << 20
 # Indirection so tests can make the disk fill up mid-write without touching os.write for the whole process.
 _write = os.write
+
+
+def _is_entry_name(name: str) -> bool:
+    """Whether ``name`` is exactly what the spec names some digest's entry (any other file is not ours)."""
+    try:
+        return cache_file_name(int(name, 16)) == name
+    except ValueError:
+        return False
 
 
 class HashCache:
@@ -59,7 +65,7 @@ class HashCache:
                     os.unlink(entry.path)
                 except OSError:
                     pass
-            elif _ENTRY.match(entry.name) and entry.is_file():
+            elif _is_entry_name(entry.name) and entry.is_file():
                 st = entry.stat()
                 found.append((st.st_mtime_ns, entry.name, st.st_size))
         for _mtime, name, size in sorted(found):

@@ -167,6 +167,19 @@ def test_stale_temporary_files_are_removed_at_start(tmp_path) -> None:
     assert cache.total_bytes == 64
 
 
+def test_files_not_named_as_entries_are_left_alone_and_not_counted(tmp_path) -> None:
+    keep = payload(64, 9)
+    name = cache_file_name(fnv1a64(keep))
+    (tmp_path / name).write_bytes(keep)
+    # Upper case, a prefix, one digit short or long, an extension: none is a name the spec gives an entry.
+    foreign = [name.upper(), "0x" + name[2:], name[1:], name + "0", name + ".bin"]
+    for other in foreign:
+        (tmp_path / other).write_bytes(b"not an entry")
+    cache = HashCache(tmp_path)
+    assert cache.total_bytes == 64
+    assert entries(tmp_path) == sorted([name, *foreign])
+
+
 def test_cache_is_shared_between_connections_of_a_concurrent_server(tmp_path) -> None:
     data = payload(4096, 14)
     with running_server("7", cache_dir=str(tmp_path), concurrent=True) as srv:
