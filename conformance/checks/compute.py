@@ -30,7 +30,6 @@ from ggml_rpc.spec import (
     tensor_nbytes,
     tensors_array,
 )
-from ggml_rpc.spec.tensor import GGML_MAX_SRC
 
 CO = Category.COMPUTE
 F32, F16, I32, Q8_0 = int(GgmlType.F32), int(GgmlType.F16), int(GgmlType.I32), int(GgmlType.Q8_0)
@@ -91,10 +90,13 @@ class GraphBuilder:
         self._id = 0x10
         self.ops: list[str] = []
 
-    def _place(self, type_id: int, ne: Sequence[int]) -> dict:
+    def _place(self, type_id: int, ne: Sequence[int], **fields: object) -> dict:
+        """A new tensor with its own aligned room in the buffer; ``fields`` go to ``make_tensor`` (which pads
+        ``src`` and ``op_params`` to their fixed counts)."""
         self._id += 1
         off = -(-self._offset // _ALIGN) * _ALIGN
-        t = make_tensor(id=self._id, type=type_id, ne=tuple(ne), buffer=self.buf.handle, data=self.buf.base + off)
+        t = make_tensor(id=self._id, type=type_id, ne=tuple(ne), buffer=self.buf.handle, data=self.buf.base + off,
+                        **fields)
         n = tensor_nbytes(t)
         if off + n > self.buf.size:
             raise ValueError("graph does not fit its buffer")
@@ -115,10 +117,8 @@ class GraphBuilder:
 
     def op(self, op: GgmlOp, srcs: Sequence[dict], ne: Sequence[int], *, type_id: int = F32,
            params: Sequence[int] = ()) -> dict:
-        t = self._place(type_id, ne)
-        ids = [s["id"] for s in srcs]
-        t.update(op=int(op), src=ids + [0] * (GGML_MAX_SRC - len(ids)), flags=int(TensorFlag.COMPUTE),
-                 op_params=list(params) + [0] * (16 - len(params)))
+        t = self._place(type_id, ne, op=int(op), src=[s["id"] for s in srcs], flags=int(TensorFlag.COMPUTE),
+                        op_params=list(params))
         self.tensors.append(t)
         self.nodes.append(t["id"])
         self.ops.append(op.name)
