@@ -100,6 +100,7 @@ class _Checker:
         self.lock = threading.Lock()
         self.requests = 0
         self.replies = 0
+        self._last_command: str | None = None  # the latest request's command: an unexpected reply answers it
         self.broken = {True: False, False: False}  # a direction that lost its framing is no longer decoded
         # request side
         self._rq_head = bytearray()
@@ -183,6 +184,7 @@ class _Checker:
     def _start_request(self, cmd: int, size: int) -> None:
         index = self.requests
         self.requests += 1
+        self._last_command = command_name(cmd)
         table = self.protocol or V6
         spec = table.spec(cmd)
         if spec is None or (self.protocol is None and cmd != Command.HELLO):
@@ -310,7 +312,7 @@ class _Checker:
                 (size,) = REPLY_HEADER.unpack(self._rp_head)
                 self._rp_head.clear()
                 if not self._pending:
-                    self._violation("NO-REPLY", self.requests - 1, False, None,
+                    self._violation("NO-REPLY", self.requests - 1, False, self._last_command,
                                     f"a {size}-byte reply while no request awaits one")
                     self.broken[False] = True
                     return pos
