@@ -438,7 +438,7 @@ BREAKERS: dict[str, Callable[[], Breaker]] = {
     "HELLO-004": lambda: _hello_field(4, 1),
     "HELLO-005": lambda: RewriteReply(C.HELLO, _hello_flaky),
     "HELLO-006": lambda: AcceptBad(lambda conn, msg: conn.hellos == 0 and msg.cmd != C.HELLO),
-    "HELLO-007": lambda: AcceptBad(lambda conn, msg: msg.cmd == C.HELLO and msg.size != 24),
+    "HELLO-007": lambda: AcceptBad(lambda conn, msg: msg.cmd == C.HELLO and _fixed_wrong_size(conn, msg)),
     "HELLO-008": lambda: AcceptBad(lambda conn, msg: msg.cmd == C.HELLO and conn.hellos >= 2),
     "HELLO-009": lambda: RewriteReply(C.DEVICE_COUNT, put("<I", 0)),
     # framing and bad input
