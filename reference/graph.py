@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 from ggml_rpc.spec import GGML_TYPE_COUNT, NATIVE_CALLBACK_OPS, TYPES, ggml_nbytes, op_name, type_name
+from ggml_rpc.spec.tensor import GGML_MAX_SRC
 
 
 @dataclass(slots=True, eq=False)
@@ -31,7 +32,7 @@ class GraphTensor:
     #: The 16 raw i32 op parameters (read floats with ``op_params.view(np.float32)``).
     op_params: np.ndarray
     flags: int
-    src: list[GraphTensor | None] = field(default_factory=lambda: [None] * 10)
+    src: list[GraphTensor | None] = field(default_factory=lambda: [None] * GGML_MAX_SRC)
     view_src: GraphTensor | None = None
     view_offs: int = 0
     #: Absolute address the client gave (0 when the tensor has no server memory).
@@ -289,8 +290,8 @@ def build_graph(node_ids: np.ndarray, tensors: np.ndarray, buffers: Mapping[int,
     n = len(tensors)
     ids = tensors["id"]
     nodes_u64 = np.asarray(node_ids, dtype=np.uint64)
-    # Every reference (10 src slots and view_src, slot 10) as an edge row -> target row.
-    refs = np.concatenate([tensors["src"], tensors["view_src"][:, None]], axis=1) if n else np.zeros((0, 11), "<u8")
+    # Every reference (the src slots, then view_src in the slot after them) as an edge row -> target row.
+    refs = np.concatenate([tensors["src"], tensors["view_src"][:, None]], axis=1)
     e_row, e_slot = np.nonzero(refs)
     e_id = refs[e_row, e_slot]
     both = _resolve(ids, np.concatenate([nodes_u64, e_id]))
@@ -351,10 +352,11 @@ def build_graph(node_ids: np.ndarray, tensors: np.ndarray, buffers: Mapping[int,
         )
         by_row = np.full(n + 1, None, dtype=object)  # row n stands for "no reference"
         by_row[sel] = built
-        targets = np.full((n, 11), n, dtype=np.intp)
+        targets = np.full((n, GGML_MAX_SRC + 1), n, dtype=np.intp)
         targets[e_row, e_slot] = e_tgt  # every target of a reached row is reached (and >= 0)
         linked = by_row[targets[sel]]
-        for t, sources, view_src in zip(built, linked[:, :10].tolist(), linked[:, 10].tolist(), strict=True):
+        srcs, view_srcs = linked[:, :GGML_MAX_SRC].tolist(), linked[:, GGML_MAX_SRC].tolist()
+        for t, sources, view_src in zip(built, srcs, view_srcs, strict=True):
             t.src = sources
             t.view_src = view_src
         nodes: list[GraphTensor] = by_row[node_rows].tolist()

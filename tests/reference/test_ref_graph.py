@@ -145,3 +145,11 @@ def test_nbytes_matches_the_spec(type_id) -> None:
     want = [ggml_nbytes(int(type_id), r["ne"].tolist(), r["nb"].tolist()) for r in arr]
     assert got == want
     assert saturated.tolist() == [min(x, 2**64 - 1) for x in want]
+
+
+def test_a_graph_without_tensors_builds_empty_or_names_the_missing_node() -> None:
+    none = np.zeros(0, dtype=TENSOR_DTYPE)
+    g = build_graph(np.zeros(0, dtype=np.uint64), none, {})
+    assert g.n_tensors == 0 and g.nodes == []
+    with pytest.raises(GraphError, match="node 0 id 0x5 is not among the graph's tensors"):
+        build_graph(np.array([5], dtype=np.uint64), none, {})
