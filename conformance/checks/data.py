@@ -20,7 +20,7 @@ from ggml_rpc.conformance.checks._support import check as _check
 from ggml_rpc.conformance.checks.framing import add_graph, graph_bytes
 from ggml_rpc.conformance.harness import Category, Context, Level, hexdump
 from ggml_rpc.spec import Command as C
-from ggml_rpc.spec import make_tensor, null_tensor
+from ggml_rpc.spec import make_tensor, null_tensor, tensor_nbytes
 from ggml_rpc.spec.tensor import GGML_MAX_SRC
 
 DA = Category.DATA
@@ -200,7 +200,7 @@ def alloc_size(ctx: Context) -> None:
     client = ctx.connect()
     buf = alloc(client, 4096)
     for t in (make_tensor(id=1, type=F32, ne=(64, 4)), buf.f32(0, (10, 3), id=2)):
-        nbytes = 4 * t["ne"][0] * t["ne"][1]
+        nbytes = tensor_nbytes(t)
         got = client.get_alloc_size(0, t)
         if got < nbytes:
             raise fail("GET_ALLOC_SIZE below nbytes", expected=f">= {nbytes}", got=str(got))
