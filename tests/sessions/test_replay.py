@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 import pytest
 from ggml_rpc.conformance.cli import main
@@ -17,13 +15,6 @@ from .conftest import hello
 REAL = {"v7-v7-gen-cold.pcap": V7, "v6-v6-gen-cold.pcap": V6, "v7-v7-test-backend-ops.pcap": V7,
         "v7client-v6server-hello.pcap": V6}
 OTHER = {"6.0.0": V7, "7.0.0": V6}
-
-
-def _executor_available() -> bool:
-    try:
-        return hasattr(importlib.import_module("ggml_rpc.reference.executor"), "execute")
-    except ImportError:
-        return False
 
 
 @pytest.mark.parametrize("rewrite", [False, True], ids=["same-version", "as-other-version"])
@@ -57,7 +48,6 @@ def test_every_graph_is_relocated_into_the_target_buffers(real_captures, tmp_pat
     assert len(report.mismatches) == outputs
 
 
-@pytest.mark.skipif(not _executor_available(), reason="the reference graph executor is not available yet")
 @pytest.mark.parametrize("rewrite", [False, True], ids=["same-version", "as-other-version"])
 @pytest.mark.parametrize("name", ["v7-v7-gen-cold.pcap", "v6-v6-gen-cold.pcap", "v7-v7-test-backend-ops.pcap"])
 def test_real_capture_full_replay_reproduces_the_logits(real_captures, name, rewrite, capsys):
