@@ -19,6 +19,8 @@ import numpy as np
 from ggml_rpc.spec import GGML_TYPE_COUNT, NATIVE_CALLBACK_OPS, TYPES, ggml_nbytes, op_name, type_name
 from ggml_rpc.spec.tensor import GGML_MAX_SRC
 
+from .devices import U64_MASK
+
 
 @dataclass(slots=True, eq=False)
 class GraphTensor:
@@ -88,7 +90,6 @@ _BLCK = np.array([TYPES[t].blck for t in range(GGML_TYPE_COUNT)], dtype=np.uint6
 _TSIZE = np.array([TYPES[t].size for t in range(GGML_TYPE_COUNT)], dtype=np.uint64)
 # Above this the exact (Python integer) size is computed instead of the uint64 one, which could wrap.
 _EXACT_ABOVE = float(1 << 62)
-_U64_MAX = (1 << 64) - 1
 
 
 def _nbytes(types: np.ndarray, ne32: np.ndarray, nb32: np.ndarray) -> tuple[list[int], np.ndarray]:
@@ -111,7 +112,7 @@ def _nbytes(types: np.ndarray, ne32: np.ndarray, nb32: np.ndarray) -> tuple[list
     estimate = ne_m1.astype(np.float64) * nb.astype(np.float64)
     for k in np.flatnonzero(estimate.sum(axis=1) + ne[:, 0].astype(np.float64) * nb[:, 0] > _EXACT_ABOVE).tolist():
         out[k] = ggml_nbytes(int(types[k]), ne32[k].tolist(), nb32[k].tolist())
-        total[k] = min(out[k], _U64_MAX)
+        total[k] = min(out[k], U64_MASK)
     return out, total
 
 
