@@ -17,6 +17,7 @@ from ggml_rpc.spec import (
     RequestDecoder,
     SizeLimitExceeded,
     SizeMismatch,
+    SpecViolation,
     Truncated,
     UnexpectedReply,
     UnknownCommand,
@@ -147,6 +148,26 @@ def test_graph_counts_beyond_the_payload():
     with pytest.raises(SizeMismatch) as exc:
         after_hello().feed(header(Command.GRAPH_COMPUTE, len(payload)) + payload)
     assert_names(exc.value, "GRAPH_COMPUTE", "tensors", HELLO_LEN + 9 + 20)
+
+
+@pytest.mark.parametrize(("protocol", "at"), [(V6, 296), (V7, 297)])  # v7 puts cache_flag before offset
+def test_region_past_the_tensor_names_the_offset_field_where_it_is(protocol, at):
+    req = encode_request(protocol, Command.SET_TENSOR, {"tensor": make_tensor(id=1, ne=(4, 1, 1, 1)), "offset": 12,
+                                                        "cache_flag": 0}, data=bytes(8))
+    with pytest.raises(SpecViolation) as exc:
+        after_hello(protocol).feed(req)
+    assert_names(exc.value, "SET_TENSOR", "offset", HELLO_LEN + 9 + at)
+
+
+def test_graph_content_errors_name_the_field_where_it_is():
+    empty = struct.pack("<IIQI", 0, 0, 0, 0)[:12]
+    with pytest.raises(SpecViolation) as exc:
+        after_hello().feed(header(Command.GRAPH_COMPUTE, len(empty)) + empty)
+    assert_names(exc.value, "GRAPH_COMPUTE", "n_nodes", HELLO_LEN + 9 + 4)
+    unknown = struct.pack("<IIQQI", 0, 2, 0x10, 0x20, 0)
+    with pytest.raises(SpecViolation) as exc:
+        after_hello().feed(header(Command.GRAPH_COMPUTE, len(unknown)) + unknown)
+    assert_names(exc.value, "GRAPH_COMPUTE", "nodes[0]", HELLO_LEN + 9 + 8)
 
 
 def test_hello_must_come_first():
