@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from ggml_rpc.conformance.benchmark import samples
 from ggml_rpc.reference.executor import execute
 from ggml_rpc.reference.executor.arena import Arena
 from ggml_rpc.reference.executor.types import dequantize, quantize
@@ -30,15 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 CAPTURE = ROOT.parent / "shared" / "real-captures" / "v7-v7-gen-cold.pcap"
 
 
-def best_of(fn: Callable[[], object], repeat: int = 7) -> float:
+def median_time(fn: Callable[[], object], repeat: int = 7) -> float:
     """Median wall time of ``fn`` in seconds, after one warm-up call."""
     fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(samples(fn, repeat))
 
 
 def bench_matmul() -> None:
@@ -51,8 +47,8 @@ def bench_matmul() -> None:
     arena.raw(a)[...] = rng.standard_normal((1, 1, m, k), dtype=np.float32)
     arena.raw(b)[...] = rng.standard_normal((1, 1, n, k), dtype=np.float32)
     wa, wb = arena.raw(a)[0, 0].copy(), arena.raw(b)[0, 0].copy()
-    t_exec = best_of(lambda: execute([out]))
-    t_np = best_of(lambda: wb @ wa.T)
+    t_exec = median_time(lambda: execute([out]))
+    t_np = median_time(lambda: wb @ wa.T)
     print(f"MUL_MAT F32 {m}x{k} by {k}x{n}: executor {t_exec * 1e3:.1f} ms, numpy {t_np * 1e3:.1f} ms, "
           f"executor at {100 * t_np / t_exec:.0f}% of numpy (target >= 50%)")
 
@@ -71,7 +67,7 @@ def bench_dequant() -> None:
         else:
             x = rng.standard_normal(n_weights, dtype=np.float32).reshape(-1, 4096)
             blocks = quantize(t, x).reshape(n_blocks, info.size)
-        secs = best_of(lambda t=t, blocks=blocks: dequantize(t, blocks), repeat=5)
+        secs = median_time(lambda t=t, blocks=blocks: dequantize(t, blocks), repeat=5)
         print(f"dequantise {name}: {n_weights / secs / 1e6:.0f} M weights/s (target >= 200)")
 
 
@@ -233,9 +229,9 @@ def _chain_over_tcp(tensors: list[dict], nodes: list[int], width: int) -> None:
             client.graph_recompute(0)
             return bytes(client.get_tensor(out, 0, 4 * width))
 
-        secs_new = best_of(new_compute_and_read)
-        secs = best_of(compute_and_read)
-        secs_re = best_of(recompute_and_read)
+        secs_new = median_time(new_compute_and_read)
+        secs = median_time(compute_and_read)
+        secs_re = median_time(recompute_and_read)
         got = np.frombuffer(compute_and_read(), dtype=np.float32)
         assert np.all(got == 1.0 + len(nodes)), got
         print(f"  over loopback TCP to the reference server (client in the same process; wall, median of 7): "
