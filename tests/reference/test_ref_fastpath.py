@@ -21,9 +21,8 @@ def _fixed_schemas() -> list[tuple[str, Any]]:
     out = []
     for proto in (V6, V7, V7_0_1):
         for cmd, spec in proto.commands.items():
-            for payload in (spec.request,):
-                if payload.shape in (Shape.FIXED, Shape.HEADER_DATA):
-                    out.append((f"{proto.label}-{cmd.name}", payload.schema))
+            if spec.request.shape in (Shape.FIXED, Shape.HEADER_DATA):
+                out.append((f"{proto.label}-{cmd.name}", spec.request.schema))
     return out
 
 
