@@ -6,13 +6,17 @@ import argparse
 import sys
 from pathlib import Path
 
+from ggml_rpc.spec.facts import DEFAULT_PORT
+
+from .cli import port_number
 from .dissector import generate
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("dissector", help="generate the Wireshark/tshark Lua dissector from the spec")
     p.add_argument("-o", "--output", default="-", help="file to write (default: standard output)")
-    p.add_argument("--port", type=int, default=None, help="TCP port to register on (default: 50052)")
+    p.add_argument("--port", type=port_number, default=DEFAULT_PORT,
+                   help=f"TCP port to register on (default: {DEFAULT_PORT})")
     p.add_argument("--reassemble-bulk", action="store_true",
                    help="let Wireshark reassemble whole SET_TENSOR/GET_TENSOR messages (holds the largest in memory) "
                    "instead of counting bulk bytes segment by segment")
@@ -22,12 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from .cli import UsageError
 
-    kwargs: dict = {"reassemble_bulk": args.reassemble_bulk}
-    if args.port is not None:
-        if not 0 < args.port < 65536:
-            raise UsageError(f"--port {args.port} is not a TCP port (1-65535)")
-        kwargs["port"] = args.port
-    source = generate(**kwargs)
+    source = generate(port=args.port, reassemble_bulk=args.reassemble_bulk)
     if args.output == "-":
         sys.stdout.write(source)
         return 0

@@ -148,8 +148,10 @@ def test_cli_writes_the_file(tmp_path, capsys):
 
 
 def test_cli_usage_errors(tmp_path, capsys):
-    assert main(["dissector", "--port", "70000"]) == 2
-    assert "not a TCP port" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["dissector", "--port", "70000"])
+    assert exc.value.code == 2
+    assert "argument --port: expected a TCP port 1..65535" in capsys.readouterr().err
     assert main(["dissector", "-o", str(tmp_path / "missing" / "x.lua")]) == 2
     assert "cannot write" in capsys.readouterr().err
 
