@@ -92,6 +92,11 @@ def _same_tensor(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return all(a[k] == b[k] for k in ("id", "type", "buffer", "data", "ne", "nb"))
 
 
+def follows_miss(miss: Mapping[str, Any], fields: Mapping[str, Any]) -> bool:
+    """Whether a SET_TENSOR with ``fields`` writes the tensor region a SET_TENSOR_HASH with ``miss`` asked for."""
+    return _same_tensor(miss["tensor"], fields["tensor"]) and miss["offset"] == fields["offset"]
+
+
 class CacheFlagTracker:
     """The v7 client's cache-flag rule over one connection's messages, fed in wire order."""
 
@@ -114,8 +119,7 @@ class CacheFlagTracker:
         if self.flag_field is None or command is not Command.SET_TENSOR:
             return None
         flag = fields[self.flag_field]
-        follows = miss is not None and _same_tensor(miss["tensor"], fields["tensor"]) \
-            and miss["offset"] == fields["offset"]
+        follows = miss is not None and follows_miss(miss, fields)
         if not flag:
             if follows and miss is not None and data_hash() == miss["hash"]:
                 return self._v(index, "the SET_TENSOR after a hash miss for this tensor carries no cache_flag, "
@@ -272,5 +276,5 @@ def summarize(violations: Iterable[Violation]) -> dict[str, int]:
     return counts
 
 
-__all__ = ["RULES", "CacheFlagTracker", "ProtocolError", "Violation", "lint_connection", "lint_file",
+__all__ = ["RULES", "CacheFlagTracker", "ProtocolError", "Violation", "follows_miss", "lint_connection", "lint_file",
            "other_framing", "reply_size", "shifted_framing", "shifted_framing_message", "summarize"]

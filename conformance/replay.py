@@ -49,7 +49,7 @@ from ggml_rpc.spec import (
 from ggml_rpc.spec.layout import flat_layout
 
 from .client import ConnectionClosed, RpcClient
-from .lint import reply_size
+from .lint import follows_miss, reply_size
 from .session import DecodedConnection, decode_file
 
 #: Default tolerance for computed reads (normalised mean squared error, as ggml's backend tests use).
@@ -487,9 +487,7 @@ class Replayer:
         if flag_field is None:
             fields.pop(source.cache_rule.flag_field, None)
         else:
-            follows = last_miss is not None and last_miss.fields["offset"] == req.fields["offset"] \
-                and last_miss.fields["tensor"]["id"] == req.fields["tensor"]["id"]
-            fields[flag_field] = 1 if follows else 0
+            fields[flag_field] = int(last_miss is not None and follows_miss(last_miss.fields, req.fields))
         return fields
 
     def _supply(self, path: str, dc: DecodedConnection, req: Request, fields: dict[str, Any],
