@@ -98,23 +98,7 @@ class TargetConnection:
 
     def until_closed(self, limit: int = 1 << 16) -> Received:
         """Wait for the server to close; anything it sends first is returned (at most ``limit`` bytes)."""
-        out = bytearray()
-        deadline = time.monotonic() + self.timeout
-        while len(out) < limit:
-            try:
-                chunk = self.sock.recv(limit - len(out))
-            except BlockingIOError:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return Received(bytes(out), False, True)
-                select.select([self.sock], [], [], left)
-                continue
-            except OSError:
-                return Received(bytes(out), True, False)
-            if not chunk:
-                return Received(bytes(out), True, False)
-            out += chunk
-        return Received(bytes(out), False, False)
+        return self.read(limit)
 
     def close(self) -> None:
         if not self.closed:
