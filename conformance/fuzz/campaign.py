@@ -23,6 +23,7 @@ from pathlib import Path
 from ggml_rpc.conformance.harness import Target
 from ggml_rpc.reference.connection import ServerConfig
 from ggml_rpc.spec import CONN_CAPS_SIZE, Command, Protocol, encode_request
+from ggml_rpc.spec.codec import REPLY_HEADER_SIZE
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.configuration import set_hypothesis_home_dir, storage_directory
@@ -155,8 +156,8 @@ class Campaign:
         try:
             hello = encode_request(self.protocol, Command.HELLO, {"conn_caps": bytes(CONN_CAPS_SIZE)})
             conn.send(hello)
-            rec = conn.read(8 + 28)
-            ok = len(rec.data) == 36
+            want = REPLY_HEADER_SIZE + self.protocol.commands[Command.HELLO].reply.header_size  # type: ignore[union-attr]
+            ok = len(conn.read(want).data) == want
         finally:
             conn.close()
         if not ok:

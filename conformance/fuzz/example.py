@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from ggml_rpc.conformance.replay import RECORDED_ONLY, Relocator
 from ggml_rpc.spec import CONN_CAPS_SIZE, Command, fnv1a64
+from ggml_rpc.spec.codec import REPLY_HEADER_SIZE
 from ggml_rpc.spec.layout import flat_layout
 
 from .draws import Draw, RandomDraw
@@ -222,7 +223,7 @@ class Example:
             self.scope.hashes.append(fnv1a64(msg.data))
         if out.reply:
             self._check_reply(msg, out.reply, tconn)
-            return out.reply[8:]
+            return out.reply[REPLY_HEADER_SIZE:]
         if out.closed:
             rec = tconn.until_closed()
             self._end_target()
@@ -260,21 +261,22 @@ class Example:
         self._fail("wrong-reply", f"the target closed the connection where the reference {model_did}", msg)
 
     def _check_reply(self, msg: FuzzMessage, want: bytes, tconn: TargetConnection) -> None:
-        head = tconn.read(8)
+        head = tconn.read(REPLY_HEADER_SIZE)
         if head.timed_out:
             self._fail("hang", f"no reply within {self.c.timeout:g} s", msg)
-        if len(head.data) < 8:
+        if len(head.data) < REPLY_HEADER_SIZE:
             self._closed_unexpectedly(msg, "replies")
-        if head.data != want[:8]:
+        want_head, want_body = want[:REPLY_HEADER_SIZE], want[REPLY_HEADER_SIZE:]
+        if head.data != want_head:
             got = int.from_bytes(head.data, "little")
             self._end_target()
-            self._fail("wrong-reply", f"reply size {got}, the reference replies {len(want) - 8} bytes", msg)
-        body = tconn.read(len(want) - 8)
+            self._fail("wrong-reply", f"reply size {got}, the reference replies {len(want_body)} bytes", msg)
+        body = tconn.read(len(want_body))
         if body.timed_out:
             self._fail("hang", f"reply body incomplete after {self.c.timeout:g} s", msg)
-        if len(body.data) < len(want) - 8:
+        if len(body.data) < len(want_body):
             self._closed_unexpectedly(msg, "replies")
-        self._compare(msg, want[8:], body.data)
+        self._compare(msg, want_body, body.data)
 
     def _compare(self, msg: FuzzMessage, want: bytes, got: bytes) -> None:
         cmd = msg.command
@@ -440,18 +442,22 @@ class Example:
             if model.closed:
                 return
 
+    def _reply_fields(self, command: Command, payload: bytes) -> dict:
+        """A fixed-size reply payload decoded through its derived layout."""
+        return flat_layout(self.protocol.commands[command].reply.schema).unpack(payload)  # type: ignore[union-attr]
+
     def alloc(self, ref: ConnRef, size: int, device: int) -> BufferRef | None:
         """ALLOC_BUFFER then BUFFER_GET_BASE, as a client does; the buffer (model handle and base) or None."""
         reply = self.send(ref, FuzzMessage(Command.ALLOC_BUFFER, {"device": device, "size": size}))
         if not reply:
             return None
-        f = flat_layout(self.protocol.commands[Command.ALLOC_BUFFER].reply.schema).unpack(reply)  # type: ignore
+        f = self._reply_fields(Command.ALLOC_BUFFER, reply)
         if not f["remote_ptr"]:
             return None
         base_reply = self.send(ref, FuzzMessage(Command.BUFFER_GET_BASE, {"remote_ptr": f["remote_ptr"]}))
         if not base_reply:
             return None
-        base = int.from_bytes(base_reply[:8], "little")
+        base = self._reply_fields(Command.BUFFER_GET_BASE, base_reply)["base_ptr"]
         buf = BufferRef(ref, ref.incarnation, f["remote_ptr"], base, f["remote_size"], device)
         self.scope.all_buffers.append(buf)
         return buf

@@ -27,7 +27,7 @@ from typing import Any
 from construct import Struct
 from ggml_rpc.spec import TYPES, Command, GgmlOp, GgmlType, Payload, Protocol, Shape, TensorFlag, ggml_nbytes
 from ggml_rpc.spec.schema_walk import FieldInfo, fields
-from ggml_rpc.spec.tensor import RpcTensor, encode_name, make_tensor, null_tensor
+from ggml_rpc.spec.tensor import GGML_MAX_OP_PARAMS, GGML_MAX_SRC, RpcTensor, encode_name, make_tensor, null_tensor
 from hypothesis import strategies as st
 
 from .draws import Draw, HypothesisDraw
@@ -200,9 +200,9 @@ def graph_fields(d: Draw, scope: Scope) -> dict[str, Any]:
     node = dict(out.fields)
     node["op"] = d.choice(GRAPH_OPS)
     node["flags"] = _COMPUTE
-    node["src"] = [t.fields["id"] for t in srcs] + [0] * (10 - n_src)
+    node["src"] = [t.fields["id"] for t in srcs] + [0] * (GGML_MAX_SRC - n_src)
     params = [d.integer(-4, 4) for _ in range(d.integer(0, 4))]
-    node["op_params"] = params + [0] * (16 - len(params))
+    node["op_params"] = params + [0] * (GGML_MAX_OP_PARAMS // 4 - len(params))
     seen = {node["id"]}
     tensors = []
     for t in srcs:

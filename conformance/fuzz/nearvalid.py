@@ -29,6 +29,7 @@ from ggml_rpc.spec import (
     TensorFlag,
     ggml_nbytes,
 )
+from ggml_rpc.spec.codec import REQUEST_HEADER_SIZE
 from ggml_rpc.spec.schema_walk import element_size, int_range
 from hypothesis import strategies as st
 
@@ -244,7 +245,7 @@ def break_one(d: Draw, scope: Scope, msg: FuzzMessage, protocol: Protocol) -> Fu
     target = d.choice(options)
     out = FuzzMessage(msg.command, msg.fields, msg.data, tags=(target.rule,))
     if target.rule == "size":
-        out.size = d.choice(size_claims(payload, len(wire) - 9))
+        out.size = d.choice(size_claims(payload, len(wire) - REQUEST_HEADER_SIZE))
         out.broken = f"size: header claims {out.size} bytes"
         return out
     if target.rule == "truncation":
@@ -255,8 +256,10 @@ def break_one(d: Draw, scope: Scope, msg: FuzzMessage, protocol: Protocol) -> Fu
         name = target.path
         real = len(msg.fields[{f.count: f.name for f in payload_fields(payload.schema)
                                if isinstance(f.count, str)}[name]])
-        lie = d.choice(sorted({real + 1, max(0, real - 1), 0, 0xFFFFFFFF, 1 << 31} - {real}))
-        out.patch = (count_offset(payload, msg.fields, name), struct.pack("<I", lie))
+        count_fmt = "<" + next(f for f in payload_fields(payload.schema) if f.name == name).fmt
+        top = int_range(count_fmt[1:])[1]
+        lie = d.choice(sorted({real + 1, max(0, real - 1), 0, top, (top + 1) // 2} - {real}))
+        out.patch = (count_offset(payload, msg.fields, name), struct.pack(count_fmt, lie))
         out.broken = f"count: {name} = {lie} for {real}"
         return out
     parts = d.choice(_leaf_paths(msg.fields, target))
