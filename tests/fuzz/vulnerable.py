@@ -31,17 +31,6 @@ class AbortingConnection(Connection):
             raise
 
 
-class VulnerableServer(Server):
-    """Serves every connection with :class:`AbortingConnection`."""
-
-    def _handle(self, conn: socket.socket, peer: tuple) -> None:
-        try:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            AbortingConnection(conn, self.config, self.cache, name="vulnerable").serve()
-        finally:
-            conn.close()
-
-
 class SilentMaxSizeConnection(Connection):
     """Never answers GET_MAX_SIZE (but goes on reading): the client waits for ever -- a hang."""
 
@@ -78,12 +67,16 @@ def server_with(connection_cls: type[Connection]) -> type[Server]:
         def _handle(self, conn: socket.socket, peer: tuple) -> None:
             try:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                connection_cls(conn, self.config, self.cache, name="variant").serve()
+                connection_cls(conn, self.config, self.cache, name=connection_cls.__name__).serve()
             finally:
                 conn.close()
 
     Variant.__name__ = f"{connection_cls.__name__}Server"
     return Variant
+
+
+#: Serves every connection with :class:`AbortingConnection`.
+VulnerableServer = server_with(AbortingConnection)
 
 
 def main() -> None:
