@@ -23,6 +23,7 @@ Anchors are emitted as ``<a id="..."></a>`` before their heading, so they do not
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -315,9 +316,13 @@ def _version_section(protocol: Protocol, rendered: frozenset[str]) -> str:
     slug = version_slug(protocol)
     out = [_anchor(slug), f"## Protocol {protocol.label}\n\n"]
     hello = codec.encode_reply(protocol, Command.HELLO, hello_reply(protocol.version))
+    # The version bytes are the fields before conn_caps (major, minor, patch, pad).
+    hdr = codec.REPLY_HEADER_SIZE
+    ver = hdr + sum(f.length for f in itertools.takewhile(lambda f: f.name != "conn_caps",
+                                                         fields(protocol.commands[Command.HELLO].reply.schema)))
     out.append(
-        f"HELLO reply of a {protocol.label} server (plain TCP), size header then payload: `{_hex(hello[:8])}` "
-        f"`{_hex(hello[8:12])}` + {len(hello) - 12} zero bytes. "
+        f"HELLO reply of a {protocol.label} server (plain TCP), size header then payload: `{_hex(hello[:hdr])}` "
+        f"`{_hex(hello[hdr:ver])}` + {len(hello) - ver} zero bytes. "
         f"RPC_CMD_COUNT = {protocol.command_count}; a server closes the connection on any command id not listed "
         "below and on the never-sent sentinel "
         + ", ".join(f"{c.name} = {int(c)}" for c in sorted(NEVER_ON_WIRE))
