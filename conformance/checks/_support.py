@@ -229,9 +229,5 @@ def expect_silence_then_reply(ctx: Context, client: RpcClient, sent: bytes, what
     client.sock.settimeout(ctx.timeout)
 
 
-def u32(v: int) -> bytes:
-    return struct.pack("<I", v)
-
-
 def u64(v: int) -> bytes:
     return struct.pack("<Q", v)

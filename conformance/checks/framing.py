@@ -18,21 +18,16 @@ from ggml_rpc.conformance.checks._support import (
     request_bytes,
     send_and_expect_close,
     session,
-    u32,
     u64,
 )
 from ggml_rpc.conformance.checks._support import check as _check
 from ggml_rpc.conformance.harness import Category, Context, Level
-from ggml_rpc.spec import V6, GgmlOp, TensorFlag, encode_request, make_tensor, null_tensor
+from ggml_rpc.spec import V6, V7_0_1, GgmlOp, TensorFlag, encode_request, make_tensor, null_tensor
 from ggml_rpc.spec import Command as C
 from ggml_rpc.spec.codec import REQUEST_HEADER_SIZE, TENSOR_LAYOUT
 from ggml_rpc.spec.tensor import GGML_MAX_SRC
 
 FR = Category.FRAMING
-
-
-def _tbytes(t: dict) -> bytes:
-    return TENSOR_LAYOUT.pack(t)
 
 
 def _srcs() -> list[dict]:
@@ -69,9 +64,9 @@ def none_command(ctx: Context) -> None:
 @_check("FRAME-003", "GET_DEVICE_SUPPORTS_OP (19) closes the connection on servers before 7.0.1", FR,
         section="enum-commands", max_version=(7, 0, 0))
 def supports_op_before_701(ctx: Context) -> None:
-    payload = u32(0) + _tbytes(null_tensor()) * (1 + GGML_MAX_SRC)
-    send_and_expect_close(ctx, ctx.connect(), raw_request(C.GET_DEVICE_SUPPORTS_OP, payload),
-                          "command 19 on a server without it")
+    # encoded with the 7.0.1 table, the first to have the command
+    sent = encode_request(V7_0_1, C.GET_DEVICE_SUPPORTS_OP, {"device": 0, "op": null_tensor(), "srcs": _srcs()})
+    send_and_expect_close(ctx, ctx.connect(), sent, "command 19 on a server without it")
 
 
 @_check("FRAME-004", "a fixed-size request with the wrong size closes the connection (payload unread)", FR,
