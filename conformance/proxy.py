@@ -109,7 +109,7 @@ class _Checker:
         self._rq_fixed = 0  # bytes of the body to collect (the rest streams through)
         self._rq_left = 0
         self._rq_fields: dict[str, Any] | None = None
-        self._rq_flagged: list[bytes] | None = None
+        self._rq_flagged: bytearray | None = None  # data of a SET_TENSOR whose hash the cache-flag rule needs
         # reply side
         self._pending: deque[tuple[Request, int]] = deque()  # (request, expected reply size)
         self._rp_head = bytearray()
@@ -174,7 +174,7 @@ class _Checker:
         else:
             take = min(self._rq_left, chunk.nbytes - pos)
             if self._rq_flagged is not None:
-                self._rq_flagged.append(bytes(chunk[pos : pos + take]))
+                self._rq_flagged += chunk[pos : pos + take]
             self._rq_left -= take
             pos += take
         if self._rq is not None and not self._rq_left and not self._rq_fixed:
@@ -234,7 +234,7 @@ class _Checker:
         flag_field = self.protocol.cache_rule.flag_field if self.protocol else None
         if cmd == Command.SET_TENSOR and flag_field and (fields.get(flag_field) or (
                 self.tracker is not None and self.tracker.after_miss)):
-            self._rq_flagged = []  # the cache-flag rule needs this payload's hash
+            self._rq_flagged = bytearray()  # the cache-flag rule needs this payload's hash
         command = Command(cmd)
         if spec.has_reply:
             self._pending.append((Request(command, fields, None, size, 0, index), reply_size(spec, fields)))
@@ -268,7 +268,7 @@ class _Checker:
             self._rq_flagged = None
 
             def digest() -> int:
-                return fnv1a64(b"".join(flagged)) if flagged is not None else -1
+                return fnv1a64(flagged) if flagged is not None else -1
 
             v = self.tracker.request(command, fields, index, digest)
             if v is not None:
