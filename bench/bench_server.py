@@ -22,9 +22,11 @@ from pathlib import Path
 import numpy as np
 from ggml_rpc.conformance.benchmark import samples
 from ggml_rpc.conformance.client import RpcClient
+from ggml_rpc.conformance.lint import reply_size
 from ggml_rpc.reference.graph import build_graph
-from ggml_rpc.spec import TENSOR_DTYPE, Command, GgmlOp, encode_request, make_tensor, request_parts
+from ggml_rpc.spec import REPLY_HEADER_SIZE, TENSOR_DTYPE, Command, GgmlOp, encode_request, make_tensor, request_parts
 from ggml_rpc.spec.codec import REQUEST_HEADER
+from ggml_rpc.spec.tensor import GGML_MAX_SRC
 
 MIB = 1 << 20
 
@@ -192,20 +194,20 @@ def bench_command_cpu(kinds: tuple[str, ...], batches: int = 40, k: int = 500) -
             handle, _ = c.alloc_buffer(0, 1 << 20)
             t = make_tensor(id=1, ne=(1024,), buffer=handle, data=c.buffer_get_base(handle))
             none = make_tensor(id=0)
-            if kind == "SET_TENSOR 4 KiB":
-                head = b"".join(bytes(p) for p in request_parts(c.protocol, Command.SET_TENSOR,
-                                                                 {"tensor": t, "offset": 0, "cache_flag": 0})[1:])
-                req, reply = REQUEST_HEADER.pack(Command.SET_TENSOR, len(head) + 4096) + head + bytes(4096), 0
-            else:
-                command, fields, reply = {
-                    "GET_ALIGNMENT": (Command.GET_ALIGNMENT, {"device": 0}, 16),
-                    "GET_TENSOR 64 B": (Command.GET_TENSOR, {"tensor": t, "offset": 0, "size": 64}, 72),
-                    "GET_TENSOR 4 KiB": (Command.GET_TENSOR, {"tensor": t, "offset": 0, "size": 4096}, 4104),
-                    "INIT_TENSOR": (Command.INIT_TENSOR, {"tensor": t}, 0),
-                    "GET_ALLOC_SIZE": (Command.GET_ALLOC_SIZE, {"device": 0, "tensor": t, "srcs": [t, t] + [none] * 8},
-                                       16),
-                }[kind]
-                req = encode_request(c.protocol, command, fields)
+            command, fields = {
+                "SET_TENSOR 4 KiB": (Command.SET_TENSOR, {"tensor": t, "offset": 0, "cache_flag": 0}),
+                "GET_ALIGNMENT": (Command.GET_ALIGNMENT, {"device": 0}),
+                "GET_TENSOR 64 B": (Command.GET_TENSOR, {"tensor": t, "offset": 0, "size": 64}),
+                "GET_TENSOR 4 KiB": (Command.GET_TENSOR, {"tensor": t, "offset": 0, "size": 4096}),
+                "INIT_TENSOR": (Command.INIT_TENSOR, {"tensor": t}),
+                "GET_ALLOC_SIZE": (Command.GET_ALLOC_SIZE,
+                                   {"device": 0, "tensor": t, "srcs": [t, t] + [none] * (GGML_MAX_SRC - 2)}),
+            }[kind]
+            data = bytes(4096) if command is Command.SET_TENSOR else None
+            req = encode_request(c.protocol, command, fields, data)
+            spec = c.protocol.spec(command)
+            assert spec is not None
+            reply = REPLY_HEADER_SIZE + reply_size(spec, fields) if spec.has_reply else 0  # wire bytes each
             batch = req * k
             view = memoryview(bytearray(max(reply * k, 1)))
             for _ in range(batches):
