@@ -379,6 +379,9 @@ def generate(protocols: Sequence[Protocol] = PROTOCOLS, *, port: int = DEFAULT_P
     add(f"  HELLO_PATCH_OFF = {_offset_of(hello_reply.schema, 'patch')},")
     add(f"  REQ_HDR = {codec.REQUEST_HEADER_SIZE},")
     add(f"  REP_HDR = {codec.REPLY_HEADER_SIZE},")
+    # A request header is the command byte then the same size field a reply header is made of.
+    add(f"  SIZE_LEN = {codec.REPLY_HEADER_SIZE},")
+    add(f"  CMD_LEN = {codec.REQUEST_HEADER_SIZE - codec.REPLY_HEADER_SIZE},")
     add(f"  MAX_PAYLOAD = {codec.DEFAULT_MAX_PAYLOAD},")
     add(f"  GRAPH_MIN = {GRAPH_MIN_SIZE},")
     add(f"  REASSEMBLE_BULK = {str(reassemble_bulk).lower()},")

@@ -125,7 +125,7 @@ end
 -- command byte in a segment of its own, so a stream-opening segment that is a prefix of a HELLO header counts.
 local function hello_prefix(tvb)
   local n = math.min(tvb:len(), C.REQ_HDR)
-  if n == 0 or tvb(0, 1):uint() ~= C.HELLO then return false end
+  if n == 0 or tvb(0, C.CMD_LEN):uint() ~= C.HELLO then return false end
   for i = 1, n - 1 do
     local want = math.floor(C.HELLO_SIZE / 256 ^ (i - 1)) % 256  -- byte i of the size header
     if tvb(i, 1):uint() ~= want then return false end
@@ -154,8 +154,8 @@ end
 local function analyse_request(c, d, tvb, off, pinfo)
   local avail = tvb:len() - off
   if avail < C.REQ_HDR then return nil, DESEGMENT_ONE_MORE_SEGMENT end
-  local cmd = tvb(off, 1):uint()
-  local size64 = tvb(off + 1, 8):le_uint64()
+  local cmd = tvb(off, C.CMD_LEN):uint()
+  local size64 = tvb(off + C.CMD_LEN, C.SIZE_LEN):le_uint64()
   local it = { kind = "req", off = off, cmd = cmd, frame = pinfo.number }
   local err = nil
   if not d.hello and cmd ~= C.HELLO and c.forced ~= nil then
@@ -246,7 +246,7 @@ end
 local function analyse_reply(c, d, tvb, off, pinfo)
   local avail = tvb:len() - off
   if avail < C.REP_HDR then return nil, DESEGMENT_ONE_MORE_SEGMENT end
-  local size64 = tvb(off, 8):le_uint64()
+  local size64 = tvb(off, C.SIZE_LEN):le_uint64()
   local head = d.queue[d.first]
   local it = { kind = "rep", off = off, frame = pinfo.number }
   local err = nil
@@ -578,8 +578,8 @@ end
 local function add_pdu_line(item, tvb, it, dir, name, ctx)
   local size = it.size
   if size == nil then
-    local hdr = it.kind == "req" and 1 or 0
-    size = tostring(tvb(it.off + hdr, 8):le_uint64())
+    local hdr = it.kind == "req" and C.CMD_LEN or 0
+    size = tostring(tvb(it.off + hdr, C.SIZE_LEN):le_uint64())
   end
   local line = dir .. " " .. name .. " " .. (it.index ~= nil and tostring(it.index) or "?") .. " " .. tostring(size)
     .. " " .. ctx.violations
@@ -597,11 +597,11 @@ local function render_message(c, it, tvb, pinfo, tree, info)
   item:set_text("ggml RPC " .. name .. " " .. dir)
   item:add(HF.dir, tvb(it.off, 0), dir)
   if is_req then
-    item:add(HF.cmd, tvb(it.off, 1))
-    item:add_le(HF.len, tvb(it.off + 1, 8))
+    item:add(HF.cmd, tvb(it.off, C.CMD_LEN))
+    item:add_le(HF.len, tvb(it.off + C.CMD_LEN, C.SIZE_LEN))
   else
     if it.cmd ~= nil then item:add(HF.cmd, tvb(it.off, 0), it.cmd):set_generated() end
-    item:add_le(HF.len, tvb(it.off, 8))
+    item:add_le(HF.len, tvb(it.off, C.SIZE_LEN))
   end
   if it.index ~= nil then item:add(HF.index, tvb(it.off, 0), it.index):set_generated() end
   if it.version ~= nil and (not is_req or it.version_known) then
