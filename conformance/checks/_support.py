@@ -70,9 +70,11 @@ class Buf:
     base: int
     size: int
 
-    def tensor(self, offset: int, n: int, *, id: int = 0x1000, type: int = I8, data: int | None = None) -> dict:
-        """A 1-D tensor of ``n`` bytes (I8 elements) at ``base + offset`` of this buffer."""
-        return make_tensor(id=id or 0x1000, type=type, ne=(n,), buffer=self.handle,
+    def tensor(self, offset: int, n: int, *, id: int = 0x1000, type: int = I8, data: int | None = None,
+               buffer: int | None = None) -> dict:
+        """A 1-D tensor of ``n`` bytes (I8 elements) at ``base + offset`` of this buffer (``buffer``: another
+        handle, e.g. 0 or a made-up one, for the bad-handle checks)."""
+        return make_tensor(id=id or 0x1000, type=type, ne=(n,), buffer=self.handle if buffer is None else buffer,
                            data=self.base + offset if data is None else data)
 
     def f32(self, offset: int, ne: tuple[int, ...], *, id: int) -> dict:

@@ -265,8 +265,7 @@ def hash_hit_no_buffer(ctx: Context) -> None:
     entry = saved_entry(ctx)
     client = ctx.connect()
     buf = alloc(client, len(entry.data) + 64)
-    t = buf.tensor(0, len(entry.data))
-    t["buffer"] = 0
+    t = buf.tensor(0, len(entry.data), buffer=0)
     sent = request_bytes(ctx.protocol, C.SET_TENSOR_HASH, {"tensor": t, "offset": 0, "hash": entry.digest})
     send_and_expect_close(ctx, client, sent, "SET_TENSOR_HASH hit into a tensor with buffer 0")
 

@@ -197,12 +197,8 @@ def set_tensor_short(ctx: Context) -> None:
 @_check("FRAME-013", "SET_TENSOR to a tensor without a known buffer closes the connection", FR, section=C.SET_TENSOR)
 def set_tensor_no_buffer(ctx: Context) -> None:
     for handle in (0, 0x5EED_0000_0000_4321):
-        def build(buf: Buf, handle: int = handle) -> bytes:
-            t = buf.tensor(0, 16)
-            t["buffer"] = handle
-            return _set_tensor(ctx, t, 0, b"\x41" * 16)
-
-        bad_on_fresh(ctx, build, f"SET_TENSOR with buffer {handle:#x}")
+        bad_on_fresh(ctx, lambda buf, h=handle: _set_tensor(ctx, buf.tensor(0, 16, buffer=h), 0, b"\x41" * 16),
+                     f"SET_TENSOR with buffer {handle:#x}")
 
 
 @_check("FRAME-014", "SET_TENSOR whose region leaves the buffer closes the connection", FR, section=C.SET_TENSOR)
@@ -234,12 +230,7 @@ def _get(ctx: Context, t: dict, offset: int, size: int) -> bytes:
 
 @_check("FRAME-016", "GET_TENSOR of a tensor without a known buffer closes the connection", FR, section=C.GET_TENSOR)
 def get_tensor_no_buffer(ctx: Context) -> None:
-    def build(buf: Buf) -> bytes:
-        t = buf.tensor(0, 16)
-        t["buffer"] = 0
-        return _get(ctx, t, 0, 16)
-
-    bad_on_fresh(ctx, build, "GET_TENSOR with buffer 0")
+    bad_on_fresh(ctx, lambda buf: _get(ctx, buf.tensor(0, 16, buffer=0), 0, 16), "GET_TENSOR with buffer 0")
 
 
 @_check("FRAME-017", "GET_TENSOR whose region leaves the buffer closes without a byte", FR, section=C.GET_TENSOR)
@@ -264,12 +255,7 @@ def _memset(ctx: Context, t: dict, offset: int, size: int, value: int = 0x41) ->
 @_check("FRAME-019", "MEMSET_TENSOR of a tensor without a known buffer closes the connection", FR,
         section=C.MEMSET_TENSOR)
 def memset_no_buffer(ctx: Context) -> None:
-    def build(buf: Buf) -> bytes:
-        t = buf.tensor(0, 16)
-        t["buffer"] = 0
-        return _memset(ctx, t, 0, 16)
-
-    bad_on_fresh(ctx, build, "MEMSET_TENSOR with buffer 0")
+    bad_on_fresh(ctx, lambda buf: _memset(ctx, buf.tensor(0, 16, buffer=0), 0, 16), "MEMSET_TENSOR with buffer 0")
 
 
 @_check("FRAME-020", "MEMSET_TENSOR past the tensor's nbytes closes the connection", FR, section=C.MEMSET_TENSOR)
