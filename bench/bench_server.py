@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 from ggml_rpc.conformance.benchmark import samples
 from ggml_rpc.conformance.client import RpcClient
-from ggml_rpc.conformance.lint import reply_size
 from ggml_rpc.reference.graph import build_graph
 from ggml_rpc.spec import REPLY_HEADER_SIZE, TENSOR_DTYPE, Command, GgmlOp, encode_request, make_tensor, request_parts
 from ggml_rpc.spec.codec import REQUEST_HEADER
@@ -207,7 +206,7 @@ def bench_command_cpu(kinds: tuple[str, ...], batches: int = 40, k: int = 500) -
             req = encode_request(c.protocol, command, fields, data)
             spec = c.protocol.spec(command)
             assert spec is not None
-            reply = REPLY_HEADER_SIZE + reply_size(spec, fields) if spec.has_reply else 0  # wire bytes each
+            reply = REPLY_HEADER_SIZE + spec.reply_size(fields) if spec.has_reply else 0  # wire bytes each
             batch = req * k
             view = memoryview(bytearray(max(reply * k, 1)))
             for _ in range(batches):

@@ -35,8 +35,7 @@ from ggml_rpc.spec import (
     tensor_nbytes,
 )
 from ggml_rpc.spec.layout import flat_layout
-from ggml_rpc.spec.messages import Payload, Shape
-from ggml_rpc.spec.versions import PROTOCOLS, CommandSpec
+from ggml_rpc.spec.versions import PROTOCOLS
 
 from .capture import read_connections
 from .session import DecodedConnection, decode_connection
@@ -70,16 +69,6 @@ class Violation:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def reply_size(spec: CommandSpec, fields: Mapping[str, Any]) -> int:
-    """The payload size of the reply to a request with ``fields`` (``spec`` must have a reply): a raw reply is as
-    long as the request field its payload names (GET_TENSOR's ``size``), any other its layout's header."""
-    reply = spec.reply
-    assert isinstance(reply, Payload)
-    if reply.shape is Shape.RAW:
-        return int(fields[reply.length_from or "size"])
-    return reply.header_size
 
 
 def shifted_framing_message(protocol: Protocol, other: Protocol) -> str:
@@ -277,4 +266,4 @@ def summarize(violations: Iterable[Violation]) -> dict[str, int]:
 
 
 __all__ = ["RULES", "CacheFlagTracker", "ProtocolError", "Violation", "follows_miss", "lint_connection", "lint_file",
-           "other_framing", "reply_size", "shifted_framing", "shifted_framing_message", "summarize"]
+           "other_framing", "shifted_framing", "shifted_framing_message", "summarize"]

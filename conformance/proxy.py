@@ -48,7 +48,7 @@ from ggml_rpc.spec.codec import REPLY_HEADER, REQUEST_HEADER
 from ggml_rpc.spec.messages import Shape
 from ggml_rpc.spec.versions import PROTOCOLS
 
-from .lint import CacheFlagTracker, Violation, other_framing, reply_size, shifted_framing, shifted_framing_message
+from .lint import CacheFlagTracker, Violation, other_framing, shifted_framing, shifted_framing_message
 from .pcapwrite import PcapWriter, TcpFlow
 
 #: Bytes read from a socket at a time.
@@ -237,7 +237,7 @@ class _Checker:
             self._rq_flagged = bytearray()  # the cache-flag rule needs this payload's hash
         command = Command(cmd)
         if spec.has_reply:
-            self._pending.append((Request(command, fields, None, size, 0, index), reply_size(spec, fields)))
+            self._pending.append((Request(command, fields, None, size, 0, index), spec.reply_size(fields)))
 
     def _finish_request(self) -> None:
         assert self._rq is not None

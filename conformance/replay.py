@@ -49,7 +49,7 @@ from ggml_rpc.spec import (
 from ggml_rpc.spec.layout import flat_layout
 
 from .client import ConnectionClosed, RpcClient
-from .lint import follows_miss, reply_size
+from .lint import follows_miss
 from .session import DecodedConnection, decode_file
 
 #: Default tolerance for computed reads (normalised mean squared error, as ggml's backend tests use).
@@ -406,7 +406,7 @@ class Replayer:
                         written.clear()
                     if not spec.has_reply:
                         continue
-                    expected_size = reply_size(spec, req.fields)
+                    expected_size = spec.reply_size(req.fields)
                     if rec is None:
                         self.report.compared["close"] += 1
                         if not client.expect_closed(timeout=min(self.timeout, 5.0)):

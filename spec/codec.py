@@ -516,11 +516,7 @@ class ReplyDecoder(_StreamDecoder):
         if spec is None or not spec.has_reply:
             return False
         assert isinstance(spec.reply, Payload)
-        if spec.reply.shape is Shape.RAW:
-            expected = int(request.fields[spec.reply.length_from or "size"])
-        else:
-            expected = spec.reply.header_size
-        self._pending.append((request, spec.reply, expected))
+        self._pending.append((request, spec.reply, spec.reply_size(request.fields)))
         return True
 
     def finish(self) -> None:

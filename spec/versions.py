@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from . import messages as m
 from .enums import NEVER_ON_WIRE, Command
@@ -27,6 +28,16 @@ class CommandSpec:
     @property
     def has_reply(self) -> bool:
         return self.reply is not m.NO_REPLY
+
+    def reply_size(self, request_fields: Mapping[str, Any]) -> int:
+        """Payload bytes of the reply to a request with these fields: a RAW reply is as long as the request field
+        its payload names (GET_TENSOR's ``size``), any other is its layout's fixed size.  Raises for no-reply."""
+        reply = self.reply
+        if not isinstance(reply, m.Payload):
+            raise ValueError(f"{self.command.name} has no reply")
+        if reply.shape is m.Shape.RAW:
+            return int(request_fields[reply.length_from or "size"])
+        return reply.header_size
 
 
 @dataclass(frozen=True)
