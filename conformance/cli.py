@@ -19,7 +19,8 @@ from typing import NoReturn
 from ggml_rpc.spec import Protocol, parse_version_option
 
 #: Sub-commands, in the order ``--help`` lists them.
-COMMANDS = ("check", "decode", "spec", "serve", "lint", "replay", "dissector", "proxy", "pcap", "bench", "fuzz")
+COMMANDS = ("check", "decode", "spec", "serve", "lint", "replay", "dissector", "proxy", "pcap", "bench", "fuzz",
+            "upstream", "interop")
 
 
 class UsageError(Exception):

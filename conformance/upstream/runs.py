@@ -1,0 +1,169 @@
+"""Running upstream programs for the interop matrix: servers on loopback, llama-completion, the kit's own CLI.
+
+Every process has a bound run time; every server binds 127.0.0.1 and, for upstream, gets a temporary
+``LLAMA_CACHE`` so that a run never touches the user's own cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .peers import LOOPBACK, Peer
+
+#: The generation every completion row runs: greedy, seeded, short.
+PROMPT = "Hello world"
+N_PREDICT = 16
+
+
+@dataclass
+class Finished:
+    """A program that ran to its end (or was stopped at its time limit)."""
+
+    argv: list[str]
+    code: int | None
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0
+
+    def why(self) -> str:
+        """One line on how it ended: the exit status and the last line of its error output."""
+        from ggml_rpc.conformance.harness import exit_status
+
+        status = "timed out" if self.code is None else exit_status(self.code)
+        tail = next((ln.strip() for ln in reversed(self.stderr.splitlines()) if ln.strip()), "")
+        return f"{Path(self.argv[0]).name} {status}" + (f": {tail[:160]}" if tail else "")
+
+
+def run(argv: list[str], *, env: dict[str, str] | None = None, timeout: float = 300.0) -> Finished:
+    import time
+
+    started = time.monotonic()
+    try:
+        p = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+        code: int | None = p.returncode
+        out, err = p.stdout, p.stderr
+    except subprocess.TimeoutExpired as exc:
+        code, out, err = None, exc.stdout or b"", exc.stderr or b""
+    return Finished(argv, code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
+                    time.monotonic() - started)
+
+
+def kit(*args: str, timeout: float = 900.0) -> Finished:
+    """The kit's own CLI in a child process, exactly as a user runs it."""
+    return run([sys.executable, "-m", "ggml_rpc.conformance.cli", *args], timeout=timeout)
+
+
+def completion_argv(peer: Peer, model: Path, rpc: str | None) -> list[str]:
+    """Upstream ``llama-completion``: greedy and seeded, all layers on the RPC device when one is given."""
+    argv = [str(peer.llama_completion), "-m", str(model), "-p", PROMPT, "-n", str(N_PREDICT), "-no-cnv",
+            "--temp", "0", "-s", "1", "-c", "256", "-t", "1", "--no-warmup"]
+    return [*argv, "-ngl", "99", "--rpc", rpc] if rpc else [*argv, "-ngl", "0"]
+
+
+def completion(peer: Peer, model: Path, rpc: str | None, timeout: float = 300.0) -> Finished:
+    with tempfile.TemporaryDirectory(prefix="ggml-rpc-llama-cache-") as cache:
+        return run(completion_argv(peer, model, rpc), env=peer.env({"LLAMA_CACHE": cache}), timeout=timeout)
+
+
+class UpstreamServer:
+    """Upstream ``rpc-server`` on a free loopback port, with its own temporary ``LLAMA_CACHE``."""
+
+    def __init__(self, peer: Peer, *, cache: bool, llama_cache: Path | None = None) -> None:
+        self.peer = peer
+        self.cache = cache
+        self._given = llama_cache
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def llama_cache(self) -> Path:
+        assert self._given is not None or self._tmp is not None
+        return self._given if self._given is not None else Path(self._tmp.name)  # type: ignore[union-attr]
+
+    @property
+    def cache_dir(self) -> Path:
+        """Where upstream keeps its hash cache: ``$LLAMA_CACHE/rpc``."""
+        return self.llama_cache / "rpc"
+
+    @property
+    def address(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    def spawn_command(self) -> str:
+        """A ``--spawn`` command line for ``ggml-rpc check`` (``{port}`` left for the harness)."""
+        import shlex
+
+        env = self.peer.env({"LLAMA_CACHE": str(self.llama_cache)})
+        pre = ["env", f"LD_LIBRARY_PATH={env['LD_LIBRARY_PATH']}", f"LLAMA_CACHE={env['LLAMA_CACHE']}"]
+        return shlex.join([*pre, *self.peer.server_argv("{port}", cache=self.cache)]).replace("'{port}'", "{port}")
+
+    def __enter__(self) -> UpstreamServer:
+        from ggml_rpc.conformance.harness import free_port, wait_for_port
+
+        if self._given is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="ggml-rpc-llama-cache-")
+        self.port = free_port(LOOPBACK)
+        self.proc = subprocess.Popen(self.peer.server_argv(self.port, cache=self.cache),
+                                     env=self.peer.env({"LLAMA_CACHE": str(self.llama_cache)}),
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if not wait_for_port(LOOPBACK, self.port, 20.0, lambda: self.proc.poll() is None):  # type: ignore[union-attr]
+            self.__exit__(None, None, None)
+            raise RuntimeError(f"upstream {self.peer.version} rpc-server did not listen on {self.address}")
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+@contextlib.contextmanager
+def reference_server(major: int, cache_dir: Path | None) -> Iterator[str]:
+    """The kit's reference server, in a child process (as a user runs it), on a free loopback port."""
+    from ggml_rpc.conformance.harness import free_port, wait_for_port
+
+    port = free_port(LOOPBACK)
+    argv = [sys.executable, "-m", "ggml_rpc.conformance.cli", "serve", "--host", LOOPBACK, "--port", str(port),
+            "--proto", str(major)]
+    if cache_dir is not None:
+        argv += ["--cache-dir", str(cache_dir)]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        if not wait_for_port(LOOPBACK, port, 30.0, lambda: proc.poll() is None):
+            raise RuntimeError(f"reference server did not listen on {LOOPBACK}:{port}")
+        yield f"{LOOPBACK}:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def generated_text(out: str) -> str:
+    """What llama-completion printed of the generation (its stdout: the prompt and the new tokens)."""
+    return out.strip()
