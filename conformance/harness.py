@@ -99,6 +99,10 @@ class CheckFailed(Exception):
         self.level = level
 
 
+class ServerGone(CheckFailed):
+    """A step found no server to talk to: the server died earlier in this check (the death is the finding)."""
+
+
 class Skipped(Exception):
     """The check cannot judge this server (for example: no hash cache to observe)."""
 
@@ -129,8 +133,6 @@ class Check:
     #: What it enforces: a command (linked per version, ``v7-get_tensor``) or a fixed anchor (``framing``).
     section: Command | str
     func: Callable[[Context], str | None]
-    #: Level of "the server still accepts connections afterwards" (SHOULD for deliberately bad input).
-    survive: Level = Level.MUST
     #: Minimum (major, minor, patch) within the majors, for rules added by a patch release.
     min_version: tuple[int, int, int] | None = None
     #: Maximum version (inclusive) the rule applies to, for rules a later patch changed.
@@ -177,6 +179,9 @@ class Result:
     #: When the server died during this check: exit status and last log lines (spawned servers) or a note.
     server_death: dict[str, Any] | None = None
     spec: str = ""
+    #: The failure came from the connection breaking (closed, reset, refused, timed out), not from a wrong answer:
+    #: when the server turns out to have died, the death is the verdict.
+    interrupted: bool = False
 
     @property
     def failed(self) -> bool:
@@ -254,6 +259,13 @@ class Target:
 
     def restart(self) -> None:
         raise TargetError("this server cannot be restarted by the harness")
+
+    def process_exited(self) -> bool:
+        """True when the harness knows the server's process has ended (only a spawned server is known)."""
+        return False
+
+    #: How long a step waits for a (re)starting server to accept before judging it gone.
+    startup_wait = 0.0
 
     @property
     def cache_dir(self) -> Path | None:
@@ -384,6 +396,13 @@ class SpawnedTarget(Target):
         self.restarts += 1
         self.start()
 
+    def process_exited(self) -> bool:
+        return self.proc is not None and self.proc.poll() is not None
+
+    @property
+    def startup_wait(self) -> float:  # type: ignore[override]
+        return self.startup_timeout
+
 
 class EmbeddedTarget(Target):
     """The kit's own reference server, in this process, on an ephemeral loopback port.
@@ -509,6 +528,15 @@ class Context:
                 protocol=protocol or self.runner.info.protocol or V6,  # HELLO is the same everywhere
                 hello=hello,
             )
+        except ConnectionRefusedError as exc:
+            target = self.runner.target
+            if target.process_exited():
+                raise ServerGone(f"cannot connect to {target.address}: the server process has exited") from exc
+            # A restarted server may still be binding its port: wait for it (bounded) instead of judging it.
+            if not (target.can_restart and wait_for_port(target.host, target.port, target.startup_wait,
+                                                         lambda: not target.process_exited())):
+                raise ServerGone(f"cannot connect to {target.address}: {exc}") from exc
+            return self.connect(hello=hello, protocol=protocol, timeout=timeout)
         except OSError as exc:
             raise CheckFailed(f"cannot connect to {self.runner.target.address}: {exc}") from exc
         self._clients.append(client)
@@ -648,7 +676,8 @@ class Runner:
             result = Result(check, Outcome.PASS, note or "")
         except CheckFailed as exc:
             level = exc.level or check.level
-            result = Result(check, Outcome.FAIL, exc.message, failed_level=level)
+            result = Result(check, Outcome.FAIL, exc.message, failed_level=level,
+                            interrupted=isinstance(exc, ServerGone))
             ctx.evidence.append(exc.evidence)
         except Skipped as exc:
             result = Result(check, Outcome.SKIP, str(exc))
@@ -678,7 +707,7 @@ class Runner:
         """A check interrupted by the server's behaviour: a failure, with the exception as evidence."""
         detail = str(exc) or type(exc).__name__
         ctx.note(what, expected=expected, got=detail)
-        return Result(ctx.check, Outcome.FAIL, f"{what}: {detail}", failed_level=ctx.check.level)
+        return Result(ctx.check, Outcome.FAIL, f"{what}: {detail}", failed_level=ctx.check.level, interrupted=True)
 
     def _after(self, check: Check, result: Result) -> None:
         """Make sure the server survived; record a death and restart (spawned) or stop the run."""
@@ -686,12 +715,23 @@ class Runner:
             return
         death = self.target.death_info() or {"status": "no longer accepts connections"}
         result.server_death = death
-        result.evidence.append(Evidence("server stopped answering after this check", got=death.get("status")))
-        if not result.failed:
+        # The step during which it died: the last one that sent something (later steps only found it gone).
+        steps = [e for e in result.evidence if e.sent]
+        step = steps[-1] if steps else (result.evidence[0] if result.evidence else None)
+        where = f" during step '{step.step}'" if step else ""
+        # Only a spawned server's exit is known; an external one is only seen to stop answering.
+        what = "server died" if self.target.process_exited() else "server stopped answering"
+        result.evidence.append(Evidence(f"{what}{where}", sent=step.sent if step else None,
+                                        expected="the server keeps accepting connections", got=death.get("status")))
+        death_line = f"{what}{where} ({death.get('status')})"
+        if not result.failed or result.interrupted:
+            # A death is a SHOULD failure of the check that caused it, never a MUST failure nor a refused connect.
+            said = f"; check said: {result.message}" if result.message and not result.interrupted else ""
             result.outcome = Outcome.FAIL
-            result.failed_level = check.survive
-            result.message = (f"server stopped answering after this check ({death.get('status')})"
-                              + (f"; check said: {result.message}" if result.message else ""))
+            result.failed_level = Level.SHOULD
+            result.message = death_line + said
+        else:
+            result.message = f"{result.message}; then {death_line}"
         if self.target.can_restart:
             try:
                 self.target.restart()

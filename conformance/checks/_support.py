@@ -29,7 +29,6 @@ def check(
     level: Level = Level.MUST,
     majors: tuple[int, ...] = BOTH,
     section: Command | str,
-    survive: Level | None = None,
     min_version: tuple[int, int, int] | None = None,
     max_version: tuple[int, int, int] | None = None,
     any_version: bool = False,
@@ -39,9 +38,8 @@ def check(
     def deco(func: Callable[[Context], str | None]) -> Callable[[Context], str | None]:
         if any(c.id == id for c in REGISTRY):
             raise ValueError(f"duplicate check id {id}")
-        surv = survive or (Level.SHOULD if category is Category.FRAMING else Level.MUST)
         REGISTRY.append(
-            Check(id, title, category, level, majors, section, func, surv, min_version, max_version, any_version)
+            Check(id, title, category, level, majors, section, func, min_version, max_version, any_version)
         )
         return func
 

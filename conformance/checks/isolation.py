@@ -7,7 +7,7 @@ import socket
 from ggml_rpc.conformance.checks._support import I8, alloc, nonce, request_bytes, send_and_expect_close
 from ggml_rpc.conformance.checks._support import check as _check
 from ggml_rpc.conformance.client import ConnectionClosed, RpcClient
-from ggml_rpc.conformance.harness import Category, Context, Level, Skipped
+from ggml_rpc.conformance.harness import Category, Context, Skipped
 from ggml_rpc.spec import Command as C
 from ggml_rpc.spec import make_tensor
 
@@ -26,7 +26,7 @@ def _leftover(ctx: Context) -> tuple[int, int]:
 
 
 @_check("ISO-001", "a buffer handle of a closed connection is refused (BUFFER_GET_BASE closes)", ISO,
-        section=C.BUFFER_GET_BASE, survive=Level.SHOULD)
+        section=C.BUFFER_GET_BASE)
 def closed_handle(ctx: Context) -> None:
     handle, _base = _leftover(ctx)
     client = ctx.connect()
@@ -35,7 +35,7 @@ def closed_handle(ctx: Context) -> None:
 
 
 @_check("ISO-002", "a closed connection's buffer cannot be read through its handle and address (GET_TENSOR closes)",
-        ISO, section=C.GET_TENSOR, survive=Level.SHOULD)
+        ISO, section=C.GET_TENSOR)
 def closed_data(ctx: Context) -> None:
     handle, base = _leftover(ctx)
     client = ctx.connect()
@@ -58,7 +58,7 @@ def _second_connection(ctx: Context) -> RpcClient:
 
 
 @_check("ISO-003", "a live connection's buffer handle is refused on another connection", ISO,
-        section=C.BUFFER_GET_BASE, survive=Level.SHOULD)
+        section=C.BUFFER_GET_BASE)
 def live_handle(ctx: Context) -> None:
     owner = ctx.connect()
     buf = alloc(owner, 4096)

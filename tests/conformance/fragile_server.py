@@ -2,7 +2,9 @@
 
 ``python fragile_server.py --port N [--proto 7]`` runs the reference server behind a relay on 127.0.0.1:N; a
 GRAPH_COMPUTE whose node list holds id 0 makes the whole process abort (SIGABRT) after a log line, as an
-upstream server segfaults there.
+upstream server segfaults there. ``--die-on get-tensor`` aborts on any GET_TENSOR instead (the first step of
+FRAME-010, whose later steps then find no server); ``--startup-delay S`` waits before listening, as a slow server
+coming back after a restart does.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import argparse
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -28,14 +31,26 @@ class AbortOnNullNode(Breaker):
         return None
 
 
+class AbortOnGetTensor(Breaker):
+    def request(self, conn: Conn, msg: Msg) -> Act | None:
+        if msg.cmd == Command.GET_TENSOR:
+            print("fatal: GET_TENSOR, aborting", flush=True)
+            os.abort()
+        return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--proto", default="7")
+    ap.add_argument("--die-on", choices=["null-node", "get-tensor"], default="null-node")
+    ap.add_argument("--startup-delay", type=float, default=0.0)
     args = ap.parse_args()
+    time.sleep(args.startup_delay)
+    breaker = AbortOnGetTensor() if args.die_on == "get-tensor" else AbortOnNullNode()
     proto = parse_version_option(args.proto)
     with running_server(proto) as ref:
-        relay = FaultyServer(ref.address, proto, AbortOnNullNode(), port=args.port).start()
+        relay = FaultyServer(ref.address, proto, breaker, port=args.port).start()
         print(f"fragile server for protocol {proto.label} on 127.0.0.1:{args.port}", flush=True)
         threading.Event().wait()
         relay.stop()

@@ -356,3 +356,21 @@ def test_a_server_that_does_not_speak_the_protocol_is_a_usage_error(
     err = capsys.readouterr().err
     assert "does not answer HELLO" in err and message in err
     assert err.count("\n") == 1
+
+
+def test_a_death_on_the_first_step_of_a_must_check_is_its_should_failure(tmp_path: Path) -> None:
+    """FRAME-010 against upstream: the server dies on the first GET_TENSOR and the check's next connect is refused.
+    The verdict is the death (SHOULD, naming the signal and the step), not a MUST "connection refused"."""
+    cmd = (f"{shlex.quote(sys.executable)} {shlex.quote(str(FRAGILE))} --port {{port}} --die-on get-tensor "
+           "--startup-delay 0.5")
+    code, report = run_check(["--spawn", cmd, "--checks", "FRAME-010,HELLO-001,DATA-001"], tmp_path)
+    results = by_id(report)
+    died = results["FRAME-010"]
+    assert died["outcome"] == "fail" and died["failed_level"] == "SHOULD"
+    assert died["message"].startswith("server died during step 'GET_TENSOR")
+    assert "killed by signal SIGABRT" in died["message"] and "refused" not in died["message"]
+    last = died["evidence"][-1]
+    assert last["got"] == "killed by signal SIGABRT" and last["sent"]
+    # The restarted server (slow to listen) is waited for: the next checks see a server, not a refused connect.
+    assert results["HELLO-001"]["outcome"] == "pass" and results["DATA-001"]["outcome"] == "pass"
+    assert report["summary"]["must_failures"] == 0 and code == 0
