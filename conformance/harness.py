@@ -7,8 +7,11 @@ check cannot judge this server) or :class:`Unsupported` (the server declines a f
 
 The :class:`Runner` learns the server's version from HELLO before anything version-dependent is sent, runs each
 selected check on fresh connections, and after every check makes sure the server still accepts a connection.  A
-server that stopped answering is restarted when the harness spawned it (the death, with exit status and the last
-log lines, becomes evidence of the check that caused it); otherwise the remaining checks are "not run".
+server that dies during a check is that check's SHOULD failure (never a MUST one, never a "connection refused"),
+naming the exit status, the step and the bytes sent.  A spawned server is then restarted and waited for until it
+answers HELLO, so the next check never races its start; a death found before a check started is reported as
+unexplained instead of blamed on it.  An external server that died, or a failed restart, ends the run: the
+remaining checks are "not run".
 """
 
 from __future__ import annotations
@@ -176,7 +179,8 @@ class Result:
     #: For FAIL/ERROR: the level of the broken rule (MUST, or SHOULD for a check's SHOULD part).
     failed_level: Level | None = None
     duration: float = 0.0
-    #: When the server died during this check: exit status and last log lines (spawned servers) or a note.
+    #: When the server died during this check: exit status and last log lines (spawned servers) or a note,
+    #: plus the step during which it died and the bytes that step sent (``step``, ``sent``; None if unknown).
     server_death: dict[str, Any] | None = None
     spec: str = ""
     #: The failure came from the connection breaking (closed, reset, refused, timed out), not from a wrong answer:
@@ -485,6 +489,10 @@ class Context:
         self.check = check
         self.evidence: list[Evidence] = []
         self._clients: list[RpcClient] = []
+        #: Connections this check opened; none when its first connect already found no server.
+        self.connections = 0
+        #: The check's very first connect found no server: it died before the check, of something else.
+        self.gone_before_start = False
 
     @property
     def info(self) -> ServerInfo:
@@ -519,28 +527,51 @@ class Context:
     def connect(
         self, *, hello: bool = True, protocol: Protocol | None = None, timeout: float | None = None
     ) -> RpcClient:
-        """A new connection (closed when the check ends), HELLO done, encoding the server's version."""
-        try:
-            client = RpcClient.connect(
-                self.runner.target.host,
-                self.runner.target.port,
-                timeout=timeout or self.timeout,
-                protocol=protocol or self.runner.info.protocol or V6,  # HELLO is the same everywhere
-                hello=hello,
-            )
-        except ConnectionRefusedError as exc:
-            target = self.runner.target
-            if target.process_exited():
-                raise ServerGone(f"cannot connect to {target.address}: the server process has exited") from exc
-            # A restarted server may still be binding its port: wait for it (bounded) instead of judging it.
-            if not (target.can_restart and wait_for_port(target.host, target.port, target.startup_wait,
-                                                         lambda: not target.process_exited())):
-                raise ServerGone(f"cannot connect to {target.address}: {exc}") from exc
-            return self.connect(hello=hello, protocol=protocol, timeout=timeout)
-        except OSError as exc:
-            raise CheckFailed(f"cannot connect to {self.runner.target.address}: {exc}") from exc
+        """A new connection (closed when the check ends), HELLO done, encoding the server's version.
+
+        Raises :class:`ServerGone` when a spawned server's process has exited (its death is the verdict, not a
+        refused connect), after waiting (bounded) for a live one that does not accept yet.
+        """
+        target = self.runner.target
+        # One deadline for all retries: a server flapping between accepting and refusing cannot loop forever.
+        deadline = time.monotonic() + target.startup_wait
+        while True:
+            try:
+                client = RpcClient.connect(
+                    target.host,
+                    target.port,
+                    timeout=timeout or self.timeout,
+                    protocol=protocol or self.runner.info.protocol or V6,  # HELLO is the same everywhere
+                    hello=hello,
+                )
+                break
+            except ConnectionRefusedError as exc:
+                if not target.process_exited() and target.can_restart:
+                    # A restarted server may still be binding its port: wait for it (bounded) instead of
+                    # judging it, then try again.
+                    left = deadline - time.monotonic()
+                    if left > 0 and wait_for_port(target.host, target.port, left,
+                                                  lambda: not target.process_exited()):
+                        continue
+                raise self._gone(exc, refused=True) from exc
+            except OSError as exc:
+                # A timeout or reset from a process that has exited was its death, not this connect's verdict;
+                # from a live server it stays a failure (ISO-003 reads a HELLO timeout from the cause).
+                if target.process_exited():
+                    raise self._gone(exc) from exc
+                raise CheckFailed(f"cannot connect to {target.address}: {exc}") from exc
         self._clients.append(client)
+        self.connections += 1
         return client
+
+    def _gone(self, exc: OSError, *, refused: bool = False) -> ServerGone:
+        """The :class:`ServerGone` for a connect that found no server (noting whether nothing was sent yet)."""
+        target = self.runner.target
+        if refused and self.connections == 0:
+            # Not one byte of this check reached the server: whatever killed it came before.
+            self.gone_before_start = True
+        why = "the server process has exited" if target.process_exited() else str(exc)
+        return ServerGone(f"cannot connect to {target.address}: {why}")
 
     def close_all(self) -> None:
         for c in self._clients:
@@ -576,7 +607,12 @@ class Runner:
         self.info = ServerInfo()
         self.shared: dict[str, Any] = {}
         self.dead_after: str | None = None
+        #: Why the remaining checks are not run (set with ``dead_after``).
+        self.stop_reason: str | None = None
+        #: Deaths no check explains (found before a check started): status, log tail, "after" and "before".
+        self.unexplained_deaths: list[dict[str, Any]] = []
         self.results: list[Result] = []
+        self._last_run: str | None = None
         self.started_at = 0.0
         self.finished_at = 0.0
         self._started = False
@@ -637,6 +673,22 @@ class Runner:
         except (OSError, ConnectionClosed, ProtocolError):
             return False
 
+    def await_ready(self, timeout: float) -> bool:
+        """Poll (bounded by ``timeout``) until the server answers HELLO; False once its process has exited.
+
+        A (re)started server may accept the port probe of :meth:`Target.start` and still refuse or not answer for
+        a moment; a crashing one may linger (core dump) before it exits.  Either way the answer is waited for.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.target.process_exited():
+                return False
+            if self.server_alive():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
     # -- running --
 
     def run(self, checks: Iterable[Check], progress: ProgressFn | None = None) -> list[Result]:
@@ -649,7 +701,8 @@ class Runner:
     def _not_applicable(self, check: Check) -> Result | None:
         info = self.info
         if self.dead_after is not None:
-            return Result(check, Outcome.NOT_RUN, f"server stopped answering after {self.dead_after}")
+            return Result(check, Outcome.NOT_RUN,
+                          self.stop_reason or f"server stopped answering after {self.dead_after}")
         if info.version is None:
             return Result(check, Outcome.NOT_RUN, "no handshake")
         if not info.covered and not check.any_version:
@@ -662,14 +715,31 @@ class Runner:
     def run_one(self, check: Check) -> Result:
         result = self._not_applicable(check)
         if result is None:
-            result = self._execute(check)
-            self._after(check, result)
+            # A spawned server found dead before the check starts died of something no check explains.
+            early = self._unexplained(check) if self.target.process_exited() else []
+            result = self._not_applicable(check)
+            if result is None:
+                ctx = Context(self, check)
+                result = self._execute(ctx)
+                if ctx.gone_before_start and not self.server_alive():
+                    # The check's first connect found no server: nothing of it reached the server, so the death
+                    # is not its own.  Reported as such; the check runs (once more) on the restarted server.
+                    early += self._unexplained(check)
+                    result = self._not_applicable(check)
+                    if result is None:
+                        ctx = Context(self, check)
+                        result = self._execute(ctx)
+                        self._after(check, result)
+                else:
+                    self._after(check, result)
+                self._last_run = check.id
+            result.evidence[:0] = early
         result.spec = check.spec_link(self.info.protocol)
         self.results.append(result)
         return result
 
-    def _execute(self, check: Check) -> Result:
-        ctx = Context(self, check)
+    def _execute(self, ctx: Context) -> Result:
+        check = ctx.check
         t0 = time.perf_counter()
         try:
             note = check.func(ctx)
@@ -677,7 +747,7 @@ class Runner:
         except CheckFailed as exc:
             level = exc.level or check.level
             result = Result(check, Outcome.FAIL, exc.message, failed_level=level,
-                            interrupted=isinstance(exc, ServerGone))
+                            interrupted=isinstance(exc, ServerGone) or _lost_connection(exc))
             ctx.evidence.append(exc.evidence)
         except Skipped as exc:
             result = Result(check, Outcome.SKIP, str(exc))
@@ -713,11 +783,18 @@ class Runner:
         """Make sure the server survived; record a death and restart (spawned) or stop the run."""
         if self.server_alive():
             return
+        # A spawned server still running may only be slow to answer (or still dumping core): wait for its answer or
+        # its exit before judging, so the status names the signal rather than "not answering".
+        if self.target.can_restart and self.await_ready(self.target.startup_wait):
+            return
         death = self.target.death_info() or {"status": "no longer accepts connections"}
-        result.server_death = death
-        # The step during which it died: the last one that sent something (later steps only found it gone).
-        steps = [e for e in result.evidence if e.sent]
-        step = steps[-1] if steps else (result.evidence[0] if result.evidence else None)
+        # The step during which it died: the last one that sent something (later steps only found it gone),
+        # else the last step the check noted (not the failure the death itself caused).
+        failure_only = result.interrupted and result.evidence and not result.evidence[-1].sent
+        noted = result.evidence[:-1] if failure_only else result.evidence
+        steps = [e for e in noted if e.sent]
+        step = steps[-1] if steps else (noted[-1] if noted else None)
+        result.server_death = {**death, "step": step.step if step else None, "sent": step.sent if step else None}
         where = f" during step '{step.step}'" if step else ""
         # Only a spawned server's exit is known; an external one is only seen to stop answering.
         what = "server died" if self.target.process_exited() else "server stopped answering"
@@ -732,15 +809,44 @@ class Runner:
             result.message = death_line + said
         else:
             result.message = f"{result.message}; then {death_line}"
+        error = self._revive(check.id, f"server stopped answering after {check.id}")
+        if error is not None:
+            result.evidence.append(Evidence("restart failed", got=error))
+
+    def _unexplained(self, check: Check) -> list[Evidence]:
+        """Record a death found before ``check`` started (no check explains it) and restart the server."""
+        death = self.target.death_info() or {"status": "no longer accepts connections"}
+        after = self._last_run or "the handshake"
+        self.unexplained_deaths.append({**death, "after": after, "before": check.id})
+        evidence = [Evidence(f"the server was found dead before this check started (after {after}); "
+                             "no check explains the death", expected="a running server", got=death.get("status"))]
+        error = self._revive(after, f"server stopped answering before {check.id} (after {after})")
+        if error is not None:
+            evidence.append(Evidence("restart failed", got=error))
+        return evidence
+
+    def _revive(self, dead_after: str, stopped: str) -> str | None:
+        """Restart a dead server and wait until it answers HELLO; else stop the run (``dead_after``: the last
+        check it lived through, ``stopped``: why the rest is not run).  The restart error, or None."""
+        error = None
         if self.target.can_restart:
             try:
                 self.target.restart()
+                # start() only saw the port accept a connection: the next check must find HELLO answered, not
+                # lose a race with a server still coming up.
+                if not self.await_ready(self.target.startup_wait):
+                    info = self.target.death_info() if self.target.process_exited() else None
+                    raise TargetError(f"restarted server on {self.target.address} does not answer HELLO"
+                                      + (f" ({info['status']})" if info else ""))
                 self.shared.clear()
                 self.handshake()
-                return
+                return None
             except TargetError as exc:
-                result.evidence.append(Evidence("restart failed", got=str(exc)))
-        self.dead_after = check.id
+                error = str(exc)
+        # The remaining checks are not run (not failed); the restart failure is reported once, by the caller.
+        self.dead_after = dead_after
+        self.stop_reason = stopped + (f"; restart failed: {error}" if error else "")
+        return error
 
     # -- summary --
 
@@ -761,6 +867,17 @@ class Runner:
         if s["must_failures"] or (strict and s["should_failures"]):
             return 1
         return 0
+
+
+def _lost_connection(exc: BaseException) -> bool:
+    """Was this failure raised while handling a broken connection (closed, reset, refused, timed out)?"""
+    seen = 0
+    cause: BaseException | None = exc.__cause__ or exc.__context__
+    while cause is not None and seen < 8:  # `raise ... from None` keeps __context__: still the connection's loss
+        if isinstance(cause, (ConnectionClosed, OSError)):
+            return True
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    return False
 
 
 def select(checks: Sequence[Check], patterns: str | None) -> list[Check]:

@@ -16,7 +16,7 @@ from typing import Any
 
 from .models import ensure_models
 from .peers import PEERS, Peer
-from .runs import UpstreamServer, completion, completion_argv, generated_text, kit, reference_server
+from .runs import UpstreamServer, completion, completion_argv, generated_text, kit, reason_line, reference_server
 
 PASS, FAIL, UNSUPPORTED = "pass", "fail", "unsupported"
 
@@ -261,15 +261,27 @@ def cross_version_row(client: Peer, server: Peer, ws: Workspace, model: str) -> 
               scenario="version-mismatch")
     with reference_server(server.major, None) as address:
         outcomes["reference"] = completion(client, ws.models(client)[model], address, timeout=120)
-    figures = {name: done.why() for name, done in outcomes.items()}
+    import re
+
+    def reason(done: Any) -> str:
+        # The client's abort message (its log lines are written by a thread and may be lost in the abort),
+        # without the build path, line number and port, so both refusals compare.
+        aborts = [ln for ln in done.stderr.splitlines() if re.search(r"\.cpp:\d+: ", ln)]
+        text = re.sub(r"^\S*\.cpp:\d+:\s*", "", aborts[-1] if aborts else reason_line(done.stderr))
+        return re.sub(r"127\.0\.0\.1:\d+", "SERVER", text)
+
+    figures: dict[str, Any] = {name: reason(done) for name, done in outcomes.items()}
     figures["upstream_server_alive_after"] = up_alive
     refused = {name: not done.ok for name, done in outcomes.items()}
     if not all(refused.values()):
         wrong = [name for name, r in refused.items() if not r]
         return Cell(FAIL, f"the v{client.major} client ran against the v{server.major} {', '.join(wrong)} server",
                     figures)
-    return Cell(PASS, f"refused by both servers: upstream ({figures['upstream']}); reference "
-                      f"({figures['reference']})", figures)
+    if figures["upstream"] != figures["reference"]:
+        return Cell(FAIL, f"refused differently: upstream {figures['upstream']!r}, reference "
+                          f"{figures['reference']!r}", figures)
+    return Cell(PASS, f"both servers refused alike: {figures['upstream']} ({outcomes['upstream'].why().split(':')[0]})",
+                figures)
 
 
 def check_wrong_proto_row(expected: str, server: Peer, ws: Workspace) -> Cell:

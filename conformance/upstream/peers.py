@@ -123,6 +123,8 @@ class Peer:
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
             p for p in (str(self.bin_dir), env.get("LD_LIBRARY_PATH", "")) if p)
         env.pop("LLAMA_ARG_RPC", None)
+        # No gdb backtrace on an abort: it takes seconds per death and buries the assertion in the log tail.
+        env["GGML_NO_BACKTRACE"] = "1"
         if extra:
             env.update(extra)
         return env

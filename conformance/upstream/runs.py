@@ -40,8 +40,20 @@ class Finished:
         from ggml_rpc.conformance.harness import exit_status
 
         status = "timed out" if self.code is None else exit_status(self.code)
-        tail = next((ln.strip() for ln in reversed(self.stderr.splitlines()) if ln.strip()), "")
-        return f"{Path(self.argv[0]).name} {status}" + (f": {tail[:160]}" if tail else "")
+        tail = reason_line(self.stderr)
+        return f"{Path(self.argv[0]).name} {status}" + (f": {tail}" if tail else "")
+
+
+_REASON = ("mismatch", "rpc server", "failed to", "error")
+
+
+def reason_line(text: str) -> str:
+    """The line of a program's error output that says why it stopped (the last one naming an error)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if any(word in line.lower() for word in _REASON):
+            return line[:200]
+    return lines[-1][:200] if lines else ""
 
 
 def run(argv: list[str], *, env: dict[str, str] | None = None, timeout: float = 300.0) -> Finished:
@@ -105,7 +117,8 @@ class UpstreamServer:
         import shlex
 
         env = self.peer.env({"LLAMA_CACHE": str(self.llama_cache)})
-        pre = ["env", f"LD_LIBRARY_PATH={env['LD_LIBRARY_PATH']}", f"LLAMA_CACHE={env['LLAMA_CACHE']}"]
+        pre = ["env", f"LD_LIBRARY_PATH={env['LD_LIBRARY_PATH']}", f"LLAMA_CACHE={env['LLAMA_CACHE']}",
+               "GGML_NO_BACKTRACE=1"]
         return shlex.join([*pre, *self.peer.server_argv("{port}", cache=self.cache)]).replace("'{port}'", "{port}")
 
     def __enter__(self) -> UpstreamServer:
