@@ -86,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(matrix.as_json(results, {**meta, "seconds": round(seconds, 1)}),
                                               indent=2) + "\n")
+    if pcap_dir is not None and ws.manifest:
+        manifest = {"doc": "Genuine upstream sessions recorded by `ggml-rpc interop --pcap-dir` through the checking "
+                    "proxy (upstream llama-completion -> upstream rpc-server).", "fixtures": ws.manifest}
+        (pcap_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     if args.markdown:
         Path(args.markdown).write_text(interop_report.render_markdown(results, meta, seconds))
     return 0 if passed == len(results) else 1

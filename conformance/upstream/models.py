@@ -10,6 +10,7 @@ the same arguments give the same bytes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -18,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from ggml_rpc.spec.facts import HASH_THRESHOLD
 
 #: A weight strictly larger than this is hashed by an upstream client before it is sent (SET_TENSOR_HASH).
@@ -105,20 +105,37 @@ def _finish(writer: Any) -> None:
     writer.close()
 
 
-def _copy_vocab(writer: Any, vocab_path: Path) -> int:
-    """Copy every tokenizer.* key of the vocabulary file with its exact GGUF type; returns the vocabulary size."""
+@functools.lru_cache(maxsize=4)
+def _vocab_fields(path: str, stamp: tuple[int, int]) -> tuple[tuple[str, Any, Any, Any], ...]:
+    """The tokenizer.* keys of a vocabulary file as (key, value, type, array item type), sorted by key.
+
+    Parsing 32,000 tokens with GGUFReader takes seconds, and ensure_models copies the same file into every model:
+    the result is kept per file, keyed by its size and modification time (``stamp``) so an edited file is re-read.
+    Sorted, so the output does not depend on the key order of the vocabulary file.
+    """
     from gguf import GGUFReader, GGUFValueType
 
-    reader = GGUFReader(vocab_path)
-    # Sorted, so the output does not depend on the key order of the vocabulary file.
-    keys = sorted(k for k in reader.fields if k.startswith("tokenizer."))
-    for key in keys:
+    reader = GGUFReader(path)
+    out = []
+    for key in sorted(k for k in reader.fields if k.startswith("tokenizer.")):
         f = reader.fields[key]
         sub_type = f.types[-1] if f.types[0] == GGUFValueType.ARRAY else None
-        writer.add_key_value(key, f.contents(), f.types[0], sub_type=sub_type)
-    if "tokenizer.ggml.tokens" not in keys:
+        out.append((key, f.contents(), f.types[0], sub_type))
+    return tuple(out)
+
+
+def _copy_vocab(writer: Any, vocab_path: Path) -> int:
+    """Copy every tokenizer.* key of the vocabulary file with its exact GGUF type; returns the vocabulary size."""
+    st = os.stat(vocab_path)
+    n_vocab = 0
+    for key, value, vtype, sub_type in _vocab_fields(str(Path(vocab_path).resolve()), (st.st_size, st.st_mtime_ns)):
+        # A copy of the cached list: the writer keeps what it is given until the file is written.
+        writer.add_key_value(key, list(value) if isinstance(value, list) else value, vtype, sub_type=sub_type)
+        if key == "tokenizer.ggml.tokens":
+            n_vocab = len(value)
+    if not n_vocab:
         raise ValueError(f"{vocab_path}: no tokenizer.ggml.tokens")
-    return len(reader.fields["tokenizer.ggml.tokens"].data)
+    return n_vocab
 
 
 def _store(writer: Any, name: str, data: np.ndarray, kind: str, info: ModelInfo) -> None:
