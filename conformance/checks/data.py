@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ggml_rpc.conformance.checks._leaks import LeakReport, classify
 from ggml_rpc.conformance.checks._support import (
     F32,
     Buf,
@@ -314,3 +315,38 @@ def alloc_too_big(ctx: Context) -> None:
     sent = request_bytes(ctx.protocol, C.ALLOC_BUFFER, {"device": 0, "size": size})
     expect_open(ctx, client, sent, "after a refused ALLOC_BUFFER")
 
+
+
+#: Sizes tried: below glibc's mmap threshold (heap chunks, reused after a free) and one well above it.
+FRESH_SIZES = (256, 4096, 65536)
+#: The fill of the buffer freed just before the fresh one is allocated (what a reused chunk would still hold).
+FREED_FILL = 0x5A
+
+
+@_check("DATA-030", "a freshly allocated buffer never hands out another allocation's bytes", DA, level=Level.SHOULD,
+        section=C.ALLOC_BUFFER)
+def fresh_buffer_clean(ctx: Context) -> str:
+    client = ctx.connect()
+    leaks: list[tuple[str, LeakReport, bytes]] = []
+    for size in FRESH_SIZES:
+        # Fill a buffer and free it, so an allocator that reuses the chunk shows it; then read a new one unwritten.
+        old = alloc(client, size)
+        client.set_tensor(old.tensor(0, size), 0, bytes([FREED_FILL]) * size)
+        client.free_buffer(old.handle)
+        new = alloc(client, size)
+        got = bytes(client.get_tensor(new.tensor(0, size), 0, size))
+        report = classify(got, FREED_FILL)
+        step = f"GET_TENSOR of a fresh, never-written {size}-byte buffer (after freeing one filled with 5a)"
+        ctx.note(step, expected="one value throughout (e.g. zeros)", got=report.describe())
+        if report.leaked:
+            leaks.append((step, report, got))
+        client.free_buffer(new.handle)
+    if leaks:
+        # Every size is tried: pointer-like words (an address-space leak) are the evidence that matters most.
+        step, report, got = max(leaks, key=lambda leak: leak[1].looks_like_addresses)
+        where = "addresses" if report.looks_like_addresses else "data"
+        raise fail(f"{step}: the server handed out bytes it was never given ({report.symptom}: {where} of other "
+                   f"allocations; {len(leaks)} of {len(FRESH_SIZES)} sizes leaked)",
+                   expected="one value throughout (e.g. zeros)",
+                   got=f"{report.describe()}; first bytes {hexdump(got, 32)}")
+    return "fresh buffers read back as one value"

@@ -17,6 +17,8 @@ from faulty import (
     Act,
     Breaker,
     Conn,
+    Dies,
+    DiesOnLostReply,
     Inject,
     Msg,
     RewriteReply,
@@ -423,6 +425,20 @@ def _hash_hit_outside(conn: Conn, msg: Msg) -> bool:
     return start + path.stat().st_size > r[1]
 
 
+def _zeros_to_pointers(conn: Conn, msg: Msg, body: bytes) -> bytes:
+    """Every all-zero word of a read becomes a heap pointer: what an allocator's stale chunk hands out."""
+    out = bytearray(body)
+    for i in range(0, len(out) - 7, 8):
+        if not any(out[i:i + 8]):
+            struct.pack_into("<Q", out, i, 0x0000_7FAB_F11F_1CC0)
+    return bytes(out)
+
+
+def _other_layout_accepted(conn: Conn, msg: Msg) -> bool:
+    """A SET_TENSOR whose region leaves the buffer (v6 layout read by v7) or the tensor (v7 layout read by v6)."""
+    return set_region_outside(conn, msg) or _set_past_nbytes(conn, msg)
+
+
 def _v6_never_saves(conn: Conn, msg: Msg) -> Act | None:
     if msg.cmd == C.SET_TENSOR and data_len(msg) > HASH_THRESHOLD:
         parts = split_set(conn, msg)
@@ -485,6 +501,12 @@ BREAKERS: dict[str, Callable[[], Breaker]] = {
     "FRAME-034": lambda: AcceptBad(lambda conn, msg: msg.cmd == C.SET_TENSOR_HASH and msg.fields is not None
                                    and unknown_buffer(conn, msg.fields["tensor"])),
     "FRAME-035": lambda: AcceptBad(_hash_hit_outside),
+    "FRAME-036": lambda: Dies(lambda conn, msg: msg.cmd == C.SET_TENSOR and msg.size >= 1 << 63),
+    "FRAME-037": lambda: Dies(lambda conn, msg: msg.cmd == C.GRAPH_COMPUTE and msg.size >= 1 << 63),
+    # 300,000 tensors are beyond the relay's decode limit: the size alone tells the chain.
+    "FRAME-038": lambda: Dies(lambda conn, msg: msg.cmd == C.GRAPH_COMPUTE and msg.size > 64 << 20),
+    "FRAME-039": DiesOnLostReply,
+    "FRAME-040": lambda: AcceptBad(_other_layout_accepted),
     # data path
     "DATA-001": lambda: RewriteReply(C.ALLOC_BUFFER, lambda c, m, body: body[:8] + struct.pack(
         "<Q", max(0, struct.unpack_from("<Q", body, 8)[0] - 1))),
@@ -525,6 +547,7 @@ BREAKERS: dict[str, Callable[[], Breaker]] = {
                                  if msg.cmd == C.GET_TENSOR and msg.fields and msg.fields["size"] == 0 else None),
     "DATA-029": lambda: close_on(lambda conn, msg: msg.cmd == C.ALLOC_BUFFER and msg.fields is not None
                                  and msg.fields["size"] > 1 << 50),
+    "DATA-030": lambda: RewriteReply(C.GET_TENSOR, _zeros_to_pointers),
     # cache, v7
     "CACHE-V7-001": lambda: flag_fn(lambda flag, n: flag != 0, 0),
     "CACHE-V7-002": lambda: flag_fn(lambda flag, n: flag == 0 and n > HASH_THRESHOLD, 1),

@@ -72,6 +72,8 @@ class Act:
     #: Extra no-reply requests sent upstream after the forwarded one.
     then_upstream: tuple[bytes, ...] = ()
     close: bool = False
+    #: The whole server goes away (listener and every connection), as an upstream process that aborts.
+    die: bool = False
 
 
 @dataclass
@@ -92,6 +94,9 @@ class Breaker:
 
     #: One upstream connection shared by every client (buffers outlive their client connection).
     shared_upstream = False
+    #: A reply that cannot be delivered (the client closed first) takes the whole server down, as SIGPIPE does to
+    #: upstream: replies then go out as two writes (size, body), like upstream's, so the second meets the reset.
+    dies_on_lost_reply = False
 
     def request(self, conn: Conn, msg: Msg) -> Act | None:
         return None
@@ -175,6 +180,16 @@ class FaultyServer:
                 s.close()
         self._thread.join(timeout=5)
 
+    def die(self) -> None:
+        """Stop listening and drop every connection at once: what clients see of a process that aborted."""
+        self._stop.set()
+        for s in [self.sock, *self._socks, *([self._shared] if self._shared else [])]:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                s.close()
+        raise Gone("server died")
+
     def _accept(self) -> None:
         while not self._stop.is_set():
             try:
@@ -212,6 +227,8 @@ class FaultyServer:
                 if size > RELAY_LIMIT:
                     msg = Msg(cmd, size, b"", None, None)
                     act = self.breaker.request(conn, msg)
+                    if act is not None and act.die:
+                        self.die()
                     if act is not None and act.forward is None:
                         self._hold(client)
                         return
@@ -267,6 +284,8 @@ class FaultyServer:
             act = Act(forward=msg.raw)
         if act.close:
             raise Gone("breaker closed")
+        if act.die:
+            self.die()
         if act.forward is not None:
             try:
                 up.sendall(act.forward)
@@ -287,7 +306,14 @@ class FaultyServer:
                     if entry is not None:
                         entry[1] = struct.unpack("<Q", body)[0]
                 body = self.breaker.reply(conn, msg, body)
-                client.sendall(REPLY_HEADER.pack(len(body)) + body)
+                if self.breaker.dies_on_lost_reply:
+                    try:
+                        client.sendall(REPLY_HEADER.pack(len(body)))
+                        client.sendall(body)
+                    except OSError:
+                        self.die()
+                else:
+                    client.sendall(REPLY_HEADER.pack(len(body)) + body)
             if msg.cmd == Command.FREE_BUFFER and msg.fields:
                 conn.buffers.pop(msg.fields["remote_ptr"], None)
             for extra in act.then_upstream:
@@ -323,6 +349,22 @@ class AcceptBad(Breaker):
         if self.pred(conn, msg):
             return Act(forward=None, answer=fake_reply(conn.protocol, msg, self.fill))
         return None
+
+
+class Dies(Breaker):
+    """The server dies (listener and connections gone) on requests matching ``pred``."""
+
+    def __init__(self, pred: Pred) -> None:
+        self.pred = pred
+
+    def request(self, conn: Conn, msg: Msg) -> Act | None:
+        return Act(forward=None, die=True) if self.pred(conn, msg) else None
+
+
+class DiesOnLostReply(Breaker):
+    """The server dies when a client closed before its reply could be written (upstream: SIGPIPE)."""
+
+    dies_on_lost_reply = True
 
 
 class RewriteReply(Breaker):
