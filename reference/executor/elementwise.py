@@ -32,6 +32,7 @@ from .core import (
     write,
 )
 from .memory import F32, Memory, node_error
+from .types import round_away
 
 _SQRT_2_OVER_PI = np.float32(0.7978845608028654)
 _GELU_COEF_A = np.float32(0.044715)
@@ -80,10 +81,6 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return np.float32(1) / (np.float32(1) + np.exp(-x))
 
 
-def _round_away(x: np.ndarray) -> np.ndarray:
-    return np.where(x >= 0, np.floor(x + np.float32(0.5)), np.ceil(x - np.float32(0.5)))
-
-
 def _xielu(x: np.ndarray, node: GraphTensor) -> np.ndarray:
     p = params_f32(node)
     alpha_n, alpha_p, beta, eps = p[1], p[2], p[3], p[4]
@@ -112,7 +109,7 @@ _UNARY: dict[int, Callable[[np.ndarray], np.ndarray]] = {
     UnaryOp.GELU_ERF: gelu_erf,
     UnaryOp.FLOOR: np.floor,
     UnaryOp.CEIL: np.ceil,
-    UnaryOp.ROUND: _round_away,
+    UnaryOp.ROUND: round_away,
     UnaryOp.TRUNC: np.trunc,
 }
 

@@ -26,10 +26,25 @@ def nibbles(q: list[int]) -> bytes:
 def test_q8_0_exact_block():
     x = [-127.0, -1.5, -0.5, 0.5, 1.5, 2.49, 127.0, 0.0] + [float(v) for v in range(24)]
     got = block_bytes(ty.Q8_0, x)
-    # amax 127 -> d = 1.0; codes round halves away from zero.
-    want_q = [-127, -2, -1, 1, 2, 2, 127, 0, *range(24)]
+    # amax 127 -> d = 1.0; codes round halves to even, as ggml's x86 CPU backend does (upstream's CPY F32 -> Q8_0
+    # of this block gives 0 for 0.5 and -0.5, 2 for 1.5 and 2.5).
+    want_q = [-127, -2, 0, 0, 2, 2, 127, 0, *range(24)]
     assert got == ONE_F16 + struct.pack("32b", *want_q)
     assert ty.dequantize(ty.Q8_0, np.frombuffer(got, np.uint8).reshape(1, 34)).tolist() == [float(v) for v in want_q]
+
+
+def test_q8_0_codes_scale_by_127_over_amax():
+    # 1 / (amax / 127) and 127 / amax differ by one ulp for this amax, enough to move 0.03272703 from code 2 to 1;
+    # upstream's CPU backend (CPY F32 -> Q8_0 of this very block, 6.0.0 x86-64-v3 build) answers 1.
+    got = block_bytes(ty.Q8_0, [2.7708886, 0.03272703] + [0.0] * 30)
+    assert got[:2] == np.float16(2.7708886 / 127).tobytes()
+    assert list(np.frombuffer(got[2:4], np.int8)) == [127, 1]
+
+
+def test_round_op_has_no_half_trap():
+    # C roundf: 0.49999997 + 0.5 rounds to 1.0 in float32, but 0.49999997 itself rounds to 0.
+    x = np.array([0.49999997, -0.49999997, 0.5, -0.5, 2.5], dtype=np.float32)
+    assert ty.round_away(x).tolist() == [0.0, 0.0, 1.0, -1.0, 3.0]
 
 
 def test_q4_0_exact_block():
