@@ -67,6 +67,10 @@ class ServerConfig:
     max_graph_bytes: int = DEFAULT_MAX_GRAPH_BYTES
     #: Runs a rebuilt graph (None: the built-in executor, a plan ``prepare``d once per graph and run again).
     executor: Callable[[list[GraphTensor]], None] | None = None
+    #: Threads numpy's BLAS may use for graph computation (upstream rpc-server's ``-t``).  One by default: on a busy
+    #: machine OpenBLAS's worker threads wait for a core, and a 32,000 x 256 F32 matrix-vector product took 10-15 ms
+    #: instead of 1 ms (2 cores, the client and other work running).  None leaves the process's setting alone.
+    threads: int | None = 1
 
 
 class Close(Exception):

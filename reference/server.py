@@ -37,6 +37,15 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def limit_blas_threads(threads: int) -> None:
+    """Cap the threads of every BLAS/OpenMP pool loaded in this process (process-wide, as BLAS pools are)."""
+    from threadpoolctl import threadpool_limits
+
+    if threads < 1:
+        raise ValueError("threads must be at least 1")
+    threadpool_limits(limits=threads)
+
+
 class Server:
     """A listening reference server.  :meth:`serve_forever` blocks; :meth:`stop` ends it from any thread."""
 
@@ -52,6 +61,8 @@ class Server:
         self._threads: set[threading.Thread] = set()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
+        if config.threads is not None:
+            limit_blas_threads(config.threads)
         if not _is_loopback(host):
             log.warning("listening on %s: the ggml RPC protocol has no authentication; anyone who can reach this "
                         "port can use the server", host)
@@ -147,6 +158,7 @@ def make_config(
     verbose: bool = False,
     max_graph_bytes: int | None = None,
     executor: Callable[[list[GraphTensor]], None] | None = None,
+    threads: int | None = 1,
 ) -> ServerConfig:
     """A ServerConfig from plain options (``proto``: a Protocol or a label such as ``6``, ``7``, ``7.0.1``)."""
     protocol = proto if isinstance(proto, Protocol) else parse_version_option(str(proto))
@@ -158,7 +170,8 @@ def make_config(
         max_size=dev.max_size if max_size is None else max_size,
     )
     config = ServerConfig(protocol=protocol, devices=devices, device=dev, cache_dir=cache_dir,
-                          cache_max_bytes=cache_max_bytes, concurrent=concurrent, verbose=verbose, executor=executor)
+                          cache_max_bytes=cache_max_bytes, concurrent=concurrent, verbose=verbose, executor=executor,
+                          threads=threads)
     if max_graph_bytes is not None:
         config = replace(config, max_graph_bytes=max_graph_bytes)
     return config
@@ -171,7 +184,7 @@ def running_server(
     """A reference server on a thread, listening on an ephemeral loopback port until the block ends.
 
     Options are those of :func:`make_config` (devices, mem, alignment, max_size, cache_dir, cache_max_bytes,
-    concurrent, verbose, max_graph_bytes, executor).
+    concurrent, verbose, max_graph_bytes, executor, threads).
     """
     server = Server(make_config(proto, **options), host, port)  # type: ignore[arg-type]
     thread = threading.Thread(target=server.serve_forever, name=f"ggml-rpc-reference:{server.port}", daemon=True)

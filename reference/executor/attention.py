@@ -101,27 +101,21 @@ def _softmax_v(scores: np.ndarray, v: np.ndarray, sinks: np.ndarray | None, rh: 
 
 
 def _online_f16(scores: np.ndarray, v: np.ndarray, sinks: np.ndarray | None) -> np.ndarray:
-    """ggml's one-chunk recurrence with an F16 accumulator, stepping over KV positions, all rows at once."""
+    """ggml's one-chunk recurrence with an F16 accumulator, stepping over KV positions, all rows at once.
+
+    Only the F16 rounding of the accumulator after every step is sequential: the running maximum, and with it every
+    step's rescale factor ``ms`` and weight ``vs``, is worked out for all positions at once, so each step costs a
+    handful of numpy calls on one (rows, dv) slice.
+    """
     lead = scores.shape[:-1]
-    acc = np.zeros((*lead, v.shape[-1]), dtype=np.float16)
-    big_m = np.full(lead, -np.inf, dtype=np.float32)
-    total = np.zeros(lead, dtype=np.float32)
     live = ~np.isneginf(scores)
     # Positions masked out (-inf) for every row change nothing: only the others are stepped through.
-    for ic in np.flatnonzero(live.any(axis=tuple(range(live.ndim - 1)))).tolist():
-        use = live[..., ic]
-        s = scores[..., ic]
-        new_max = use & (s > big_m)
-        with np.errstate(invalid="ignore", over="ignore"):
-            ms = np.where(new_max, np.exp(big_m - s), np.float32(1)).astype(np.float32)
-            vs = np.where(new_max | ~use, np.float32(1), np.exp(s - big_m)).astype(np.float32)
-        vs = np.where(use, vs, np.float32(0))
-        big_m = np.where(new_max, s, big_m)
-        scaled = np.where(new_max[..., None], (acc.astype(np.float32) * ms[..., None]).astype(np.float16), acc)
-        row = v[..., ic, :][..., None, :]  # (seq, head, 1, dv)
-        updated = (scaled.astype(np.float32) + row * vs[..., None]).astype(np.float16)
-        acc = np.where(use[..., None], updated, acc)
-        total = np.where(use, total * ms + vs, total)
+    keep = np.flatnonzero(live.any(axis=tuple(range(live.ndim - 1))))
+    acc = np.zeros((*lead, v.shape[-1]), dtype=np.float16)
+    total = np.zeros(lead, dtype=np.float32)
+    big_m = np.full(lead, -np.inf, dtype=np.float32)
+    if len(keep):
+        acc, total, big_m = _online_steps(scores, v, live, keep)
     out = acc.astype(np.float32)
     if sinks is not None:
         sink_max = sinks > big_m
@@ -131,3 +125,38 @@ def _online_f16(scores: np.ndarray, v: np.ndarray, sinks: np.ndarray | None) -> 
         total = total * ms + vs
     inv = np.divide(np.float32(1), total, out=np.zeros_like(total), where=total != 0)
     return (out * inv[..., None]).astype(np.float32)
+
+
+def _online_steps(scores: np.ndarray, v: np.ndarray, live: np.ndarray,
+                  keep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The accumulator, the softmax denominator and the final maximum after stepping over positions ``keep``."""
+    lead = scores.shape[:-1]
+    s = np.moveaxis(scores[..., keep], -1, 0)  # (P, *lead)
+    use = np.moveaxis(live[..., keep], -1, 0)
+    running = np.maximum.accumulate(np.where(use, s, -np.inf), axis=0)
+    before = np.concatenate([np.full((1, *lead), -np.inf, dtype=np.float32), running[:-1]])
+    new_max = use & (s > before)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ms = np.where(new_max, np.exp(before - s), np.float32(1)).astype(np.float32)
+        vs = np.where(new_max | ~use, np.float32(1), np.exp(s - before)).astype(np.float32)
+    vs = np.where(use, vs, np.float32(0))
+    rescale = new_max.any(axis=tuple(range(1, new_max.ndim))).tolist()
+    acc = np.zeros((*lead, v.shape[-1]), dtype=np.float16)
+    total = np.zeros(lead, dtype=np.float32)
+    rows = max(1, int(np.prod(lead)) * v.shape[-1])
+    chunk = max(1, _CHUNK_SCORES // rows)
+    for lo in range(0, len(keep), chunk):
+        hi = min(len(keep), lo + chunk)
+        # Every step's weighted V row, (chunk, *lead, dv); a row not used at a step adds an exact zero.
+        v_pos = np.moveaxis(v[..., keep[lo:hi], :], -2, 0)[:, :, :, None, :]  # (chunk, seq, head, 1, dv)
+        with np.errstate(invalid="ignore"):
+            weighted = np.where(use[lo:hi, ..., None], v_pos * vs[lo:hi, ..., None], np.float32(0))
+        for i in range(lo, hi):
+            if rescale[i]:
+                scaled = (acc.astype(np.float32) * ms[i][..., None]).astype(np.float16)
+                acc = np.where(new_max[i][..., None], scaled, acc)
+                total *= ms[i]
+            # Added in float32 and rounded once to F16 on the way out, as ggml's F16 multiply-add does.
+            np.add(acc, weighted[i - lo], out=acc, casting="unsafe")
+            total += vs[i]
+    return acc, total, running[-1]

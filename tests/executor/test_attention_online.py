@@ -1,0 +1,60 @@
+"""FLASH_ATTN_EXT's one-query recurrence (F16 V): the vectorised form against ggml's loop written out per row.
+
+The loop below is the recurrence as ggml's CPU backend runs it for one query row: walk the KV positions in order,
+skip masked (-inf) ones, on a new maximum rescale the F16 accumulator (rounded to F16) and restart the weight at 1,
+otherwise weight the row by exp(s - max); add the weighted V row in float32 and round to F16 after every step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ggml_rpc.reference.executor.attention import _online_f16
+
+
+def _one_row(s: np.ndarray, v: np.ndarray, sink: float | None) -> np.ndarray:
+    acc = np.zeros(v.shape[-1], dtype=np.float16)
+    m, total = np.float32(-np.inf), np.float32(0)
+    for ic in range(len(s)):
+        if np.isneginf(s[ic]):
+            continue
+        ms, vs = np.float32(1), np.float32(1)
+        if s[ic] > m:
+            ms = np.exp(m - s[ic]).astype(np.float32)
+            m = s[ic]
+            acc = (acc.astype(np.float32) * ms).astype(np.float16)
+        else:
+            vs = np.exp(s[ic] - m).astype(np.float32)
+        acc = (acc.astype(np.float32) + v[ic] * vs).astype(np.float16)
+        total = np.float32(total * ms + vs)
+    out = acc.astype(np.float32)
+    if sink is not None:
+        sink = np.float32(sink)
+        ms, vs = (np.exp(m - sink), np.float32(1)) if sink > m else (np.float32(1), np.exp(sink - m))
+        out, total = out * np.float32(ms), np.float32(total * ms + vs)
+    return (out * (np.float32(1) / total if total != 0 else np.float32(0))).astype(np.float32)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_vectorised_recurrence_is_ggmls_loop_bit_for_bit(seed: int) -> None:
+    r = np.random.default_rng(seed)
+    seq, head, rows, n_kv, dv = (int(x) for x in (r.integers(1, 3), r.integers(1, 4), r.integers(1, 6),
+                                                   r.integers(1, 30), r.choice([4, 16, 64])))
+    scores = (r.standard_normal((seq, head, rows, n_kv)) * r.choice([0.1, 1.0, 8.0])).astype(np.float32)
+    if seed % 3:
+        scores[r.random(scores.shape) < 0.4] = -np.inf  # masked positions, some rows fully masked
+    # V as an F16 cache holds it, read back to float32; a transposed copy makes the input non-contiguous.
+    v = np.ascontiguousarray(r.standard_normal((seq, head, dv, n_kv)).astype(np.float16).astype(np.float32))
+    v = v.swapaxes(-1, -2)
+    sinks = r.standard_normal((1, head, 1)).astype(np.float32) if seed % 2 else None
+    got = _online_f16(scores, v, sinks)
+    for i in np.ndindex(seq, head, rows):
+        want = _one_row(scores[i], v[i[0], i[1]], None if sinks is None else float(sinks[0, i[1], 0]))
+        assert got[i].tobytes() == want.tobytes(), i
+
+
+def test_every_position_masked_gives_zeros_or_the_sink_alone() -> None:
+    scores = np.full((1, 2, 1, 5), -np.inf, dtype=np.float32)
+    v = np.ones((1, 2, 5, 4), dtype=np.float32)
+    assert not _online_f16(scores, v, None).any()
+    assert not _online_f16(scores, v, np.zeros((1, 2, 1), dtype=np.float32)).any()
