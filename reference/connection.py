@@ -430,6 +430,7 @@ class Connection:
 
     def _buffer_clear(self, f: dict[str, Any]) -> None:
         buf = self._buffer(f["remote_ptr"], "BUFFER_CLEAR")
+        buf.epoch += 1
         buf.memory.fill(f["value"])
 
     # ---- tensor data -----------------------------------------------------------------------------------------
@@ -457,6 +458,7 @@ class Connection:
         region = self._region(t, f[offset], n, "SET_TENSOR")
         if n == 0:
             return
+        t.buffer.epoch += 1  # type: ignore[union-attr]  # _region checked it; bumped before a byte lands
         cache = self.cache
         if cache is None or not self.protocol.cache_rule.server_saves(n, f[flag] if flag >= 0 else 0):
             self._read_into(region)
@@ -483,6 +485,7 @@ class Connection:
         if data is None:
             self._reply(Command.SET_TENSOR_HASH, {"result": 0})
             return
+        t.buffer.epoch += 1  # type: ignore[union-attr]
         region[:] = memoryview(data)
         self._reply(Command.SET_TENSOR_HASH, {"result": 1})
 
@@ -515,6 +518,7 @@ class Connection:
             return
         if buf.size == 0:
             raise Close(f"MEMSET_TENSOR on a zero-size buffer, which has no memset{_upstream('close')}")
+        buf.epoch += 1
         buf.memory[rel + offset : rel + offset + size] = f[slots["value"][0]]
 
     def _copy_tensor(self, f: dict[str, Any]) -> None:
@@ -529,6 +533,7 @@ class Connection:
                         f"{dst.buffer.end:#x}{_upstream('close')}")
         s_off = src.data - src.buffer.base
         d_off = d - dst.buffer.base
+        dst.buffer.epoch += 1
         # numpy copies overlapping ranges correctly (memmove semantics).
         np.copyto(dst.buffer.memory[d_off : d_off + n], src.buffer.memory[s_off : s_off + n])
         self._reply(Command.COPY_TENSOR, {"result": 1})
@@ -622,9 +627,15 @@ class Connection:
                     except ImportError as exc:
                         raise Close(f"{command}: graph executor unavailable ({exc})") from None
                     graph.plan = prepare(graph.nodes)
-                graph.plan.run()
+                try:
+                    graph.plan.run(self._epochs(graph))
+                finally:
+                    self._bump(graph, graph.plan.written)
             else:
-                self._executor(graph.nodes)
+                try:
+                    self._executor(graph.nodes)
+                finally:
+                    self._bump(graph, None)
         except ExecutorError as exc:
             raise Close(f"{command}: executor refused the graph: {exc}") from None
         except Close:
@@ -633,6 +644,19 @@ class Connection:
             log.debug("%s: executor failure", self.name, exc_info=True)
             raise Close(f"{command}: executor failed ({type(exc).__name__}: {exc})"
                         f"{_upstream('process abort on backend failure')}") from None
+
+    def _epochs(self, graph: BuiltGraph) -> dict[int, int]:
+        """Write epochs of the graph's buffers, keyed as the executor names a buffer (the id of its memory array)."""
+        table = self.table.buffers
+        return {id(b.memory): b.epoch for h in graph.buffers if (b := table.get(h)) is not None}
+
+    def _bump(self, graph: BuiltGraph, written: frozenset[int] | None) -> None:
+        """A run wrote into the buffers of its nodes (``written``: their memory arrays' ids; None: any of them)."""
+        table = self.table.buffers
+        for h in graph.buffers:
+            b = table.get(h)
+            if b is not None and (written is None or id(b.memory) in written):
+                b.epoch += 1
 
     def _executor_supports(self, op: _Tensor, srcs: list[_Tensor | None]) -> bool:
         """Ask the executor whether it runs this op; an executor that cannot say answers no."""

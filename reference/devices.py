@@ -47,6 +47,9 @@ class Buffer:
     #: One past the last fake address: every single-command tensor check reads it.
     end: int = field(init=False, repr=False)
     _bytes: memoryview = field(init=False, repr=False)
+    #: Bumped by every write the connection makes into this buffer outside a graph run (SET_TENSOR, a hash hit,
+    #: MEMSET_TENSOR, BUFFER_CLEAR, COPY_TENSOR): what a graph plan derived from its bytes is still valid for.
+    epoch: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.end = self.base + self.size

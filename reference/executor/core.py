@@ -109,8 +109,11 @@ def need_types(node: GraphTensor, t: GraphTensor, allowed: Iterable[int], role: 
 
 def read(mem: Memory, t: GraphTensor) -> np.ndarray:
     """The tensor's values as float32, shape (ne3, ne2, ne1, ne0): the live view for F32, a converted copy else."""
-    raw = mem.raw(t)
-    ty = t.type
+    return convert(t.type, mem.raw(t))
+
+
+def convert(ty: int, raw: np.ndarray) -> np.ndarray:
+    """A tensor's raw view (see :meth:`Memory.raw`) as float32 values; F32 is returned as it is."""
     if ty == F32:
         return raw
     if ty == F16:

@@ -7,11 +7,13 @@ tolerances.  The products themselves are float32 BLAS calls on the dequantised w
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 from ggml_rpc.spec import TYPES, GgmlOp, type_name
 
 from ..graph import GraphTensor
-from .core import FLOATS, READABLE, kernel, need_types, read, read_index, src, write
+from .core import FLOATS, READABLE, convert, kernel, need_types, read, read_index, src, write
 from .memory import F32, Memory, node_error
 from .types import VEC_DOT_TYPE, through_type
 
@@ -37,7 +39,9 @@ def _mul_mat(node: GraphTensor, mem: Memory) -> None:
         raise node_error(node, "sources do not multiply (ne0 must match, src1 dims 2/3 multiples of src0's)")
     if tuple(node.ne) != (m, n, ne12, ne13) or node.type != F32:
         raise node_error(node, "result must be F32 [src0.ne1, src1.ne1, src1.ne2, src1.ne3]")
-    a = read(mem, a_t)  # (ne03, ne02, m, k)
+    # Weights converted to float32 once and reused by later runs while their buffer is not written (the per-token
+    # logits matmul of a Q8_0 model otherwise dequantises 8 MB every token).
+    a = read(mem, a_t) if a_t.type == F32 else mem.converted(a_t, partial(convert, a_t.type))  # (ne03, ne02, m, k)
     b = read(mem, b_t)  # (ne13, ne12, n, k)
     if a_t.type != F32:
         b = _as_vec_dot(node, a_t.type, b)

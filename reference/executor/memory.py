@@ -9,6 +9,8 @@ uint8.  Every view is bounds-checked against its buffer with the tensor's real e
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import numpy as np
 from ggml_rpc.spec import TYPES, GgmlType, op_name, type_name
 
@@ -75,14 +77,58 @@ def extent(t: GraphTensor) -> int:
     return span + (ne[0] // info.blck) * info.size
 
 
-class Memory:
-    """Views of the tensors of one graph run, built once per tensor (a source used by many nodes costs one view)."""
+def buffer_key(buffer: object) -> int:
+    """Who owns a tensor's memory: the object under its memoryview (each graph build makes new memoryviews of the
+    same server buffer), as :meth:`Memory.converted` and the server's write epochs name a buffer."""
+    return id(getattr(buffer, "obj", buffer))
 
-    __slots__ = ("_bases", "_views")
+
+#: Bytes of float32 copies one plan keeps of weights it converted (see :meth:`Memory.converted`).
+CONVERTED_BUDGET = 512 << 20
+
+
+class Memory:
+    """Views of the tensors of one graph run, built once per tensor (a source used by many nodes costs one view).
+
+    It also keeps float32 conversions of quantised or half-precision weights between runs of one plan, but only
+    when the run is told each buffer's write epoch (the server does: every write into a buffer outside a graph run
+    bumps it) and only for buffers no node of the graph writes; a conversion is used again only while its buffer's
+    epoch is unchanged, so a weight rewritten by SET_TENSOR, a hash hit, MEMSET, CLEAR or COPY is converted anew.
+    """
+
+    __slots__ = ("_bases", "_converted", "_room", "_views", "epochs", "written")
 
     def __init__(self) -> None:
         self._views: dict[GraphTensor, np.ndarray] = {}
         self._bases: dict[int, np.ndarray] = {}
+        #: Per tensor: (epoch of its buffer when converted, the float32 values, read-only).
+        self._converted: dict[GraphTensor, tuple[int, np.ndarray]] = {}
+        self._room = [CONVERTED_BUDGET]  # shared by forks: one budget per plan
+        #: Write epochs of the buffers for this run, by :func:`buffer_key` (None: keep no conversions).
+        self.epochs: Mapping[int, int] | None = None
+        #: :func:`buffer_key` of the buffers the graph's nodes write (their contents change during a run).
+        self.written: frozenset[int] = frozenset()
+
+    def converted(self, t: GraphTensor, convert: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """``convert(self.raw(t))``, kept and reused while ``t``'s buffer is not written (see the class)."""
+        raw = self.raw(t)
+        epochs = self.epochs
+        key = buffer_key(t.buffer)
+        epoch = epochs.get(key) if epochs is not None and key not in self.written else None
+        if epoch is None:
+            return convert(raw)
+        kept = self._converted.get(t)
+        if kept is not None:
+            if kept[0] == epoch:
+                return kept[1]
+            self._room[0] += kept[1].nbytes
+            del self._converted[t]
+        values = convert(raw)
+        if values.nbytes <= self._room[0] and values is not raw:
+            values.flags.writeable = False  # shared between runs: no kernel may write into it
+            self._room[0] -= values.nbytes
+            self._converted[t] = (epoch, values)
+        return values
 
     def _base(self, t: GraphTensor) -> np.ndarray:
         buf = t.buffer
@@ -100,6 +146,10 @@ class Memory:
         other = Memory.__new__(Memory)
         other._views = self._views.copy()
         other._bases = self._bases.copy()
+        other._converted = self._converted
+        other._room = self._room
+        other.epochs = self.epochs
+        other.written = self.written
         return other
 
     def raw(self, t: GraphTensor) -> np.ndarray:

@@ -15,14 +15,14 @@ tensors live in; whoever keeps one must drop it when one of those buffers is fre
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ggml_rpc.spec import NATIVE_CALLBACK_OPS, GgmlOp, TensorFlag, op_name
 
 from ..graph import ExecutorError, GraphTensor, paused_collections
 from .core import KERNELS, PREPARED
-from .memory import Memory, node_error
+from .memory import Memory, buffer_key, node_error
 
 #: Ops that only describe memory (their data is already where the view points): nothing to compute.
 FREE_OPS = frozenset(int(op) for op in (GgmlOp.NONE, GgmlOp.VIEW, GgmlOp.RESHAPE, GgmlOp.PERMUTE, GgmlOp.TRANSPOSE))
@@ -40,15 +40,23 @@ def _refuse(message: str) -> None:
 class Plan:
     """The steps of one graph, ready to run any number of times."""
 
-    __slots__ = ("_generic", "_memory", "steps")
+    __slots__ = ("_generic", "_memory", "steps", "written")
 
-    def __init__(self, steps: list[Step], memory: Memory, generic: bool) -> None:
+    def __init__(self, steps: list[Step], memory: Memory, generic: bool, written: frozenset[int]) -> None:
         self.steps = steps
         self._memory = memory
         self._generic = generic
+        #: :func:`~.memory.buffer_key` of the buffers any node writes into.
+        self.written = written
+        memory.written = written
 
-    def run(self) -> None:
-        """Run every step in order, writing each result into its node's memory."""
+    def run(self, epochs: Mapping[int, int] | None = None) -> None:
+        """Run every step in order, writing each result into its node's memory.
+
+        ``epochs`` (:func:`~.memory.buffer_key` -> write epoch, see :class:`~.memory.Memory`) lets kernels reuse
+        the float32 conversions of weights made by earlier runs; without it every run converts afresh.
+        """
+        self._memory.epochs = epochs
         # Kernels may make views of tensors of their own (an expert's slice): those live for one run only.
         mem = self._memory.fork() if self._generic else self._memory
         node: GraphTensor | None = None
@@ -116,7 +124,8 @@ def _prepare(nodes: Sequence[GraphTensor]) -> Plan:
                     pass
         steps.append((fn, None, node))
         generic = True
-    return Plan(steps, mem, generic)
+    written = frozenset(buffer_key(n.buffer) for n in nodes if n.buffer is not None)
+    return Plan(steps, mem, generic, written)
 
 
 def execute(nodes: Sequence[GraphTensor]) -> None:
