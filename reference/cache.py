@@ -4,8 +4,13 @@ Unlike upstream, an entry is never served unverified and never left half-written
 
 * writes go to a hidden temporary file in the same directory, are fsynced, then renamed over the final name, so a
   full disk (or a crash) leaves either the old entry or none, never a truncated one;
-* on a lookup hit the file's FNV-1a is recomputed; a file whose content does not match its name is deleted and
-  answered as a miss (with a log line);
+* a hit is only ever answered with bytes that hash to the entry's name: the first hit of an entry recomputes the
+  file's FNV-1a (a file whose content does not match its name is deleted and answered as a miss, with a log line)
+  and remembers the file's identity (device, inode, size, mtime, ctime); later hits read the file straight into the
+  tensor and are answered as hits only if that identity is the same before and after the read.  Any write to the
+  file, a truncation, a replacement or a ``touch`` changes its ctime, which no unprivileged process can set back,
+  so a changed file is verified again (a hit whose file changed during the read is answered as a miss: the client
+  then uploads the data, overwriting whatever the read left in the tensor);
 * ``max_bytes`` bounds the directory: least recently used entries (saved or served) are evicted first.
 
 The cache is the only state shared between connections of a ``--concurrent`` server, hence the lock.
@@ -17,8 +22,10 @@ import logging
 import os
 import secrets
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from ggml_rpc.spec import cache_file_name, fnv1a64
@@ -30,6 +37,25 @@ _TEMP_PREFIX = ".tmp-"
 _WRITE_CHUNK = 64 << 20
 # Indirection so tests can make the disk fill up mid-write without touching os.write for the whole process.
 _write = os.write
+# File times are taken from a clock that moves in ticks of a few milliseconds (and tests move it).
+_now_ns = time.time_ns
+#: How long after a file's last change its identity may be trusted (well above the file-time clock's tick).
+SETTLED_NS = 200_000_000
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _read_full(f: BinaryIO, view: memoryview) -> int:
+    """Read into ``view`` until it is full or the file ends; the bytes read."""
+    got, size = 0, view.nbytes
+    while got < size:
+        n = f.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return got
 
 
 def _is_entry_name(name: str) -> bool:
@@ -54,6 +80,8 @@ class HashCache:
         self._idle = threading.Condition(self._lock)
         # name -> size, least recently used first.
         self._entries: OrderedDict[str, int] = OrderedDict()
+        # name -> identity of the file when its content was last verified (see the module doc string).
+        self._verified: dict[str, tuple[int, int, int, int, int]] = {}
         self._scan()
 
     def _scan(self) -> None:
@@ -119,14 +147,10 @@ class HashCache:
         out = np.empty(size, dtype=np.uint8)
         try:
             with open(path, "rb", buffering=0) as f:
-                view = memoryview(out)
-                got = 0
-                while got < size:
-                    n = f.readinto(view[got:])
-                    if not n:
-                        break
-                    got += n
+                before = _identity(os.fstat(f.fileno()))
+                got = _read_full(f, memoryview(out))
                 extra = f.read(1)
+                after = _identity(os.fstat(f.fileno()))
         except OSError as exc:
             log.warning("cache: cannot read entry %s (%s): answered as a miss", name, exc)
             return None
@@ -140,15 +164,59 @@ class HashCache:
             self._remove(name)
             return None
         with self._lock:
-            if name in self._entries:
-                self._entries.move_to_end(name)
-            else:
-                self._entries[name] = size
-        try:
-            os.utime(path)
-        except OSError:
-            pass
+            # Trusted only if what was hashed is what the file held throughout, and its last change lies well
+            # behind: file times come from a coarse clock, so a change in the same tick as the last one could
+            # leave ctime as it was; one after this point in time cannot.
+            if before == after and _now_ns() - after[4] >= SETTLED_NS:
+                self._verified[name] = after
+            self._used(name, size)
+        # The file's times are left alone (no utime): they are part of the identity a later hit checks.  Recency
+        # lives in memory; a restarted server orders entries by the time they were saved.
         return out
+
+    def load_into(self, digest: int, region: memoryview) -> bool:
+        """Fill ``region`` with the verified content of the entry of ``region.nbytes`` bytes; False on a miss.
+
+        An entry verified before whose file is unchanged is read straight into ``region``; otherwise it is read,
+        verified and copied as :meth:`load` does (so a corrupt or missing entry leaves ``region`` untouched).
+        """
+        path = self.path_for(digest)
+        name = path.name
+        size = region.nbytes
+        known = self._verified.get(name)
+        if known is not None and known[2] == size:
+            try:
+                with open(path, "rb", buffering=0) as f:
+                    if _identity(os.fstat(f.fileno())) == known:
+                        got = _read_full(f, region)
+                        if got == size and not f.read(1) and _identity(os.fstat(f.fileno())) == known:
+                            with self._lock:
+                                self._used(name, size)
+                            return True
+                        log.warning("cache: entry %s changed while being read: answered as a miss", name)
+                        self._forget(name)
+                        return False
+            except OSError as exc:
+                log.warning("cache: cannot read entry %s (%s): answered as a miss", name, exc)
+                self._forget(name)
+                return False
+            self._forget(name)  # changed since it was verified: verify it again
+        data = self.load(digest, size)
+        if data is None:
+            return False
+        region[:] = memoryview(data)
+        return True
+
+    def _forget(self, name: str) -> None:
+        with self._lock:
+            self._verified.pop(name, None)
+
+    def _used(self, name: str, size: int) -> None:
+        """``name`` was just served (lock held): most recently used."""
+        if name in self._entries:
+            self._entries.move_to_end(name)
+        else:
+            self._entries[name] = size
 
     # ---- save ------------------------------------------------------------------------------------------------
 
@@ -223,6 +291,7 @@ class HashCache:
             pass
         with self._lock:
             self._entries.pop(name, None)
+            self._verified.pop(name, None)
 
     def _evict(self, keep: str | None = None) -> None:
         """Drop least recently used entries until the directory fits ``max_bytes`` (lock held or at start)."""
@@ -235,6 +304,7 @@ class HashCache:
             if name == keep:
                 continue
             size = self._entries.pop(name)
+            self._verified.pop(name, None)
             total -= size
             try:
                 os.unlink(self.directory / name)

@@ -481,12 +481,10 @@ class Connection:
             return
         t = self._flat_tensor(f, slots["tensor"][0], "SET_TENSOR_HASH")
         region = self._region(t, f[slots["offset"][0]], n, "SET_TENSOR_HASH")
-        data = self.cache.load(digest, n) if self.cache is not None else None
-        if data is None:
+        t.buffer.epoch += 1  # type: ignore[union-attr]  # a hit writes the region (a miss may have, see load_into)
+        if self.cache is None or not self.cache.load_into(digest, region):
             self._reply(Command.SET_TENSOR_HASH, {"result": 0})
             return
-        t.buffer.epoch += 1  # type: ignore[union-attr]
-        region[:] = memoryview(data)
         self._reply(Command.SET_TENSOR_HASH, {"result": 1})
 
     def _get_tensor(self, f: dict[str, Any]) -> None:
