@@ -121,6 +121,8 @@ class Connection:
         self.name = name
         self.table = BufferTable.for_devices(config.devices, config.device)
         self.graphs: dict[int, BuiltGraph] = {}
+        #: GRAPH_COMPUTE payloads are received here (grown as bytes arrive, reused by the next one).
+        self._graph_buf = bytearray()
         self.commands = 0
         self._executor = config.executor
         self._rfile = sock.makefile("rb", buffering=1 << 16)
@@ -564,19 +566,30 @@ class Connection:
 
     # ---- graphs ----------------------------------------------------------------------------------------------
 
-    def _read_growing(self, size: int) -> bytearray:
-        """``size`` bytes, allocated as they arrive rather than as claimed."""
-        buf = bytearray(min(size, _GRAPH_CHUNK))
+    def _read_growing(self, size: int) -> memoryview:
+        """``size`` bytes, into the connection's graph receive buffer, which grows as bytes arrive (never on a mere
+        claim) and is kept for the next GRAPH_COMPUTE: a client sends the same large graph every token, and
+        growing a fresh buffer each time cost more than receiving it (3 MB: 3.0 ms against 0.6 ms)."""
+        self._grow_graph_buf(min(size, _GRAPH_CHUNK))
         got = 0
         while got < size:
-            if got == len(buf):
-                buf.extend(bytes(min(len(buf), size - len(buf))))
-            with memoryview(buf) as mv:
-                n = self._rfile.readinto(mv[got:])
+            if got == len(self._graph_buf):
+                self._grow_graph_buf(min(2 * got, size))
+            with memoryview(self._graph_buf) as mv:
+                n = self._rfile.readinto(mv[got:size])
             if not n:
                 raise PeerGone(f"client closed the connection inside a GRAPH_COMPUTE ({got} of {size} bytes)")
             got += n
-        return buf
+        return memoryview(self._graph_buf)[:size]
+
+    def _grow_graph_buf(self, size: int) -> None:
+        buf = self._graph_buf
+        if len(buf) >= size:
+            return
+        try:
+            buf.extend(bytes(size - len(buf)))
+        except BufferError:  # a view of it is still alive somewhere: start a new one
+            self._graph_buf = buf + bytes(size - len(buf))
 
     def _graph_compute(self, payload: Payload, size: int) -> None:
         if size >= _SIZE_LIMIT:
@@ -586,7 +599,7 @@ class Connection:
                         f"{_upstream('allocates the claim')}")
         body = self._read_growing(size)
         try:
-            fields, _trailing = decode_payload(payload, memoryview(body), command="GRAPH_COMPUTE")
+            fields, _trailing = decode_payload(payload, body, command="GRAPH_COMPUTE")
         except ProtocolError as exc:
             raise Close(f"GRAPH_COMPUTE: {exc.message}{_upstream('close')}") from None
         device = self._device(fields["device"], "GRAPH_COMPUTE")
@@ -595,6 +608,9 @@ class Connection:
         # token): rebuilding would give the same graph, since every buffer it uses is still there (a FREE_BUFFER
         # drops it) and every handle it named unknown still is.  Its prepared plan runs again.
         if graph is None or graph.source != body or any(h in self.table.buffers for h in graph.unknown):
+            # A copy of its own: the receive buffer is overwritten by the next GRAPH_COMPUTE.
+            source = bytearray(body)
+            fields, _trailing = decode_payload(payload, memoryview(source), command="GRAPH_COMPUTE")
             try:
                 graph = build_graph(fields["nodes"], fields["tensors"], self.table.buffers)
             except GraphError as exc:
@@ -602,7 +618,8 @@ class Connection:
             # The payload is kept only while it is not much larger than the graph itself: one that is mostly
             # unreached tensors must not stay allocated for as long as the graph does.
             if 2 * graph.n_tensors >= len(fields["tensors"]):
-                graph.source = body
+                graph.source = source
+        del fields, body  # no view of the receive buffer outlives the request
         self._run(graph, "GRAPH_COMPUTE")
         self.graphs[device] = graph
 

@@ -145,3 +145,15 @@ def test_the_same_compute_is_rebuilt_once_a_handle_it_named_exists(recording, mo
         c.graph_compute(0, [3], [a, b, out])
         assert c.expect_closed(TIMEOUT)
     assert_served(recording)
+
+
+def test_a_graph_of_the_same_size_but_other_bytes_is_rebuilt(srv7) -> None:
+    # The payload is received into a buffer the connection reuses: the stored graph's own copy must be compared
+    # with the new bytes, never the receive buffer with itself.
+    with connect(srv7) as c:
+        tensors, nodes, x, out, _h = _chain(c)
+        c.set_tensor(x, 0, np.zeros(8, np.float32).tobytes())
+        subs = [dict(t, op=int(GgmlOp.SUB)) if t["op"] else t for t in tensors]
+        for graph, want in ((tensors, 20.0), (subs, -20.0), (tensors, 20.0), (tensors, 20.0), (subs, -20.0)):
+            c.graph_compute(0, nodes, graph)
+            assert _read(c, out) == [want] * 8
