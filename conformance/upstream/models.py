@@ -215,16 +215,28 @@ def write_model(path: Path, *, ftype: str, vocab_path: Path, seed: int = 0, n_em
     return info
 
 
-def standard_model_name(name: str, vocab_path: Path, seed: int = 0) -> str:
+#: The models ``ggml-rpc bench`` generates tokens with: big enough that per-token work dominates (a 32,000 x 256
+#: output matrix), small enough to be written in seconds.
+BENCH_MODELS: dict[str, dict[str, Any]] = {
+    f"bench-{ftype.lower()}": {"ftype": ftype, "n_embd": 256, "n_layer": 2, "n_head": 4, "n_head_kv": 4,
+                               "n_ff": 512, "n_ctx_train": 256}
+    for ftype in ("F32", "F16", "Q8_0", "Q4_0")
+}
+
+
+def standard_model_name(name: str, vocab_path: Path, seed: int = 0,
+                        table: dict[str, dict[str, Any]] | None = None) -> str:
     """The file name of a standard model: it changes with the vocabulary, the parameters, the seed and the generator."""
-    params = json.dumps(STANDARD_MODELS[name], sort_keys=True)
+    params = json.dumps((table or STANDARD_MODELS)[name], sort_keys=True)
     digest = hashlib.sha256(Path(vocab_path).read_bytes())
     digest.update(f"{GENERATOR_VERSION}\0{params}\0{seed}".encode())
     return f"{name}-s{seed}-{digest.hexdigest()[:10]}.gguf"
 
 
-def ensure_models(folder: Path, vocab_path: Path, names: list[str] | None = None, seed: int = 0) -> dict[str, Path]:
-    """The standard models (all, or ``names``) in ``folder``, written only when missing.
+def ensure_models(folder: Path, vocab_path: Path, names: list[str] | None = None, seed: int = 0,
+                  table: dict[str, dict[str, Any]] | None = None) -> dict[str, Path]:
+    """The standard models (all, or ``names``; of ``table``, default :data:`STANDARD_MODELS`) in ``folder``, written
+    only when missing.
 
     Each is written under a temporary name and renamed into place, so a concurrent or interrupted run never leaves a
     partial file under the final name.
@@ -232,12 +244,13 @@ def ensure_models(folder: Path, vocab_path: Path, names: list[str] | None = None
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     out: dict[str, Path] = {}
-    for name in names or list(STANDARD_MODELS):
-        path = folder / standard_model_name(name, vocab_path, seed)
+    table = table or STANDARD_MODELS
+    for name in names or list(table):
+        path = folder / standard_model_name(name, vocab_path, seed, table)
         if not path.is_file():
             tmp = folder / f".{path.name}.{os.getpid()}.tmp"
             try:
-                write_model(tmp, vocab_path=vocab_path, seed=seed, **STANDARD_MODELS[name])
+                write_model(tmp, vocab_path=vocab_path, seed=seed, **table[name])
                 os.replace(tmp, path)
             finally:
                 tmp.unlink(missing_ok=True)
