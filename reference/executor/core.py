@@ -17,18 +17,9 @@ from ..graph import ExecutorError, GraphTensor
 from .memory import BF16, F16, F32, PLAIN_DTYPES, Memory, node_error
 from .types import (
     DEQUANT,
-    IQ4_NL,
-    Q2_K,
-    Q3_K,
-    Q4_0,
-    Q4_1,
-    Q4_K,
-    Q5_0,
-    Q5_1,
-    Q5_K,
-    Q6_K,
-    Q8_0,
     QUANT,
+    READ_QUANTS,
+    WRITE_QUANTS,
     bf16_to_f32,
     dequantize,
     f32_to_bf16,
@@ -40,10 +31,7 @@ Kernel = Callable[[GraphTensor, Memory], None]
 #: needs its kernel.  It may assume nothing beyond what it checks, and must agree with the kernel in every case.
 Preparer = Callable[[GraphTensor, Memory], tuple[Callable[..., Any], tuple[Any, ...]] | None]
 
-#: Quantised types the executor reads (dequantises) as tensor sources.
-READ_QUANTS: tuple[int, ...] = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL)
-#: Quantised types the executor writes (the KV-cache types).
-WRITE_QUANTS: tuple[int, ...] = tuple(t for t in (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) if t in QUANT)
+# READ_QUANTS / WRITE_QUANTS (the quantised types read and written) follow the dequantisers and quantisers in types.
 FLOATS: tuple[int, ...] = (F32, F16, BF16)
 READABLE: tuple[int, ...] = FLOATS + READ_QUANTS
 WRITABLE: tuple[int, ...] = FLOATS + WRITE_QUANTS

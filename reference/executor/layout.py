@@ -7,7 +7,7 @@ peer input, so the whole window is checked against the result's own bytes before
 from __future__ import annotations
 
 import numpy as np
-from ggml_rpc.spec import GgmlOp
+from ggml_rpc.spec import TYPES, GgmlOp
 
 from ..graph import GraphTensor
 from .core import FLOATS, READABLE, WRITABLE, kernel, need_types, nelements, params_i32, read, src, write
@@ -18,8 +18,10 @@ def _copy(node: GraphTensor, mem: Memory) -> None:
     a_t = src(node, 0)
     if nelements(a_t) != nelements(node):
         raise node_error(node, "source and result hold different numbers of elements")
-    if a_t.type == node.type and (node.type in PLAIN_DTYPES or tuple(a_t.ne) == tuple(node.ne)):
-        # Same type: a plain element (or block) copy in ggml's row-major order, no conversion.
+    if a_t.type == node.type and (node.type in PLAIN_DTYPES or a_t.ne[0] % TYPES[a_t.type].blck == 0):
+        # Same type: a plain element (or whole block) copy in ggml's row-major order, no conversion; a quantised
+        # source of another shape (permuted, reshaped) is walked block by block in its logical order, as ggml's
+        # byte-wise dup walks it.
         raw_a = mem.raw(a_t)
         raw_d = mem.raw(node)
         np.copyto(raw_d, raw_a.reshape(raw_d.shape))

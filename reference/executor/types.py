@@ -27,12 +27,22 @@ Q5_K = int(GgmlType.Q5_K)
 Q6_K = int(GgmlType.Q6_K)
 Q8_K = int(GgmlType.Q8_K)
 IQ4_NL = int(GgmlType.IQ4_NL)
+IQ4_XS = int(GgmlType.IQ4_XS)
+TQ1_0 = int(GgmlType.TQ1_0)
+TQ2_0 = int(GgmlType.TQ2_0)
+MXFP4 = int(GgmlType.MXFP4)
+NVFP4 = int(GgmlType.NVFP4)
+Q1_0 = int(GgmlType.Q1_0)
+Q2_0 = int(GgmlType.Q2_0)
 F32 = int(GgmlType.F32)
 F16 = int(GgmlType.F16)
 BF16 = int(GgmlType.BF16)
 
 #: The 16 non-linear levels of IQ4_NL.
 IQ4NL_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
+#: The 16 E2M1 (FP4) code points of the OCP microscaling spec, doubled so they are integers (ggml stores them so and
+#: halves the block scale instead): codes 0-7 are +0, 0.5, 1, 1.5, 2, 3, 4, 6 and codes 8-15 their negatives.
+E2M1_DOUBLED = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
 
 # ---- small helpers ---------------------------------------------------------------------------------------------
 
@@ -217,6 +227,108 @@ def _dq_q6_k(b: np.ndarray) -> np.ndarray:
     return q * np.repeat(scales, 16, axis=1)
 
 
+# ---- 1-bit, 2-bit, ternary, FP4 and IQ4_XS blocks -------------------------------------------------------------
+
+_BIT8 = np.arange(8, dtype=np.uint8)
+_SHIFT2 = (2 * np.arange(4)).astype(np.uint8)
+
+
+def _bits_lsb_first(qs: np.ndarray) -> np.ndarray:
+    """Bit ``j % 8`` of byte ``j // 8``, for every bit: (n, 8 * bytes) uint8 of 0/1."""
+    return ((qs[:, :, None] >> _BIT8) & 1).reshape(qs.shape[0], -1)
+
+
+def _crumbs_lsb_first(qs: np.ndarray) -> np.ndarray:
+    """The 2-bit field ``j % 4`` of byte ``j // 4``, for every field: (n, 4 * bytes) uint8."""
+    return ((qs[:, :, None] >> _SHIFT2) & 3).reshape(qs.shape[0], -1)
+
+
+def _dq_q1_0(b: np.ndarray) -> np.ndarray:
+    # A set bit is +d, a clear one -d.
+    d = _half(b, 0)
+    return np.where(_bits_lsb_first(b[:, 2:18]) != 0, d, -d)
+
+
+def _dq_q2_0(b: np.ndarray) -> np.ndarray:
+    # Codes 0..3 are -1, 0, +1, +2 times d (the quantiser only emits the first three for ternary weights).
+    return (_crumbs_lsb_first(b[:, 2:18]).astype(np.int8) - np.int8(1)) * _half(b, 0)
+
+
+def e8m0_half(e: np.ndarray) -> np.ndarray:
+    """An E8M0 exponent byte as 2^(e - 127) / 2 (the half that pairs with the doubled E2M1 codes), exact."""
+    return np.ldexp(np.float32(1), e.astype(np.int32) - 128).astype(np.float32)
+
+
+def _ue4m3_table() -> np.ndarray:
+    # Unsigned E4M3 (bias 7, 3 mantissa bits, bit 7 ignored), halved like e8m0_half; 0x00 and 0x7F read as 0.
+    x = np.arange(256)
+    exp, man = (x >> 3) & 0xF, x & 7
+    raw = np.where(exp == 0, np.ldexp(man.astype(np.float64), -9), np.ldexp(1 + man / 8, exp - 7))
+    raw[(x == 0) | (x == 0x7F)] = 0
+    return (raw * 0.5).astype(np.float32)
+
+
+UE4M3_HALF = _ue4m3_table()
+
+
+def _fp4_nibbles(qs: np.ndarray, group: int) -> np.ndarray:
+    """Groups of ``group`` codes in ``group / 2`` bytes: low nibbles first, then high ones: (n, 2 * bytes) uint8."""
+    n = qs.shape[0]
+    g = qs.reshape(n, -1, group // 2)
+    return np.concatenate((g & 0x0F, g >> 4), axis=2).reshape(n, -1)
+
+
+def _dq_mxfp4(b: np.ndarray) -> np.ndarray:
+    return E2M1_DOUBLED[_fp4_nibbles(b[:, 1:17], 32)] * e8m0_half(b[:, 0:1])
+
+
+def _dq_nvfp4(b: np.ndarray) -> np.ndarray:
+    # Four sub-blocks of 16, each with its own UE4M3 scale.
+    vals = E2M1_DOUBLED[_fp4_nibbles(b[:, 4:36], 16)].reshape(-1, 4, 16)
+    return (vals * UE4M3_HALF[b[:, 0:4]][:, :, None]).reshape(-1, 64)
+
+
+_POW3 = np.array([1, 3, 9, 27, 81], dtype=np.uint8)
+
+
+def _trits(packed: np.ndarray, count: int) -> np.ndarray:
+    """The first ``count`` base-3 digits of bytes holding ceil(v * 256 / 243) (most significant first):
+    (n, count, bytes) uint8 of 0..2.  Multiplying by 3^k wraps the byte so the k-th digit lands on top."""
+    q = packed[:, None, :] * _POW3[:count, None]  # uint8 arithmetic wraps as ggml's does
+    return ((q.astype(np.uint16) * 3) >> 8).astype(np.uint8)
+
+
+def _dq_tq1_0(b: np.ndarray) -> np.ndarray:
+    # 32 bytes of 5 trits (160 values, digit-major), 16 bytes of 5 (80), then 4 bytes of 4 (16).
+    n = b.shape[0]
+    parts = (_trits(b[:, 0:32], 5), _trits(b[:, 32:48], 5), _trits(b[:, 48:52], 4))
+    t = np.concatenate([p.reshape(n, -1) for p in parts], axis=1)
+    return (t.astype(np.int8) - np.int8(1)) * _half(b, 52)
+
+
+def _dq_tq2_0(b: np.ndarray) -> np.ndarray:
+    # Two halves of 32 bytes; within each, field l of byte m is element 32 * l + m.
+    n = b.shape[0]
+    q = (b[:, 0:64].reshape(n, 2, 1, 32) >> _SHIFT2[None, None, :, None]) & 3
+    return (q.reshape(n, 256).astype(np.int8) - np.int8(1)) * _half(b, 64)
+
+
+def _iq4_xs_scales(b: np.ndarray) -> np.ndarray:
+    """The 8 six-bit sub-block scales minus 32: low nibbles from scales_l, high 2 bits from scales_h: (n, 8)."""
+    ib = np.arange(8)
+    low = (b[:, 4 + ib // 2] >> (4 * (ib % 2)).astype(np.uint8)) & 0x0F
+    sh = np.ascontiguousarray(b[:, 2:4]).view("<u2")  # (n, 1)
+    high = (sh >> (2 * ib).astype(np.uint16)) & 3
+    return (low.astype(np.int16) | (high.astype(np.int16) << 4)) - 32
+
+
+def _dq_iq4_xs(b: np.ndarray) -> np.ndarray:
+    n = b.shape[0]
+    dl = _half(b, 0) * _iq4_xs_scales(b).astype(np.float32)  # d * (ls - 32), exact in float32
+    q = _low_high(b[:, 8:136].reshape(n * 8, 16)).reshape(n, 8, 32)
+    return (IQ4NL_LEVELS[q] * dl[:, :, None]).reshape(n, 256)
+
+
 DEQUANT: dict[int, Callable[[np.ndarray], np.ndarray]] = {
     Q4_0: _dq_q4_0,
     Q4_1: _dq_q4_1,
@@ -231,6 +343,13 @@ DEQUANT: dict[int, Callable[[np.ndarray], np.ndarray]] = {
     Q6_K: _dq_q6_k,
     Q8_K: _dq_q8_k,
     IQ4_NL: _dq_iq4_nl,
+    IQ4_XS: _dq_iq4_xs,
+    TQ1_0: _dq_tq1_0,
+    TQ2_0: _dq_tq2_0,
+    MXFP4: _dq_mxfp4,
+    NVFP4: _dq_nvfp4,
+    Q1_0: _dq_q1_0,
+    Q2_0: _dq_q2_0,
 }
 
 
@@ -386,6 +505,195 @@ def _q_iq4_nl(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _seq_sum(v: np.ndarray) -> np.ndarray:
+    """Row sums added left to right in float32, as ggml's scalar loops add (numpy's pairwise sum differs)."""
+    return np.cumsum(v, axis=1, dtype=np.float32)[:, -1:]
+
+
+def _q_q1_0(x: np.ndarray) -> np.ndarray:
+    # d = mean |x|; each bit is the sign (set for x >= 0).
+    d = _seq_sum(np.abs(x)) / np.float32(128)
+    out = np.empty((x.shape[0], 18), dtype=np.uint8)
+    out[:, 0:2] = _to_half_bytes(d)
+    out[:, 2:18] = np.packbits(x >= 0, axis=1, bitorder="little")
+    return out
+
+
+def _pack_crumbs(q: np.ndarray) -> np.ndarray:
+    """(n, 4 * k) values < 4 to k bytes, value j in bits 2 * (j % 4) of byte j // 4."""
+    g = q.reshape(q.shape[0], -1, 4).astype(np.uint8) << _SHIFT2
+    return np.bitwise_or.reduce(g, axis=2)
+
+
+def _q_q2_0(x: np.ndarray) -> np.ndarray:
+    # d = max |x|; codes round(x / d) + 1 clamped to 0..3 (halves away from zero, C roundf).
+    d = np.abs(x).max(axis=1, keepdims=True)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
+    q = np.clip(round_away(x * inv) + 1, 0, 3)
+    out = np.empty((x.shape[0], 18), dtype=np.uint8)
+    out[:, 0:2] = _to_half_bytes(d)
+    out[:, 2:18] = _pack_crumbs(q)
+    return out
+
+
+_E2M1_F = E2M1_DOUBLED.astype(np.float32)
+
+
+def _nearest_e2m1(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Per value, the first code whose ``level * scale`` is nearest (ties to the lower code, as ggml's scan)."""
+    err = np.abs(_E2M1_F * scale[..., None] - x[..., None])
+    return np.argmin(err, axis=-1).astype(np.uint8)
+
+
+def _pack_fp4(codes: np.ndarray, group: int) -> np.ndarray:
+    """Inverse of :func:`_fp4_nibbles`: code j of each group in the low nibble of byte j, j + group / 2 high."""
+    n = codes.shape[0]
+    g = codes.reshape(n, -1, 2, group // 2)
+    return (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(n, -1)
+
+
+def _q_mxfp4(x: np.ndarray) -> np.ndarray:
+    # Shared exponent floor(log2(amax)) - 2 (so amax lands in the top codes), biased by 127.
+    amax = np.abs(x).max(axis=1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        lg = np.floor(np.log2(amax, dtype=np.float32))
+    e = np.where(amax > 0, lg - 2 + 127, 0).astype(np.int32).astype(np.uint8)
+    codes = _nearest_e2m1(x, e8m0_half(e))
+    out = np.empty((x.shape[0], 17), dtype=np.uint8)
+    out[:, 0:1] = e
+    out[:, 1:17] = _pack_fp4(codes, 32)
+    return out
+
+
+def f32_to_ue4m3(x: np.ndarray) -> np.ndarray:
+    """ggml's float -> UE4M3 byte: clamp to 448, round the mantissa on its 4th bit (halves up); subnormals by
+    ``x * 512 + 0.5`` truncated; non-positive (and NaN) to 0; overflow to 0x7E."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    pos = x > 0
+    xc = np.where(pos, np.minimum(x, np.float32(448)), np.float32(1))
+    bits = xc.view(np.uint32)
+    exp = ((bits >> 23) & 0xFF).astype(np.int32) - 127 + 7
+    man = ((bits >> 20) & 7).astype(np.int32) + ((bits >> 19) & 1).astype(np.int32)
+    carry = man > 7
+    man = np.where(carry, 0, man)
+    exp = exp + carry
+    normal = np.where(exp >= 15, 0x7E, (exp << 3) | man)
+    sub = np.minimum((xc * np.float32(512) + np.float32(0.5)).astype(np.int32), 7)
+    sub = np.where(sub < 1, 0, sub)
+    # The subnormal branch is chosen from the exponent before any carry.
+    first_exp = ((bits >> 23) & 0xFF).astype(np.int32) - 120
+    res = np.where(first_exp <= 0, sub, np.where(first_exp >= 15, 0x7E, normal))
+    return np.where(pos, res, 0).astype(np.uint8)
+
+
+def _q_nvfp4(x: np.ndarray) -> np.ndarray:
+    n = x.shape[0]
+    sub = x.reshape(n, 4, 16)
+    amax = np.abs(sub).max(axis=2)
+    ue = f32_to_ue4m3(amax / np.float32(6))
+    codes = _nearest_e2m1(sub, UE4M3_HALF[ue][:, :, None]).reshape(n, 64)
+    out = np.empty((n, 36), dtype=np.uint8)
+    out[:, 0:4] = ue
+    out[:, 4:36] = _pack_fp4(codes, 16)
+    return out
+
+
+def _ternary(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """TQ1_0/TQ2_0: d = max |x| and the trits round(x / d) + 1 (C lroundf: halves away from zero)."""
+    d = np.abs(x).max(axis=1, keepdims=True)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    return d, (round_away(x * inv) + 1).astype(np.int32)
+
+
+def _pack_trits(t: np.ndarray) -> np.ndarray:
+    """(n, digits, bytes) trits, most significant first, to bytes ceil(v * 256 / 243) (v padded to 5 digits)."""
+    v = np.zeros(t.shape[::2], dtype=np.int32)
+    for k in range(t.shape[1]):  # at most 5 digits: a loop over digit positions, not over data
+        v = v * 3 + t[:, k]
+    v = v * 3 ** (5 - t.shape[1])
+    return ((v * 256 + 242) // 243).astype(np.uint8)
+
+
+def _q_tq1_0(x: np.ndarray) -> np.ndarray:
+    n = x.shape[0]
+    d, t = _ternary(x)
+    out = np.empty((n, 54), dtype=np.uint8)
+    out[:, 0:32] = _pack_trits(t[:, 0:160].reshape(n, 5, 32))
+    out[:, 32:48] = _pack_trits(t[:, 160:240].reshape(n, 5, 16))
+    out[:, 48:52] = _pack_trits(t[:, 240:256].reshape(n, 4, 4))
+    out[:, 52:54] = _to_half_bytes(d)
+    return out
+
+
+def _q_tq2_0(x: np.ndarray) -> np.ndarray:
+    n = x.shape[0]
+    d, t = _ternary(x)
+    q = (t & 3).astype(np.uint8).reshape(n, 2, 4, 32) << _SHIFT2[None, None, :, None]
+    out = np.empty((n, 66), dtype=np.uint8)
+    out[:, 0:64] = np.bitwise_or.reduce(q, axis=2).reshape(n, 64)
+    out[:, 64:66] = _to_half_bytes(d)
+    return out
+
+
+#: Twice the midpoints between neighbouring IQ4_NL levels: a value x takes level k once 2x reaches the k-th.
+_IQ4NL_MID2 = (IQ4NL_LEVELS[:-1].astype(np.float32) + IQ4NL_LEVELS[1:].astype(np.float32))
+
+
+def iq4_index(v: np.ndarray) -> np.ndarray:
+    """Index of the IQ4_NL level nearest each value, ties to the upper one (exact: compares 2v with sums)."""
+    return np.searchsorted(_IQ4NL_MID2, v + v, side="right").astype(np.uint8)
+
+
+def _iq4_fit(xb: np.ndarray, w: np.ndarray, inv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """sum w*q*x and sum w*q*q (left to right, float32) with q the levels picked for ``inv * x``."""
+    q = _IQ4NL_F[iq4_index(inv * xb)]
+    wq = w * q
+    return _seq_sum3(wq * xb), _seq_sum3(wq * q)
+
+
+def _seq_sum3(v: np.ndarray) -> np.ndarray:
+    return np.cumsum(v, axis=-1, dtype=np.float32)[..., -1]
+
+
+def _q_iq4_xs(x: np.ndarray) -> np.ndarray:
+    # ggml's IQ4_XS quantiser (no importance weights: w = x^2): per sub-block of 32 a scale searched over 15
+    # candidates (-max/-127 shifted by -7..7 levels), then one f16 super-scale d = -max_scale / 32 and 6-bit
+    # sub-scales rounded to it; the codes are re-picked with the rounded sub-scales.
+    n = x.shape[0]
+    xb = x.reshape(n, 8, 32)
+    w = xb * xb
+    mx = _signed_absmax(xb.reshape(n * 8, 32)).reshape(n, 8)
+    live = np.abs(mx) >= np.float32(1e-15)
+    safe = np.where(live, mx, np.float32(1))
+    d0 = -safe / np.float32(-127)
+    sumqx, sumq2 = _iq4_fit(xb, w, (np.float32(1) / d0)[:, :, None])
+    d = np.divide(sumqx, sumq2, out=np.zeros_like(sumqx), where=sumq2 > 0)
+    best = d * sumqx
+    for itry in range(-7, 8):  # 15 candidate scales, each evaluated for every block at once
+        inv = (np.float32(itry) + np.float32(-127)) / safe
+        sqx, sq2 = _iq4_fit(xb, w, inv[:, :, None])
+        better = (sq2 > 0) & (sqx * sqx > best * sq2)
+        d = np.where(better, sqx / np.where(sq2 > 0, sq2, np.float32(1)), d)
+        best = np.where(better, d * sqx, best)
+    scales = np.where(live, d, np.float32(0))
+    max_scale = _signed_absmax(scales)  # (n, 1): the sub-scale of largest magnitude, first on ties
+    dsup = -max_scale / np.float32(32)
+    inv_sup = np.divide(np.float32(1), dsup, out=np.zeros_like(dsup), where=dsup != 0)
+    ls = np.clip(np.rint(inv_sup * scales), -32, 31)
+    dl = dsup * ls
+    idl = np.divide(np.float32(1), dl, out=np.zeros_like(dl), where=dl != 0)
+    codes = iq4_index(idl[:, :, None] * xb)  # (n, 8, 32)
+    ls = (ls + 32).astype(np.uint8)
+    out = np.empty((n, 136), dtype=np.uint8)
+    out[:, 0:2] = _to_half_bytes(dsup)
+    high = (ls >> 4).astype(np.uint16) << (2 * np.arange(8)).astype(np.uint16)
+    out[:, 2:4] = np.bitwise_or.reduce(high, axis=1).astype("<u2").view(np.uint8).reshape(n, 2)
+    low = ls & 0x0F
+    out[:, 4:8] = low[:, 0::2] | (low[:, 1::2] << 4)
+    out[:, 8:136] = _pack_nibbles(codes.reshape(n * 8, 32)).reshape(n, 128)
+    return out
+
+
 QUANT: dict[int, Callable[[np.ndarray], np.ndarray]] = {
     Q4_0: _q_q4_0,
     Q4_1: _q_q4_1,
@@ -395,6 +703,13 @@ QUANT: dict[int, Callable[[np.ndarray], np.ndarray]] = {
     Q8_1: _q_q8_1,
     Q8_K: _q_q8_k,
     IQ4_NL: _q_iq4_nl,
+    IQ4_XS: _q_iq4_xs,
+    TQ1_0: _q_tq1_0,
+    TQ2_0: _q_tq2_0,
+    MXFP4: _q_mxfp4,
+    NVFP4: _q_nvfp4,
+    Q1_0: _q_q1_0,
+    Q2_0: _q_q2_0,
 }
 
 
@@ -418,6 +733,10 @@ VEC_DOT_TYPE: dict[int, int] = {
     Q5_0: Q8_0,
     Q8_0: Q8_0,
     IQ4_NL: Q8_0,
+    Q1_0: Q8_0,
+    Q2_0: Q8_0,
+    MXFP4: Q8_0,
+    NVFP4: Q8_0,
     Q4_1: Q8_1,
     Q5_1: Q8_1,
     Q2_K: Q8_K,
@@ -425,7 +744,16 @@ VEC_DOT_TYPE: dict[int, int] = {
     Q4_K: Q8_K,
     Q5_K: Q8_K,
     Q6_K: Q8_K,
+    IQ4_XS: Q8_K,
+    TQ1_0: Q8_K,
+    TQ2_0: Q8_K,
 }
+
+#: Quantised types the executor reads (dequantises) as tensor sources: every weight type with a dequantiser
+#: (Q8_1 and Q8_K are only ever activations inside ggml's dot products).
+READ_QUANTS: tuple[int, ...] = tuple(t for t in DEQUANT if t not in (Q8_1, Q8_K))
+#: Quantised types the executor writes (CPY / SET_ROWS destinations): those ggml's CPU backend quantises to.
+WRITE_QUANTS: tuple[int, ...] = tuple(t for t in QUANT if t not in (Q8_1, Q8_K))
 
 
 def through_type(type_id: int, x: np.ndarray) -> np.ndarray:
