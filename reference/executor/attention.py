@@ -13,7 +13,7 @@ import numpy as np
 from ggml_rpc.spec import GgmlOp
 
 from ..graph import GraphTensor
-from .core import READABLE, kernel, need_types, params_f32, read, src, write
+from .core import READABLE, convert, kernel, need_types, params_f32, read, src, write
 from .matmul import broadcast_matmul
 from .memory import F16, F32, Memory, node_error
 from .softmax import alibi_slopes, broadcast_mask
@@ -45,9 +45,8 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
         scale = np.float32(scale / softcap)
 
     q = read(mem, q_t)  # (n_seq, n_head, n_q, dk)
-    k = read(mem, k_t)  # (k3, n_head_kv, n_kv, dk)
-    v = read(mem, v_t)  # (k3, n_head_kv, n_kv, dv)
     tiled = n_q >= _TILE_ROWS and k_t.type == v_t.type and k_t.type in (F32, F16)
+    online = v_t.type == F16 and not tiled
     if not tiled and k_t.type != F32:
         q = through_type(VEC_DOT_TYPE.get(k_t.type, F32), np.ascontiguousarray(q))
     rh, rs = n_head // n_head_kv, n_seq // k3
@@ -56,6 +55,17 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
         need_types(node, mask_t, (F16, F32), "mask")
         mask = read(mem, mask_t)
         broadcast_mask(node, mask, n_q, n_head, n_seq, n_kv, 0, 0)  # shape check before any work
+    k_raw, v_raw = mem.raw(k_t), mem.raw(v_t)  # positions on axis 2 (plain and block layouts alike)
+    if online and mask is not None:
+        # ggml's one-query path skips a KV position whose mask is -inf before touching K or V: only positions some
+        # row can see are converted and scored (a decoding step sees a few of a long cache).
+        seen = np.flatnonzero(~np.isneginf(mask[:, :, :n_q, :n_kv]).all(axis=(0, 1, 2)))
+        if len(seen) < n_kv:
+            k_raw, v_raw = k_raw[:, :, seen], v_raw[:, :, seen]
+            mask = mask[..., seen]
+            n_kv = len(seen)
+    k = convert(k_t.type, k_raw)  # (k3, n_head_kv, n_kv, dk)
+    v = convert(v_t.type, v_raw)  # (k3, n_head_kv, n_kv, dv)
     slopes = alibi_slopes(n_head, max_bias)[None, :, None, None] if max_bias > 0 else None
     sinks = None
     if sinks_t is not None:
@@ -63,7 +73,6 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
         if sinks_t.ne[0] < n_head:
             raise node_error(node, "sinks need one value per head")
         sinks = read(mem, sinks_t).reshape(-1)[:n_head][None, :, None]
-    online = v_t.type == F16 and not tiled
     if online and (rh > 1 or rs > 1):  # the online recurrence indexes V per head: one matrix per query head
         v = np.repeat(np.repeat(v, rh, axis=1), rs, axis=0)
     k_t_view = k.swapaxes(-1, -2)

@@ -124,7 +124,8 @@ def _prepare(nodes: Sequence[GraphTensor]) -> Plan:
                     pass
         steps.append((fn, None, node))
         generic = True
-    written = frozenset(buffer_key(n.buffer) for n in nodes if n.buffer is not None)
+    # Only nodes that run write: a VIEW or RESHAPE of a weight (a node too) leaves the weight's buffer alone.
+    written = frozenset(buffer_key(node.buffer) for _fn, _args, node in steps if node.buffer is not None)
     return Plan(steps, mem, generic, written)
 
 

@@ -378,6 +378,32 @@ def test_flash_attn_ext_matches_softmax_attention(arena, kv_type):
     np.testing.assert_allclose(arena.get(out), want.swapaxes(1, 2), rtol=tol, atol=tol)
 
 
+def test_flash_attn_ext_never_reads_kv_positions_every_row_masks(arena):
+    # ggml's one-query path skips a position whose mask is -inf before reading K or V: NaN (or any garbage) in
+    # positions no row can see must not reach the result, and the visible positions give the same result as a
+    # cache holding only them.
+    d, n_q, n_head, n_kv = 8, 2, 2, 6
+    q_vals = rand(1, n_head, n_q, d)
+    k_vals, v_vals = rand(1, n_head, n_kv, d, seed=1), rand(1, n_head, n_kv, d, seed=2)
+    k_vals[:, :, 4:], v_vals[:, :, 4:] = np.nan, np.nan  # unwritten cache rows
+    mask = np.zeros((1, 1, n_q, n_kv), np.float32)
+    mask[..., 4:] = -np.inf
+    mask[0, 0, 0, 3] = -np.inf  # position 3 is seen by row 1 only
+    outs = []
+    for kv, mk, n in ((k_vals, mask, n_kv), (k_vals[:, :, :4], mask[..., :4], 4)):
+        vv = v_vals[:, :, :n]
+        q = filled(arena, F32, (d, n_q, n_head), q_vals)
+        k = filled(arena, F16, (d, n, n_head), kv[:, :, :n])
+        v = filled(arena, F16, (d, n, n_head), vv)
+        m = filled(arena, F16, (n, n_q), mk)
+        out = arena.tensor(F32, (d, n_head, n_q), op=GgmlOp.FLASH_ATTN_EXT, src=(q, k, v, m),
+                           params=params(1 / math.sqrt(d), 0.0, 0.0))
+        execute([out])
+        outs.append(arena.get(out))
+    assert np.isfinite(outs[0]).all()
+    assert outs[0].tobytes() == outs[1].tobytes()
+
+
 # ---- copies and layout -----------------------------------------------------------------------------------------
 
 
