@@ -38,11 +38,11 @@ def _get_rows(node: GraphTensor, mem: Memory) -> None:
     np.copyto(mem.raw(node), vals, casting="unsafe")
 
 
-@kernel(GgmlOp.SET_ROWS, src=(F32,), dst=WRITABLE)
+@kernel(GgmlOp.SET_ROWS, src=(F32, F16), dst=WRITABLE, note="I32/I64 indices broadcast over dims 2 and 3")
 def _set_rows(node: GraphTensor, mem: Memory) -> None:
-    # dst[:, idx[i, i02 % ne11, i03 % ne12], i02, i03] = src0[:, i, i02, i03]
+    # dst[:, idx[i01, i02 % ne11, i03 % ne12], i02, i03] = src0[:, i01, i02, i03]
     a_t, i_t = src(node, 0), src(node, 1)
-    need_types(node, a_t, (F32,), "source 0")
+    need_types(node, a_t, (F32, F16), "source 0")
     ne00, ne01, ne02, ne03 = (int(n) for n in a_t.ne)
     ne10, ne11, ne12, ne13 = (int(n) for n in i_t.ne)
     if ne00 != node.ne[0] or ne02 != node.ne[2] or ne03 != node.ne[3]:
@@ -52,23 +52,23 @@ def _set_rows(node: GraphTensor, mem: Memory) -> None:
     if node.type not in WRITABLE:
         raise node_error(node, "destination type cannot be written")
     idx = read_index(mem, node, i_t, int(node.ne[1]), "row index")[0]  # (ne12, ne11, ne10)
-    values = mem.raw(a_t)
-    dst_ne = (int(node.ne[3]), int(node.ne[2]), int(node.ne[1]), int(node.ne[0]))
-    i3 = np.arange(ne03)[:, None, None]
-    i2 = np.arange(ne02)[None, :, None]
-    targets = idx[i3 % ne12, i2 % ne11]  # (ne03, ne02, ne01)
-    raw = mem.raw(node)
-    if node.type == F32:
-        raw[i3, i2, targets] = values
+    if a_t.ne[0] == 0 or ne01 == 0:
         return
+    i3 = np.arange(ne03)[:, None]
+    i2 = np.arange(ne02)[None, :]
+    targets = idx[i3 % ne12, i2 % ne11]  # (ne03, ne02, ne01): the destination row of every source row
     # Convert the rows first, then scatter them whole (later duplicates win, as in ggml's in-order loop).
-    scratch = np.empty((ne03, ne02, ne01, dst_ne[3]), dtype=np.float32)
-    scratch[...] = values
-    converted = _convert_rows(node.type, scratch)
-    raw[i3, i2, targets] = converted
+    rows = _convert_rows(node.type, a_t.type, mem.raw(a_t))
+    mem.raw(node)[i3[:, :, None], i2[:, :, None], targets] = rows
 
 
-def _convert_rows(type_id: int, x: np.ndarray) -> np.ndarray:
+def _convert_rows(type_id: int, src_type: int, raw: np.ndarray) -> np.ndarray:
+    """Source rows (F32 or F16 raw values) in the destination type's element or block layout."""
+    if type_id == src_type:
+        return raw
+    x = raw.astype(np.float32)
+    if type_id == F32:
+        return x
     if type_id == F16:
         return x.astype(np.float16)
     if type_id == BF16:

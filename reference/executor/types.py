@@ -13,6 +13,7 @@ import numpy as np
 from ggml_rpc.spec import TYPES, GgmlType, type_name
 
 from ..graph import ExecutorError
+from .kquant import quantize_q2_k, quantize_q3_k, quantize_q4_k, quantize_q5_k, quantize_q6_k
 
 Q4_0 = int(GgmlType.Q4_0)
 Q4_1 = int(GgmlType.Q4_1)
@@ -710,6 +711,11 @@ QUANT: dict[int, Callable[[np.ndarray], np.ndarray]] = {
     NVFP4: _q_nvfp4,
     Q1_0: _q_q1_0,
     Q2_0: _q_q2_0,
+    Q2_K: quantize_q2_k,
+    Q3_K: quantize_q3_k,
+    Q4_K: quantize_q4_k,
+    Q5_K: quantize_q5_k,
+    Q6_K: quantize_q6_k,
 }
 
 

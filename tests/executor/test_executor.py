@@ -131,7 +131,8 @@ def test_supports_op_follows_the_registrations(arena):
     assert not supports_op(arena.tensor(F32, (8,), op=GgmlOp.UNARY, src=(a,), params=params(99)))
     assert not supports_op(arena.tensor(F32, (8,), op=GgmlOp.SSM_SCAN, src=(a,)))
     assert not supports_op(arena.tensor(F32, (8,), op=GgmlOp.CUSTOM))
-    assert not supports_op(arena.tensor(int(GgmlType.Q2_K), (256,), op=GgmlOp.CPY, src=(q,)))
+    assert supports_op(arena.tensor(int(GgmlType.Q2_K), (256,), op=GgmlOp.CPY, src=(q,)))
+    assert not supports_op(arena.tensor(int(GgmlType.IQ2_XXS), (256,), op=GgmlOp.CPY, src=(q,)))
 
 
 def test_ops_table_covers_every_op_and_the_checked_in_copy_is_current():
