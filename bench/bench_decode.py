@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from ggml_rpc.conformance import capture
-from ggml_rpc.conformance.benchmark import samples
-from ggml_rpc.conformance.session import decode_connection
+from ggml_rpc.conformance.bench.runner import samples
+from ggml_rpc.conformance.sessions import capture
+from ggml_rpc.conformance.sessions.decode import decode_connection
 from ggml_rpc.spec import TENSOR_DTYPE, V7, Command, RequestDecoder, encode_request
 
 ROOT = Path(__file__).resolve().parent.parent

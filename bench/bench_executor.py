@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from ggml_rpc.conformance.benchmark import samples
+from ggml_rpc.conformance.bench.runner import samples
 from ggml_rpc.reference.executor import execute
 from ggml_rpc.reference.executor.arena import Arena
 from ggml_rpc.reference.executor.types import dequantize, quantize
@@ -88,7 +88,7 @@ def bench_capture() -> None:
         print(f"per-token graph: skipped ({CAPTURE} not found)")
         return
     sys.path.insert(0, str(ROOT))
-    from ggml_rpc.conformance.session import decode_file
+    from ggml_rpc.conformance.sessions.decode import decode_file
     from ggml_rpc.reference.executor import prepare
     from ggml_rpc.spec import Command, Reply
 

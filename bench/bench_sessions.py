@@ -28,11 +28,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
-from ggml_rpc.conformance.capture import Connection
 from ggml_rpc.conformance.client import RpcClient
-from ggml_rpc.conformance.pcapwrite import PcapWriter
-from ggml_rpc.conformance.replay import LoadedCapture, Relocator, Replayer, load_captures
-from ggml_rpc.conformance.session import DecodedConnection
+from ggml_rpc.conformance.sessions.capture import Connection
+from ggml_rpc.conformance.sessions.decode import DecodedConnection
+from ggml_rpc.conformance.sessions.pcapwrite import PcapWriter
+from ggml_rpc.conformance.sessions.replay import LoadedCapture, Relocator, Replayer, load_captures
 from ggml_rpc.spec import (
     CONN_CAPS_SIZE,
     TENSOR_DTYPE,

@@ -76,7 +76,7 @@ def rpc_runner(pytestconfig: pytest.Config) -> Iterator[Runner]:
 
 def describe(result: Result) -> str:
     """A failure message: the verdict, the rule's link and every piece of evidence."""
-    from .report_files import evidence_lines
+    from .harness.report_files import evidence_lines
 
     return "\n".join([f"{result.check.id}: {result.message}", f"rule: {result.check.title} — {result.spec}",
                       *evidence_lines(result)])

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ggml_rpc.conformance.bench_kit import make_session
-from ggml_rpc.conformance.bench_wire import CHAIN_ID_BASE, CHAIN_ID_STRIDE, BenchTarget, GraphCompute, chain_graph
-from ggml_rpc.conformance.benchmark import Figure, Measurement, NotApplicable, Stats, run_measurement
+from ggml_rpc.conformance.bench.kit import make_session
+from ggml_rpc.conformance.bench.runner import Figure, Measurement, NotApplicable, Stats, run_measurement
+from ggml_rpc.conformance.bench.wire import CHAIN_ID_BASE, CHAIN_ID_STRIDE, BenchTarget, GraphCompute, chain_graph
 from ggml_rpc.conformance.cli import main
-from ggml_rpc.conformance.cmd_bench import QUICK
+from ggml_rpc.conformance.cli.bench import QUICK
 from ggml_rpc.reference import running_server
 from ggml_rpc.spec import V6, V7, Command, RequestDecoder, encode_request
 
@@ -212,8 +212,8 @@ def test_graph_figure_checks_the_result_on_the_reference_server() -> None:
 
 @pytest.mark.parametrize("protocol", [V6, V7])
 def test_kit_session_decodes_to_what_it_says(protocol, tmp_path: Path) -> None:
-    from ggml_rpc.conformance.pcapwrite import write_session
-    from ggml_rpc.conformance.session import decode_file
+    from ggml_rpc.conformance.sessions.decode import decode_file
+    from ggml_rpc.conformance.sessions.pcapwrite import write_session
 
     s = make_session(protocol, 8 << 16, chunk=1 << 16)
     write_session(tmp_path / "s.pcap", s.connections)
@@ -229,8 +229,8 @@ def test_kit_session_decodes_to_what_it_says(protocol, tmp_path: Path) -> None:
 
 
 def test_replaying_a_cache_using_capture_twice_on_one_server(real_captures: Path, tmp_path: Path) -> None:
-    from ggml_rpc.conformance.bench_kit import Replay
-    from ggml_rpc.conformance.replay import load_captures
+    from ggml_rpc.conformance.bench.kit import Replay
+    from ggml_rpc.conformance.sessions.replay import load_captures
 
     # The first replay fills the server's cache (recorded miss); the second must expect the hit it now gets.
     m = Replay(load_captures([real_captures / "v7-v7-gen-cold.pcap"]), "real")

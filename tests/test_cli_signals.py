@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from ggml_rpc.conformance.client import RpcClient
-from ggml_rpc.conformance.session import decode_file
+from ggml_rpc.conformance.sessions.decode import decode_file
 from ggml_rpc.reference import running_server
 from ggml_rpc.spec import make_tensor
 

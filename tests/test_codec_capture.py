@@ -8,8 +8,8 @@ from pathlib import Path
 
 import dpkt
 import pytest
-from ggml_rpc.conformance import capture
-from ggml_rpc.conformance.capture import read_connections
+from ggml_rpc.conformance.sessions import capture
+from ggml_rpc.conformance.sessions.capture import read_connections
 
 CLIENT4, SERVER4 = ("127.0.0.1", 40000), ("127.0.0.1", 50052)
 CLIENT6, SERVER6 = ("::1", 40001), ("::1", 50052)

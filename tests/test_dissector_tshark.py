@@ -16,8 +16,8 @@ from pathlib import Path
 import dpkt
 import numpy as np
 import pytest
-from ggml_rpc.conformance.dissector import generate
-from ggml_rpc.conformance.session import decode_file
+from ggml_rpc.conformance.dissector.generate import generate
+from ggml_rpc.conformance.sessions.decode import decode_file
 from ggml_rpc.spec import (
     V7,
     V7_0_1,

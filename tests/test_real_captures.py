@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from ggml_rpc.conformance.session import decode_file
+from ggml_rpc.conformance.sessions.decode import decode_file
 from ggml_rpc.spec import V6, V7, Command, Reply, SpecViolation, encode_reply, encode_request
 
 GEN_TOTALS = {

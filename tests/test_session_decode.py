@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import struct
 
-from ggml_rpc.conformance.capture import Connection
-from ggml_rpc.conformance.session import decode_connection
+from ggml_rpc.conformance.sessions.capture import Connection
+from ggml_rpc.conformance.sessions.decode import decode_connection
 from ggml_rpc.spec import V7, Command, SizeMismatch, encode_reply, encode_request, hello_reply
 
 

@@ -11,9 +11,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from ggml_rpc.conformance.lint import lint_file
-from ggml_rpc.conformance.replay import replay
-from ggml_rpc.conformance.session import decode_file
+from ggml_rpc.conformance.sessions.decode import decode_file
+from ggml_rpc.conformance.sessions.lint import lint_file
+from ggml_rpc.conformance.sessions.replay import replay
 from ggml_rpc.reference import running_server
 from ggml_rpc.spec import Command, Reply, encode_reply, encode_request, parse_version_option
 

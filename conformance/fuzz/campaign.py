@@ -339,7 +339,7 @@ class Campaign:
     def _replay_fails(self, pcap: Path | None, kind: str) -> bool:
         """Does ``ggml-rpc replay``'s engine, re-running ``pcap`` against the target, fail (the target dies again
         after a crash -- on a restarted target --, or its replies differ)?"""
-        from ggml_rpc.conformance.replay import ReplayError, replay
+        from ggml_rpc.conformance.sessions.replay import ReplayError, replay
 
         if pcap is None:
             return False

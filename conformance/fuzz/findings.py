@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ggml_rpc.conformance.pcapwrite import write_session
+from ggml_rpc.conformance.sessions.pcapwrite import write_session
 
 KINDS = ("crash", "hang", "wrong-reply", "out-of-buffer")
 

@@ -99,7 +99,7 @@ def hashed_tensors(model: Path) -> list[str]:
 
 def _hash_results(pcap: Path) -> list[int]:
     """SET_TENSOR_HASH replies of a recorded session (1 = hit, 0 = miss), in order."""
-    from ggml_rpc.conformance.session import decode_file
+    from ggml_rpc.conformance.sessions.decode import decode_file
     from ggml_rpc.spec import Command, Reply
 
     out = []
@@ -113,7 +113,7 @@ def _hash_results(pcap: Path) -> list[int]:
 def _through_proxy(peer: Peer, model: Path, address: str, pcap: Path) -> tuple[Any, list[str]]:
     """Run llama-completion through the kit's checking proxy in front of ``address``; (finished, violations)."""
     from ggml_rpc.conformance.harness import parse_address
-    from ggml_rpc.conformance.proxy import running_proxy
+    from ggml_rpc.conformance.sessions.proxy import running_proxy
 
     violations: list[str] = []
     with running_proxy(parse_address(address), pcap=pcap, check=True,
@@ -224,7 +224,7 @@ def proxy_upstream_row(peer: Peer, ws: Workspace, model: str) -> Cell:
 def replay_row(peer: Peer, ws: Workspace, model: str, against: str) -> Cell:
     """``ggml-rpc replay`` of the recorded upstream session against the reference server or upstream: 0 mismatches."""
     from ggml_rpc.conformance.harness import parse_address
-    from ggml_rpc.conformance.replay import replay
+    from ggml_rpc.conformance.sessions.replay import replay
 
     pcap = ws.recorded.get((peer.version, model))
     if pcap is None:
@@ -246,7 +246,7 @@ def replay_row(peer: Peer, ws: Workspace, model: str, against: str) -> Cell:
 def cross_version_row(client: Peer, server: Peer, ws: Workspace, model: str) -> Cell:
     """A client of one major version against a server of the other refuses, upstream and reference alike."""
     from ggml_rpc.conformance.harness import parse_address
-    from ggml_rpc.conformance.proxy import running_proxy
+    from ggml_rpc.conformance.sessions.proxy import running_proxy
 
     outcomes = {}
     pcap = ws.pcap_dir / f"v{client.major}client-v{server.major}server-hello.pcap"

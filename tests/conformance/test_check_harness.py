@@ -16,7 +16,7 @@ from ggml_rpc.conformance.harness import (
     select,
     verdict_for,
 )
-from ggml_rpc.conformance.report import Progress, catalogue_table, results_table
+from ggml_rpc.conformance.harness.report import Progress, catalogue_table, results_table
 from ggml_rpc.spec import V6, V7, V7_0_1
 from rich.console import Console
 

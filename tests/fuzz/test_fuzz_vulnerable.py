@@ -9,7 +9,7 @@ import time
 import pytest
 from ggml_rpc.conformance.fuzz import EmbeddedFuzzTarget, Options, embedded_campaign, fuzz_config, target_campaign
 from ggml_rpc.conformance.harness import ExternalTarget
-from ggml_rpc.conformance.replay import ReplayError, replay
+from ggml_rpc.conformance.sessions.replay import ReplayError, replay
 from ggml_rpc.reference import running_server
 from ggml_rpc.spec import V7
 from vulnerable import (

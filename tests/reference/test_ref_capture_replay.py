@@ -13,7 +13,7 @@ import logging
 import numpy as np
 import pytest
 from ggml_rpc.conformance.client import ConnectionClosed
-from ggml_rpc.conformance.session import decode_file
+from ggml_rpc.conformance.sessions.decode import decode_file
 from ggml_rpc.reference import running_server
 from ggml_rpc.spec import Command
 from refhelpers import connect

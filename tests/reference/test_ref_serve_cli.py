@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from ggml_rpc.conformance.cli import main
-from ggml_rpc.conformance.cmd_serve import parse_size
+from ggml_rpc.conformance.cli.serve import parse_size
 from ggml_rpc.reference import running_server
 from ggml_rpc.reference.server import _is_loopback
 from ggml_rpc.spec import Command

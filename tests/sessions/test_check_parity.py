@@ -7,9 +7,9 @@ The two framings are separate code, so each rule is checked to land on the same 
 from __future__ import annotations
 
 import pytest
-from ggml_rpc.conformance.lint import lint_file
-from ggml_rpc.conformance.pcapwrite import write_session
-from ggml_rpc.conformance.proxy import _Checker
+from ggml_rpc.conformance.sessions.lint import lint_file
+from ggml_rpc.conformance.sessions.pcapwrite import write_session
+from ggml_rpc.conformance.sessions.proxy import _Checker
 from ggml_rpc.spec import V6, V7, Command, encode_reply, encode_request
 
 from .conftest import hash_then_set, hello, weight

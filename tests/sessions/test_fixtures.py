@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 from ggml_rpc.conformance.cli import main
-from ggml_rpc.conformance.lint import lint_file
-from ggml_rpc.conformance.scenarios import SCENARIOS
-from ggml_rpc.conformance.session import decode_file
+from ggml_rpc.conformance.sessions.decode import decode_file
+from ggml_rpc.conformance.sessions.lint import lint_file
+from ggml_rpc.conformance.sessions.scenarios import SCENARIOS
 
 from .conftest import tshark_problems
 

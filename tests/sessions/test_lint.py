@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from ggml_rpc.conformance.cli import main
-from ggml_rpc.conformance.lint import lint_file
-from ggml_rpc.conformance.pcapwrite import write_session
+from ggml_rpc.conformance.sessions.lint import lint_file
+from ggml_rpc.conformance.sessions.pcapwrite import write_session
 from ggml_rpc.spec import V6, V7, Command, encode_reply, encode_request
 
 from .conftest import hash_then_set, hello, weight

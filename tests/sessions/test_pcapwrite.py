@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from ggml_rpc.conformance.capture import read_connections
-from ggml_rpc.conformance.pcapwrite import PcapWriter, write_session
-from ggml_rpc.conformance.session import decode_connection, decode_file
+from ggml_rpc.conformance.sessions.capture import read_connections
+from ggml_rpc.conformance.sessions.decode import decode_connection, decode_file
+from ggml_rpc.conformance.sessions.pcapwrite import PcapWriter, write_session
 from ggml_rpc.spec import Reply
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from ggml_rpc.conformance.cli import main
 from ggml_rpc.conformance.client import RpcClient
-from ggml_rpc.conformance.lint import lint_file
-from ggml_rpc.conformance.proxy import running_proxy
-from ggml_rpc.conformance.replay import replay
-from ggml_rpc.conformance.scenarios import Session, cache_flag_abuse, inference, model_load
-from ggml_rpc.conformance.session import decode_file
+from ggml_rpc.conformance.sessions.decode import decode_file
+from ggml_rpc.conformance.sessions.lint import lint_file
+from ggml_rpc.conformance.sessions.proxy import running_proxy
+from ggml_rpc.conformance.sessions.replay import replay
+from ggml_rpc.conformance.sessions.scenarios import Session, cache_flag_abuse, inference, model_load
 from ggml_rpc.reference import running_server
 from ggml_rpc.spec import GgmlType, fnv1a64, make_tensor
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from ggml_rpc.conformance.cli import main
-from ggml_rpc.conformance.pcapwrite import write_session
-from ggml_rpc.conformance.replay import Relocator, load_captures, replay
+from ggml_rpc.conformance.sessions.pcapwrite import write_session
+from ggml_rpc.conformance.sessions.replay import Relocator, load_captures, replay
 from ggml_rpc.reference import running_server
 from ggml_rpc.spec import TENSOR_DTYPE, V6, V7, Command, encode_reply, encode_request, make_tensor
 
@@ -134,7 +134,7 @@ def test_user_mistakes_exit_2(real_captures, tmp_path):
 def test_load_refuses_captures_whose_server_side_does_not_decode(tmp_path):
     path = tmp_path / "junk.pcap"
     write_session(path, [[*hello(V7), (True, encode_request(V7, Command.DEVICE_COUNT, {})), (False, bytes(8))]])
-    from ggml_rpc.conformance.replay import ReplayError
+    from ggml_rpc.conformance.sessions.replay import ReplayError
 
     with pytest.raises(ReplayError, match="replies do not decode"):
         load_captures([path])
@@ -173,7 +173,7 @@ def test_where_the_recorded_server_closed_is_known_for_every_request():
     """A send refused because the target closed a little early still matches a recording that closed there."""
     from pathlib import Path
 
-    from ggml_rpc.conformance.replay import Replayer
+    from ggml_rpc.conformance.sessions.replay import Replayer
 
     fixture = Path(__file__).resolve().parents[2] / "fixtures" / "v7-bad-input.pcap"
     (cap,) = load_captures([fixture])

@@ -48,9 +48,9 @@ from ggml_rpc.spec import (
 )
 from ggml_rpc.spec.layout import flat_layout
 
-from .client import ConnectionClosed, RpcClient
+from ..client import ConnectionClosed, RpcClient
+from .decode import DecodedConnection, decode_file
 from .lint import follows_miss
-from .session import DecodedConnection, decode_file
 
 #: Default tolerance for computed reads (normalised mean squared error, as ggml's backend tests use).
 DEFAULT_NMSE = 1e-6

@@ -6,10 +6,10 @@ import argparse
 import sys
 import threading
 
-from .harness import format_address
-from .lint import Violation
-from .pcapwrite import MAX_MSS
-from .proxy import Proxy
+from ..harness import format_address
+from ..sessions.lint import Violation
+from ..sessions.pcapwrite import MAX_MSS
+from ..sessions.proxy import Proxy
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cli import UsageError, os_reason, output_file, parse_address
+    from . import UsageError, os_reason, output_file, parse_address
 
     listen = parse_address(args.listen, "--listen", any_port=True)
     upstream = parse_address(args.upstream, "--upstream")

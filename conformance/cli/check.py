@@ -9,7 +9,7 @@ from pathlib import Path
 from ggml_rpc.spec import V7, Protocol
 from rich.console import Console
 
-from .harness import (
+from ..harness import (
     Category,
     EmbeddedTarget,
     ExternalTarget,
@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _target(args: argparse.Namespace, proto: Protocol | None) -> Target:
-    from .cli import UsageError, parse_address
+    from . import UsageError, parse_address
 
     cache_dir = Path(args.cache_dir) if args.cache_dir else None
     if cache_dir is not None and not cache_dir.is_dir() and (args.server or args.spawn):
@@ -72,9 +72,9 @@ def _target(args: argparse.Namespace, proto: Protocol | None) -> Target:
 def run(args: argparse.Namespace) -> int:
     from ggml_rpc.conformance.checks import CATALOGUE
 
-    from . import report
-    from .cli import UsageError, output_file, parse_proto
-    from .report_files import write_json, write_junit
+    from ..harness import report
+    from ..harness.report_files import write_json, write_junit
+    from . import UsageError, output_file, parse_proto
 
     probe = Console()
     # Logs and pipes get a wide table instead of rich's 80-column default (COLUMNS still wins when set).

@@ -10,8 +10,8 @@ import sys
 
 from ggml_rpc.spec import DEFAULT_HOST, DEFAULT_PORT
 
-from .cli import UsageError, os_reason, parse_proto
-from .harness import format_address
+from ..harness import format_address
+from . import UsageError, os_reason, parse_proto
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)

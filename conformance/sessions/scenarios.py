@@ -34,7 +34,7 @@ from ggml_rpc.spec import (
 )
 from ggml_rpc.spec.codec import REQUEST_HEADER
 
-from .client import ConnectionClosed, RpcClient
+from ..client import ConnectionClosed, RpcClient
 from .proxy import ProxyStats, running_proxy
 
 F32 = int(GgmlType.F32)

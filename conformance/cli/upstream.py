@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .cli import UsageError
+from . import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _versions(text: str) -> list[str]:
-    from .upstream.peers import versions_option
+    from ..upstream.peers import versions_option
 
     try:
         return versions_option(text)
@@ -40,8 +40,8 @@ def _versions(text: str) -> list[str]:
 
 
 def run_install(args: argparse.Namespace) -> int:
-    from .upstream.install import InstallError, install, missing_tools
-    from .upstream.peers import PEERS
+    from ..upstream.install import InstallError, install, missing_tools
+    from ..upstream.peers import PEERS
 
     versions = _versions(args.proto)
     missing = missing_tools()
@@ -62,8 +62,8 @@ def run_install(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from .upstream.install import InstallError, server_hello
-    from .upstream.peers import PEERS, cache_root
+    from ..upstream.install import InstallError, server_hello
+    from ..upstream.peers import PEERS, cache_root
 
     rows = []
     for peer in PEERS.values():

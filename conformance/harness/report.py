@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from .harness import Category, Check, Level, Outcome, Result, Runner, ServerInfo, iter_groups
+from .runner import Category, Check, Level, Outcome, Result, Runner, ServerInfo, iter_groups
 
 STYLE = {
     Outcome.PASS: "green",

@@ -26,8 +26,8 @@ from ggml_rpc.spec import (
     make_tensor,
 )
 
-from .benchmark import Figure, Measurement, NotApplicable, timed
-from .client import RpcClient
+from ..client import RpcClient
+from .runner import Figure, Measurement, NotApplicable, timed
 
 KIB, MIB = 1 << 10, 1 << 20
 _F32 = int(GgmlType.F32)

@@ -19,13 +19,13 @@ from pathlib import Path
 from ggml_rpc.spec import HandshakeError, ProtocolError, parse_version_option
 from rich.console import Console
 
-from .bench_kit import GraphDecode, PcapDecode, PcapWrite, Replay, SessionFiles
-from .bench_report import BenchProgress, figures_table, header, write_json
-from .bench_wire import MIB, BenchTarget, GetTensor, GraphCompute, HashHit, RoundTrips, SetTensor, size_label
-from .benchmark import FigureResult, Measurement, record, run_measurement, steps_of
-from .cli import UsageError
-from .client import ConnectionClosed
-from .harness import SpawnedTarget, TargetError, parse_address
+from ..bench.kit import GraphDecode, PcapDecode, PcapWrite, Replay, SessionFiles
+from ..bench.report import BenchProgress, figures_table, header, write_json
+from ..bench.runner import FigureResult, Measurement, record, run_measurement, steps_of
+from ..bench.wire import MIB, BenchTarget, GetTensor, GraphCompute, HashHit, RoundTrips, SetTensor, size_label
+from ..client import ConnectionClosed
+from ..harness import SpawnedTarget, TargetError, parse_address
+from . import UsageError
 
 KIB = 1 << 10
 
@@ -262,7 +262,7 @@ def bulk_comparisons(results: Sequence[FigureResult], names: Sequence[str], plan
 
 
 def _load_capture(path: Path) -> list:
-    from .replay import ReplayError, load_captures
+    from ..sessions.replay import ReplayError, load_captures
 
     try:
         return load_captures([path])

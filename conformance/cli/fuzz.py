@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from .harness import ExternalTarget, SpawnedTarget, Target, TargetError, parse_address
+from ..harness import ExternalTarget, SpawnedTarget, Target, TargetError, parse_address
 
 DEFAULT_OUT = "fuzz-findings"
 
@@ -81,7 +81,7 @@ class Status:
 
 
 def _target(args: argparse.Namespace) -> Target:
-    from .cli import UsageError
+    from . import UsageError
 
     if args.spawn:
         if "{port}" not in args.spawn:
@@ -97,9 +97,9 @@ def _target(args: argparse.Namespace) -> Target:
 def run(args: argparse.Namespace) -> int:
     from ggml_rpc.spec import V7, parse_version_option
 
-    from .cli import UsageError
-    from .fuzz import Options, embedded_campaign, target_campaign
-    from .fuzz.setup import SetupError
+    from ..fuzz import Options, embedded_campaign, target_campaign
+    from ..fuzz.setup import SetupError
+    from . import UsageError
 
     if args.examples is not None and args.examples < 1:
         raise UsageError("--examples must be at least 1")

@@ -6,7 +6,7 @@ Bytes are forwarded as they arrive, in both directions, and on the way each chun
   tensors, reply fields): bulk data (SET_TENSOR data, GET_TENSOR replies) is counted and passed on, never buffered,
   except the data of a SET_TENSOR carrying a cache_flag, which the cache-flag rule must hash;
 * written to a pcap (optional) as TCP segments of the connection the client made;
-* checked (optional) against the rules of :mod:`ggml_rpc.conformance.lint`, reported as they happen.
+* checked (optional) against the rules of :mod:`ggml_rpc.conformance.sessions.lint`, reported as they happen.
 
 Each chunk is decoded before it is forwarded, so the reply decoder always knows the request a reply answers and the
 request decoder knows the version from the HELLO reply before the client can send anything else.

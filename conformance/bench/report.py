@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .bench_wire import BenchTarget
-from .benchmark import FigureResult, Result
+from .runner import FigureResult, Result
+from .wire import BenchTarget
 
 
 def header(console: Console, targets: Sequence[BenchTarget], plan: str) -> None:

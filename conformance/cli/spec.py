@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cli import parse_proto
+    from . import parse_proto
 
     versions = [parse_proto(args.proto, auto=False)] if args.proto else None
     sys.stdout.write(render_markdown(versions))

@@ -12,8 +12,8 @@ from typing import TextIO
 
 from ggml_rpc.spec import Protocol
 
-from .capture import CaptureError
-from .replay import DEFAULT_NMSE, Replayer, ReplayError, ReplayReport, load_captures, source_protocol
+from ..sessions.capture import CaptureError
+from ..sessions.replay import DEFAULT_NMSE, Replayer, ReplayError, ReplayReport, load_captures, source_protocol
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -65,7 +65,7 @@ def print_report(report: ReplayReport, out: TextIO | None = None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cli import UsageError, output_file, parse_address, parse_proto
+    from . import UsageError, output_file, parse_address, parse_proto
 
     protocol = parse_proto(args.proto)
     as_protocol = parse_proto(args.as_proto, auto=False) if args.as_proto else None

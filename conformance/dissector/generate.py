@@ -28,7 +28,7 @@ from ggml_rpc.spec.messages import GRAPH_MIN_SIZE, Payload, Shape
 from ggml_rpc.spec.tensor import RpcTensor
 from ggml_rpc.spec.versions import PROTOCOLS, Protocol
 
-from .dissector_runtime import RUNTIME
+from .runtime import RUNTIME
 
 PROTO_NAME = "ggml_rpc"
 

@@ -36,7 +36,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .harness import Outcome, Result, Runner, iter_groups
+from .runner import Outcome, Result, Runner, iter_groups
 
 FORMAT = "ggml-rpc-check/1"
 

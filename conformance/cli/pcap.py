@@ -10,9 +10,9 @@ from pathlib import Path
 
 from ggml_rpc.spec import ProtocolError
 
-from .client import ConnectionClosed
-from .pcapwrite import MAX_MSS
-from .scenarios import SCENARIOS, Recording, record
+from ..client import ConnectionClosed
+from ..sessions.pcapwrite import MAX_MSS
+from ..sessions.scenarios import SCENARIOS, Recording, record
 
 MANIFEST_DOC = ("Sessions recorded by `ggml-rpc pcap record` (the kit's client, through the recording proxy, against "
                 "the reference server). Re-record them all with `ggml-rpc pcap record --all fixtures/`.")
@@ -64,7 +64,7 @@ def record_all(directory: Path, *, mss: int | None = None) -> list[Recording]:
 
 
 def run_record(args: argparse.Namespace) -> int:
-    from .cli import UsageError, output_file, parse_address
+    from . import UsageError, output_file, parse_address
 
     if args.mss is not None and not 1 <= args.mss <= MAX_MSS:
         raise UsageError(f"--mss must be 1..{MAX_MSS}")

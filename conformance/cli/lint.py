@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from .capture import CaptureError
-from .cli import port_number
-from .lint import RULES, lint_file, summarize
+from ..sessions.capture import CaptureError
+from ..sessions.lint import RULES, lint_file, summarize
+from . import port_number
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cli import UsageError, parse_proto
+    from . import UsageError, parse_proto
 
     protocol = parse_proto(args.proto)
     found = 0

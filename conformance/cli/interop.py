@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .cli import UsageError, output_file
+from . import UsageError, output_file
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,9 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .upstream import interop_report, matrix
-    from .upstream.models import STANDARD_MODELS
-    from .upstream.peers import PEERS, versions_option
+    from ..upstream import interop_report, matrix
+    from ..upstream.models import STANDARD_MODELS
+    from ..upstream.peers import PEERS, versions_option
 
     try:
         versions = versions_option(args.proto)
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
     with tempfile.TemporaryDirectory(prefix="ggml-rpc-interop-") as tmp:
         ws = matrix.Workspace(Path(tmp), pcap_dir)
-        from .upstream.backend_ops_rows import backend_ops_rows
+        from ..upstream.backend_ops_rows import backend_ops_rows
 
         selected = [r for r in matrix.rows(versions, ws, models,
                                            backend_ops=lambda: backend_ops_rows(versions, ws, args.ops))

@@ -1,7 +1,7 @@
 """The fixed part of the generated Lua dissector: reassembly, conversation state, the generic layout walker.
 
 It names no command and no field: everything protocol-specific comes from the tables that
-:func:`ggml_rpc.conformance.dissector.generate` emits above it (``F``, ``HF``, ``LAYOUTS``, ``PAYLOADS``,
+:func:`ggml_rpc.conformance.dissector.generate.generate` emits above it (``F``, ``HF``, ``LAYOUTS``, ``PAYLOADS``,
 ``PROTOCOLS``, ``TYPES``, ``C`` and the value strings).  The only facts used here are the framing (command byte and
 size header, replies in request order) and the semantic rules the codec checks (``check_request``): valid types,
 regions inside ``nbytes``, copies that fit, graphs whose nodes exist.

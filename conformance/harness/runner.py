@@ -36,7 +36,7 @@ from typing import Any
 from ggml_rpc.spec import PROTOCOLS, V6, Command, HandshakeError, Protocol, ProtocolError, protocol_for
 from ggml_rpc.spec.docs import command_anchor
 
-from .client import ConnectionClosed, RpcClient
+from ..client import ConnectionClosed, RpcClient
 
 #: Where the generated protocol reference lives, relative to a checkout; check links point into it.
 SPEC_DOC = "spec/PROTOCOL.md"

@@ -1,4 +1,4 @@
-"""The ``ggml-rpc`` command line: one sub-command per module ``ggml_rpc.conformance.cmd_<name>``.
+"""The ``ggml-rpc`` command line: one sub-command per module ``ggml_rpc.conformance.cli.<name>``.
 
 Each such module defines ``register(subparsers)`` (adding its parser, with ``func`` set to a callable taking the
 parsed arguments and returning an exit code).  User mistakes raise :class:`UsageError` and end with one line on
@@ -53,7 +53,7 @@ def parse_proto(text: str, *, auto: bool = True) -> Protocol | None:
 
 def parse_address(text: str, option: str, *, any_port: bool = False) -> tuple[str, int]:
     """A ``HOST:PORT`` option value (``[::1]:PORT`` for IPv6; port 0 only with ``any_port``) as a tuple."""
-    from .harness import parse_address as parse
+    from ..harness import parse_address as parse
 
     try:
         return parse(text, any_port=any_port)
@@ -86,13 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ggml-rpc",
         description="Specification, reference server and conformance kit for the ggml RPC protocol.",
     )
-    from .report_files import kit_version
+    from ..harness.report_files import kit_version
 
     parser.add_argument("--version", action="version", version=f"ggml-rpc-kit {kit_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
-        importlib.import_module(f"ggml_rpc.conformance.cmd_{name}").register(sub)
+        importlib.import_module(f"{__name__}.{name}").register(sub)
     return parser
 
 
@@ -117,10 +117,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    # Run the copy imported under its package name: the sub-commands raise *its* UsageError.
-    from ggml_rpc.conformance.cli import main as _main
-
-    sys.exit(_main())

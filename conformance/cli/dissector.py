@@ -8,8 +8,8 @@ from pathlib import Path
 
 from ggml_rpc.spec.facts import DEFAULT_PORT
 
-from .cli import port_number
-from .dissector import generate
+from ..dissector.generate import generate
+from . import port_number
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cli import UsageError
+    from . import UsageError
 
     source = generate(port=args.port, reassemble_bulk=args.reassemble_bulk)
     if args.output == "-":

@@ -8,9 +8,9 @@ import sys
 
 from ggml_rpc.spec import Reply
 
-from .capture import CaptureError, read_connections
-from .cli import port_number
-from .session import decode_connection, describe, summarize
+from ..sessions.capture import CaptureError, read_connections
+from ..sessions.decode import decode_connection, describe, summarize
+from . import port_number
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cli import UsageError, parse_proto
+    from . import UsageError, parse_proto
 
     protocol = parse_proto(args.proto)
     try:

@@ -4,9 +4,10 @@ All three work on one session made for the purpose: a connection that allocates 
 SET_TENSOR and GET_TENSOR of ``chunk``-byte tensors until ``data_bytes`` of tensor data went over the wire, each
 GET reading back what the SET before it wrote (so a replay compares every read exactly, and the session is a
 valid one for any server).  Requests and replies are encoded by the spec's codec; the pcap is written by
-:mod:`~ggml_rpc.conformance.pcapwrite` from the codec's buffers (the bulk data is a small pool of random chunks,
-never copied); decoding is :func:`~ggml_rpc.conformance.session.decode_file`; replaying is
-:class:`~ggml_rpc.conformance.replay.Replayer` against each server target, translated to the target's version.
+:mod:`~ggml_rpc.conformance.sessions.pcapwrite` from the codec's buffers (the bulk data is a small pool of random
+chunks, never copied); decoding is :func:`~ggml_rpc.conformance.sessions.decode.decode_file`; replaying is
+:class:`~ggml_rpc.conformance.sessions.replay.Replayer` against each server target, translated to the target's
+version.
 
 Throughputs are in MB/s (10^6 bytes): pcap writing per byte of TCP payload, decoding per byte of pcap file (the
 unit of the decode target), replay per byte sent and received.
@@ -33,11 +34,11 @@ from ggml_rpc.spec import (
     request_parts,
 )
 
-from .bench_wire import BenchTarget, chain_graph, size_label
-from .benchmark import Figure, Measurement, timed
-from .pcapwrite import write_session
-from .replay import LoadedCapture, Replayer, load_captures
-from .session import decode_file
+from ..sessions.decode import decode_file
+from ..sessions.pcapwrite import write_session
+from ..sessions.replay import LoadedCapture, Replayer, load_captures
+from .runner import Figure, Measurement, timed
+from .wire import BenchTarget, chain_graph, size_label
 
 #: Handle and base the session's (made-up) server hands out; replay relocates them to the target's.
 _HANDLE, _BASE = 0x5EED0001, 0x7F0000000000

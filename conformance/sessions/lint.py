@@ -38,7 +38,7 @@ from ggml_rpc.spec.layout import flat_layout
 from ggml_rpc.spec.versions import PROTOCOLS
 
 from .capture import read_connections
-from .session import DecodedConnection, decode_connection
+from .decode import DecodedConnection, decode_connection
 
 RULES = {
     "CACHE-FLAG": "cache_flag only on the SET_TENSOR that follows a hash miss for the same tensor, offset and data",
