@@ -32,7 +32,8 @@ from ggml_rpc.conformance.client import RpcClient
 from ggml_rpc.conformance.sessions.capture import Connection
 from ggml_rpc.conformance.sessions.decode import DecodedConnection
 from ggml_rpc.conformance.sessions.pcapwrite import PcapWriter
-from ggml_rpc.conformance.sessions.replay import LoadedCapture, Relocator, Replayer, load_captures
+from ggml_rpc.conformance.sessions.relocate import Relocator
+from ggml_rpc.conformance.sessions.replay import LoadedCapture, Replayer, load_captures
 from ggml_rpc.spec import (
     CONN_CAPS_SIZE,
     TENSOR_DTYPE,

@@ -1,30 +1,44 @@
-"""The ``ggml-rpc`` command line: one sub-command per module ``ggml_rpc.conformance.cli.<name>``.
+"""The ``ggml-rpc`` command line.
 
-Each such module defines ``register(subparsers)`` (adding its parser, with ``func`` set to a callable taking the
-parsed arguments and returning an exit code).  User mistakes raise :class:`UsageError` and end with one line on
-stderr and exit code 2, never a traceback.
+Each sub-command lives in a module of this package named after it (``ggml-rpc check`` in :mod:`.check`), which
+defines ``add_arguments(parser)``: the command's description and options, with ``func`` set to a callable taking
+the parsed arguments and returning an exit code.  :data:`COMMANDS` lists every command with its one-line help, so
+``ggml-rpc --help`` names them all without importing any; only the module of the command given on the command line
+is imported (and its parser built).  User mistakes raise :class:`~.options.UsageError` and end with one line on
+stderr and exit code 2, never a traceback.  A reader that closes standard output early (``ggml-rpc check | head``)
+is not an error: exit code 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Iterable, Sequence
 from typing import NoReturn
 
-from ggml_rpc.spec import Protocol, parse_version_option
+from .options import UsageError
 
-#: Sub-commands, in the order ``--help`` lists them.
-COMMANDS = ("check", "decode", "spec", "serve", "lint", "replay", "dissector", "proxy", "pcap", "bench", "fuzz",
-            "upstream", "interop")
-
-
-class UsageError(Exception):
-    """A mistake of the user's (bad option, missing file, unreachable server): one line, exit code 2."""
+#: Sub-commands, in the order ``--help`` lists them, with the one-line help it shows; the parser of ``NAME`` is
+#: built by ``ggml_rpc.conformance.cli.NAME.add_arguments``.
+COMMANDS: dict[str, str] = {
+    "check": "run the conformance suite against a server (default: the embedded reference server)",
+    "decode": "decode a pcap of ggml RPC traffic, one line per message",
+    "spec": "print the protocol reference generated from the schemas (Markdown)",
+    "serve": "run the reference server",
+    "lint": "check a capture against the spec's client and server rules",
+    "replay": "replay captured sessions against a server and compare the replies",
+    "dissector": "generate the Wireshark/tshark Lua dissector from the spec",
+    "proxy": "transparent recording proxy between a client and a server",
+    "pcap": "record named client sessions as pcap files",
+    "bench": "measure the reference server, any other server and the kit, side by side",
+    "fuzz": "fuzz a server against the reference server's logic; save shrunk reproducers",
+    "upstream": "build and list genuine upstream llama.cpp peers (rpc-server, llama-completion, test-backend-ops)",
+    "interop": "run the interop matrix against the installed upstream peers",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -34,46 +48,19 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def port_number(text: str) -> int:
-    """The argparse type of a TCP port option: 1..65535."""
-    if not text.isdigit() or not 0 < int(text) < 65536:
-        raise argparse.ArgumentTypeError(f"expected a TCP port 1..65535, got {text!r}")
-    return int(text)
+class _Version(argparse.Action):
+    """``--version``, with the version looked up only when asked for."""
 
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="show the kit's version and exit")
 
-def parse_proto(text: str, *, auto: bool = True) -> Protocol | None:
-    """A ``--proto`` value: None for ``auto`` (when the command accepts it), else the version's table."""
-    if auto and text == "auto":
-        return None
-    try:
-        return parse_version_option(text)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    def __call__(self, parser: argparse.ArgumentParser, namespace: object, values: object,
+                 option_string: str | None = None) -> NoReturn:
+        from .. import kit_version
 
-
-def parse_address(text: str, option: str, *, any_port: bool = False) -> tuple[str, int]:
-    """A ``HOST:PORT`` option value (``[::1]:PORT`` for IPv6; port 0 only with ``any_port``) as a tuple."""
-    from ..harness import parse_address as parse
-
-    try:
-        return parse(text, any_port=any_port)
-    except ValueError as exc:
-        raise UsageError(f"{option}: {exc}") from None
-
-
-def output_file(path: str, option: str) -> str:
-    """An output file option, checked before any work is done: its folder must exist and it must not be one."""
-    target = Path(path)
-    if target.is_dir():
-        raise UsageError(f"{option} {path}: is a directory")
-    if not target.parent.is_dir():
-        raise UsageError(f"{option} {path}: no such directory {str(target.parent)!r}")
-    return path
-
-
-def os_reason(exc: OSError) -> str:
-    """Why a system call failed, without the bind address socket.create_server appends to the reason."""
-    return (exc.strerror or str(exc)).split(" (while attempting to bind", 1)[0]
+        sys.stdout.write(f"ggml-rpc-kit {kit_version()}\n")
+        parser.exit()
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -81,23 +68,65 @@ def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Iterable[str] = ()) -> argparse.ArgumentParser:
+    """The ``ggml-rpc`` parser: every command listed, the options of those in ``commands`` (their modules imported)."""
     parser = _Parser(
         prog="ggml-rpc",
         description="Specification, reference server and conformance kit for the ggml RPC protocol.",
     )
-    from ..harness.report_files import kit_version
-
-    parser.add_argument("--version", action="version", version=f"ggml-rpc-kit {kit_version()}")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMANDS:
-        importlib.import_module(f"{__name__}.{name}").register(sub)
+    chosen = set(commands)
+    for name, help_text in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        if name in chosen:
+            importlib.import_module(f"{__name__}.{name}").add_arguments(p)
     return parser
 
 
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The command an argument list names: its first argument that is not an option (the top level takes none
+    with a value)."""
+    for arg in argv:
+        if arg == "--":
+            return None
+        if not arg.startswith("-"):
+            return arg if arg in COMMANDS else None
+    return None
+
+
+def _discard_stdout() -> None:
+    """Standard output's reader is gone: send what is still buffered, and anything written later, to /dev/null
+    (else the interpreter's last flush at exit fails again)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # standard output is not a file descriptor (captured, closed)
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return _run(argv)
+    except BrokenPipeError:
+        _discard_stdout()
+        return 0
+    finally:
+        # A pipe closed by its reader shows here at the latest (``--help | head -1``, or output still buffered).
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _discard_stdout()
+        except (OSError, ValueError):
+            pass
+
+
+def _run(argv: list[str]) -> int:
+    command = _command_in(argv)
+    parser = build_parser([command] if command else [])
     args, extra = parser.parse_known_args(argv)
     if extra:
         parser.exit(2, f"ggml-rpc {args.command}: error: unrecognized arguments: {' '.join(extra)} "
@@ -105,15 +134,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()
+        return code
     except UsageError as exc:
         print(f"ggml-rpc {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"ggml-rpc {args.command}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return 0
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

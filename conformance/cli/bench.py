@@ -25,7 +25,8 @@ from ..bench.runner import FigureResult, Measurement, record, run_measurement, s
 from ..bench.wire import MIB, BenchTarget, GetTensor, GraphCompute, HashHit, RoundTrips, SetTensor, size_label
 from ..client import ConnectionClosed
 from ..harness import SpawnedTarget, TargetError, parse_address
-from . import UsageError
+from .console import PipeConsole
+from .options import UsageError
 
 KIB = 1 << 10
 
@@ -60,16 +61,14 @@ QUICK = Plan(repeat=3, transfers=((4 * KIB, 32), (MIB, 4), (16 * MIB, 1)), round
              graph_tensors=1_000, hash_size=16 * MIB, session_bytes=8 * MIB, session_chunk=256 * KIB)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "bench",
-        help="measure the reference server, any other server and the kit, side by side",
-        description="Measure, on loopback, SET_TENSOR/GET_TENSOR throughput (4 KiB, 1 MiB, 256 MiB), small round "
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Measure, on loopback, SET_TENSOR/GET_TENSOR throughput (4 KiB, 1 MiB, 256 MiB), small round "
         "trips per second, a 10,000-tensor GRAPH_COMPUTE end to end, SET_TENSOR_HASH hit latency and session replay "
         "for the reference server (started in its own process) and every --server, samples interleaved so that "
         "machine drift cancels; then the kit's pcap writing and decoding. Prints medians, spread and the ratio to "
         "the first target. Exit code 0: every figure taken; 1: a server failed or answered wrongly on some figure; "
-        "2: usage error or unreachable server.",
+        "2: usage error or unreachable server."
     )
     p.add_argument("--server", action="append", default=[], metavar="[NAME=]HOST:PORT",
                    help="another server to measure (repeatable), e.g. cpp=127.0.0.1:50052 for upstream rpc-server")
@@ -163,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--no-reference needs at least one --server")
     if args.capture is not None and not args.capture.is_file():
         raise UsageError(f"--capture {args.capture}: no such file")
-    console = Console(highlight=False)
+    console = PipeConsole(highlight=False)
     if not console.is_terminal:  # logs and pipes: wide enough that every row of the table stays on one line
         console.width = max(console.width, 160)
     started = time.time()
@@ -295,4 +294,4 @@ def plan_text(plan: Plan, repeat: int, args: argparse.Namespace) -> str:
             f"{repeat} interleaved samples per figure and target{kit}")
 
 
-__all__ = ["FULL", "QUICK", "Plan", "command_line", "register", "run"]
+__all__ = ["FULL", "QUICK", "Plan", "command_line", "add_arguments", "run"]

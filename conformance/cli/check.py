@@ -19,16 +19,16 @@ from ..harness import (
     TargetError,
     select,
 )
+from .console import PipeConsole
+from .options import UsageError, output_file, parse_address, parse_proto
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "check",
-        help="run the conformance suite against a server (default: the embedded reference server)",
-        description="Run the conformance checks against a live ggml RPC server. Without --server or --spawn the "
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Run the conformance checks against a live ggml RPC server. Without --server or --spawn the "
         "embedded reference server is started on an ephemeral loopback port (protocol 7 with a temporary cache "
         "directory; --proto 6 starts a protocol 6 one). Exit code 0: no MUST rule failed (--strict: no SHOULD "
-        "either); 1: some did; 2: usage error or unreachable server.",
+        "either); 1: some did; 2: usage error or unreachable server."
     )
     p.add_argument("--server", metavar="HOST:PORT", help="address of the server under test")
     p.add_argument("--spawn", metavar="CMD", help="start the server under test with CMD ({port} is replaced by a "
@@ -49,7 +49,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _target(args: argparse.Namespace, proto: Protocol | None) -> Target:
-    from . import UsageError, parse_address
 
     cache_dir = Path(args.cache_dir) if args.cache_dir else None
     if cache_dir is not None and not cache_dir.is_dir() and (args.server or args.spawn):
@@ -74,11 +73,10 @@ def run(args: argparse.Namespace) -> int:
 
     from ..harness import report
     from ..harness.report_files import write_json, write_junit
-    from . import UsageError, output_file, parse_proto
 
     probe = Console()
     # Logs and pipes get a wide table instead of rich's 80-column default (COLUMNS still wins when set).
-    console = Console(highlight=False, width=None if probe.is_terminal or "COLUMNS" in os.environ else 120)
+    console = PipeConsole(highlight=False, width=None if probe.is_terminal or "COLUMNS" in os.environ else 120)
     checks = select(CATALOGUE, args.checks)
     if not checks:
         raise UsageError(f"--checks {args.checks!r} matches no check (see --list)")

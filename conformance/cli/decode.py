@@ -10,11 +10,10 @@ from ggml_rpc.spec import Reply
 
 from ..sessions.capture import CaptureError, read_connections
 from ..sessions.decode import decode_connection, describe, summarize
-from . import port_number
+from .options import UsageError, parse_proto, port_number
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("decode", help="decode a pcap of ggml RPC traffic, one line per message")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("pcap", help="capture file (pcap or pcapng)")
     p.add_argument("--proto", default="auto", help="auto (from each HELLO reply), 6, 7 or 7.0.1")
     p.add_argument("--port", type=port_number, default=None, help="only connections with this TCP port")
@@ -23,7 +22,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import UsageError, parse_proto
 
     protocol = parse_proto(args.proto)
     try:

@@ -9,11 +9,10 @@ from pathlib import Path
 from ggml_rpc.spec.facts import DEFAULT_PORT
 
 from ..dissector.generate import generate
-from . import port_number
+from .options import UsageError, port_number
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("dissector", help="generate the Wireshark/tshark Lua dissector from the spec")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", default="-", help="file to write (default: standard output)")
     p.add_argument("--port", type=port_number, default=DEFAULT_PORT,
                    help=f"TCP port to register on (default: {DEFAULT_PORT})")
@@ -24,7 +23,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import UsageError
 
     source = generate(port=args.port, reassemble_bulk=args.reassemble_bulk)
     if args.output == "-":

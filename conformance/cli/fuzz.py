@@ -9,17 +9,18 @@ import time
 from pathlib import Path
 
 from ..harness import ExternalTarget, SpawnedTarget, Target, TargetError, parse_address
+from .options import UsageError
 
 DEFAULT_OUT = "fuzz-findings"
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "fuzz", help="fuzz a server against the reference server's logic; save shrunk reproducers",
-        description="Sends valid and near-valid requests (one rule broken) of every command, drawn by a hypothesis "
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Sends valid and near-valid requests (one rule broken) of every command, drawn by a hypothesis "
         "state machine, to the server and to an in-process model (the reference server's own connection logic), "
         "and reports crashes, hangs, wrong replies and out-of-buffer data. Each finding is shrunk and saved as a "
-        "pcap that `ggml-rpc replay` re-runs, plus a one-line summary. Exit code 1 when anything was found.")
+        "pcap that `ggml-rpc replay` re-runs, plus a one-line summary. Exit code 1 when anything was found."
+    )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--server", metavar="HOST:PORT", help="fuzz a running server (default: the embedded "
                        "reference server)")
@@ -81,7 +82,6 @@ class Status:
 
 
 def _target(args: argparse.Namespace) -> Target:
-    from . import UsageError
 
     if args.spawn:
         if "{port}" not in args.spawn:
@@ -99,7 +99,6 @@ def run(args: argparse.Namespace) -> int:
 
     from ..fuzz import Options, embedded_campaign, target_campaign
     from ..fuzz.setup import SetupError
-    from . import UsageError
 
     if args.examples is not None and args.examples < 1:
         raise UsageError("--examples must be at least 1")

@@ -10,17 +10,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import UsageError, output_file
+from .options import UsageError, output_file
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "interop",
-        help="run the interop matrix against the installed upstream peers",
-        description="Run genuine upstream llama.cpp (installed by `ggml-rpc upstream install`) against the kit: "
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Run genuine upstream llama.cpp (installed by `ggml-rpc upstream install`) against the kit: "
         "the conformance suite against upstream rpc-server, upstream llama-completion through the reference "
         "server and through the checking proxy, replays of the recorded sessions, cross-version refusals and "
-        "upstream test-backend-ops through the reference server. Exit code 0 only when every row passes.",
+        "upstream test-backend-ops through the reference server. Exit code 0 only when every row passes."
     )
     p.add_argument("--proto", default="all", help="6, 7 or all (default all)")
     p.add_argument("--rows", metavar="PATTERNS", help="comma-separated shell patterns on row IDs (default: all)")

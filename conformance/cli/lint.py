@@ -6,15 +6,14 @@ import argparse
 import json
 import sys
 
-from ..sessions.capture import CaptureError
-from ..sessions.lint import RULES, lint_file, summarize
-from . import port_number
+from ..sessions.capture import CaptureError, read_connections
+from ..sessions.lint import RULES, lint_connections, summarize
+from .options import UsageError, parse_proto, port_number
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     rules = "; ".join(f"{k}: {v}" for k, v in RULES.items())
-    p = sub.add_parser("lint", help="check a capture against the spec's client and server rules",
-                       description=f"Rules: {rules}.")
+    p.description = f"Rules: {rules}."
     p.add_argument("pcap", nargs="+", help="capture file(s) (pcap or pcapng)")
     p.add_argument("--proto", default="auto", help="auto (from each HELLO reply), 6, 7 or 7.0.1")
     p.add_argument("--port", type=port_number, default=None, help="only connections with this TCP port")
@@ -23,15 +22,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import UsageError, parse_proto
 
     protocol = parse_proto(args.proto)
     found = 0
     for path in args.pcap:
         try:
-            violations = lint_file(path, protocol, port=args.port)
+            conns = read_connections(path, port=args.port)
         except CaptureError as exc:
             raise UsageError(str(exc)) from None
+        if not conns:
+            # Nothing was checked: not a clean capture.
+            where = f" with port {args.port}" if args.port is not None else ""
+            raise UsageError(f"no TCP connection{where} in {path}")
+        violations = lint_connections(conns, protocol)
         found += len(violations)
         for v in violations:
             if args.json:

@@ -12,14 +12,15 @@ from ggml_rpc.spec import ProtocolError
 
 from ..client import ConnectionClosed
 from ..sessions.pcapwrite import MAX_MSS
-from ..sessions.scenarios import SCENARIOS, Recording, record
+from ..sessions.recording import Recording, record
+from ..sessions.scenarios import SCENARIOS
+from .options import UsageError, output_file, parse_address
 
 MANIFEST_DOC = ("Sessions recorded by `ggml-rpc pcap record` (the kit's client, through the recording proxy, against "
                 "the reference server). Re-record them all with `ggml-rpc pcap record --all fixtures/`.")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("pcap", help="record named client sessions as pcap files")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     pcap_sub = p.add_subparsers(dest="pcap_command", metavar="ACTION")
     pcap_sub.required = True
     rec = pcap_sub.add_parser("record", help="run a scenario and write what went over the wire",
@@ -64,7 +65,6 @@ def record_all(directory: Path, *, mss: int | None = None) -> list[Recording]:
 
 
 def run_record(args: argparse.Namespace) -> int:
-    from . import UsageError, output_file, parse_address
 
     if args.mss is not None and not 1 <= args.mss <= MAX_MSS:
         raise UsageError(f"--mss must be 1..{MAX_MSS}")

@@ -10,13 +10,15 @@ from ..harness import format_address
 from ..sessions.lint import Violation
 from ..sessions.pcapwrite import MAX_MSS
 from ..sessions.proxy import Proxy
+from .options import UsageError, os_reason, output_file, parse_address
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("proxy", help="transparent recording proxy between a client and a server",
-                       description="Forwards every connection made to --listen to --upstream, decoding both "
-                       "directions on the way; --pcap records what passed, --check reports spec violations of "
-                       "either side as they happen (the rules of `ggml-rpc lint`).")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Forwards every connection made to --listen to --upstream, decoding both "
+        "directions on the way; --pcap records what passed, --check reports spec violations of "
+        "either side as they happen (the rules of `ggml-rpc lint`)."
+    )
     p.add_argument("--listen", default="127.0.0.1:50053", metavar="HOST:PORT",
                    help="address to listen on (port 0: any free port, printed at start)")
     p.add_argument("--upstream", required=True, metavar="HOST:PORT", help="the real server")
@@ -27,7 +29,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import UsageError, os_reason, output_file, parse_address
 
     listen = parse_address(args.listen, "--listen", any_port=True)
     upstream = parse_address(args.upstream, "--upstream")

@@ -13,14 +13,17 @@ from typing import TextIO
 from ggml_rpc.spec import Protocol
 
 from ..sessions.capture import CaptureError
-from ..sessions.replay import DEFAULT_NMSE, Replayer, ReplayError, ReplayReport, load_captures, source_protocol
+from ..sessions.compare import DEFAULT_NMSE, ReplayReport
+from ..sessions.replay import Replayer, ReplayError, load_captures, source_protocol
+from .options import UsageError, output_file, parse_address, parse_proto
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("replay", help="replay captured sessions against a server and compare the replies",
-                       description="Replays the client side of every connection of the captures, in order, against "
-                       "one server, relocating buffer handles and addresses, and compares each reply by class "
-                       "(exact, recorded, computed within an NMSE tolerance). Exit code 1 on any mismatch.")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Replays the client side of every connection of the captures, in order, against "
+        "one server, relocating buffer handles and addresses, and compares each reply by class "
+        "(exact, recorded, computed within an NMSE tolerance). Exit code 1 on any mismatch."
+    )
     p.add_argument("pcap", nargs="+", help="capture file(s), replayed in the order given")
     p.add_argument("--server", default=None, metavar="HOST:PORT",
                    help="target server (default: the embedded reference server of the captures' version, with a "
@@ -65,7 +68,6 @@ def print_report(report: ReplayReport, out: TextIO | None = None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import UsageError, output_file, parse_address, parse_proto
 
     protocol = parse_proto(args.proto)
     as_protocol = parse_proto(args.as_proto, auto=False) if args.as_proto else None

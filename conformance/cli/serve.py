@@ -11,7 +11,7 @@ import sys
 from ggml_rpc.spec import DEFAULT_HOST, DEFAULT_PORT
 
 from ..harness import format_address
-from . import UsageError, os_reason, parse_proto
+from .options import UsageError, os_reason, parse_proto
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
@@ -25,12 +25,10 @@ def parse_size(text: str) -> int:
     return int(m.group(1)) * _UNITS[m.group(2).lower()]
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "serve",
-        help="run the reference server",
-        description="Run the reference ggml RPC server: every command of protocol 6, 7 or 7.0.1 with upstream "
-        "semantics; where upstream aborts or is unsafe it closes only the offending connection and logs the rule.",
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Run the reference ggml RPC server: every command of protocol 6, 7 or 7.0.1 with upstream "
+        "semantics; where upstream aborts or is unsafe it closes only the offending connection and logs the rule."
     )
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST})")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free)")

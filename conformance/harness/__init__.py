@@ -1,39 +1,41 @@
 """The conformance harness: checks as data, the targets they run against, the runner, and its reports.
 
-This package's namespace is the API a check is written against (``from ggml_rpc.conformance.harness import
-Category, Context, Level``); the names live in :mod:`.runner`.  :mod:`.report` draws the terminal tables,
-:mod:`.report_files` writes the JSON and JUnit files.
+:mod:`.model` declares checks and their verdicts, :mod:`.targets` the servers under test (external, spawned,
+embedded), :mod:`.context` what a check function gets, :mod:`.runner` the run itself; :mod:`.report` draws the
+terminal tables and :mod:`.report_files` writes the JSON and JUnit files.
+
+This package's namespace is the API checks are written against (``from ggml_rpc.conformance.harness import
+Category, Context, Level``), so a check does not depend on which module of the harness defines a name.
 """
 
-from .runner import (
+from .context import Context, ServerInfo, verdict_for
+from .model import (
     SPEC_DOC,
     Category,
     Check,
     CheckFailed,
-    Context,
-    EmbeddedTarget,
     Evidence,
-    ExternalTarget,
     Level,
     Outcome,
-    ProgressFn,
     Result,
-    Runner,
     ServerGone,
-    ServerInfo,
     Skipped,
+    Unsupported,
+    hexdump,
+    iter_groups,
+    select,
+)
+from .runner import ProgressFn, Runner
+from .targets import (
+    EmbeddedTarget,
+    ExternalTarget,
     SpawnedTarget,
     Target,
     TargetError,
-    Unsupported,
     exit_status,
     format_address,
     free_port,
-    hexdump,
-    iter_groups,
     parse_address,
-    select,
-    verdict_for,
     wait_for_port,
 )
 

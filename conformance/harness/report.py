@@ -14,7 +14,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from .runner import Category, Check, Level, Outcome, Result, Runner, ServerInfo, iter_groups
+from .context import ServerInfo
+from .model import Category, Check, Level, Outcome, Result, iter_groups
+from .runner import Runner
 
 STYLE = {
     Outcome.PASS: "green",

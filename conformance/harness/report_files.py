@@ -32,20 +32,14 @@ import json
 import socket
 import xml.etree.ElementTree as ET
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .runner import Outcome, Result, Runner, iter_groups
+from .. import kit_version
+from .model import Outcome, Result, iter_groups
+from .runner import Runner
 
 FORMAT = "ggml-rpc-check/1"
-
-
-def kit_version() -> str:
-    try:
-        return metadata.version("ggml-rpc-kit")
-    except metadata.PackageNotFoundError:  # running from a checkout without an install
-        return "unknown"
 
 
 def _iso(ts: float) -> str:

@@ -37,7 +37,7 @@ from ggml_rpc.spec import (
 from ggml_rpc.spec.layout import flat_layout
 from ggml_rpc.spec.versions import PROTOCOLS
 
-from .capture import read_connections
+from .capture import Connection, read_connections
 from .decode import DecodedConnection, decode_connection
 
 RULES = {
@@ -250,12 +250,17 @@ def lint_connection(dc: DecodedConnection) -> list[Violation]:
     return out
 
 
-def lint_file(path: str | Path, protocol: Protocol | None = None, *, port: int | None = None) -> list[Violation]:
-    """Every violation in a capture, connection by connection."""
+def lint_connections(conns: Iterable[Connection], protocol: Protocol | None = None) -> list[Violation]:
+    """Every violation in these connections of a capture, connection by connection."""
     out: list[Violation] = []
-    for conn in read_connections(path, port=port):
+    for conn in conns:
         out.extend(lint_connection(decode_connection(conn, protocol, validate=False)))
     return out
+
+
+def lint_file(path: str | Path, protocol: Protocol | None = None, *, port: int | None = None) -> list[Violation]:
+    """Every violation in a capture, connection by connection."""
+    return lint_connections(read_connections(path, port=port), protocol)
 
 
 def summarize(violations: Iterable[Violation]) -> dict[str, int]:
@@ -265,5 +270,5 @@ def summarize(violations: Iterable[Violation]) -> dict[str, int]:
     return counts
 
 
-__all__ = ["RULES", "CacheFlagTracker", "ProtocolError", "Violation", "follows_miss", "lint_connection", "lint_file",
-           "other_framing", "shifted_framing", "shifted_framing_message", "summarize"]
+__all__ = ["RULES", "CacheFlagTracker", "ProtocolError", "Violation", "follows_miss", "lint_connection",
+           "lint_connections", "lint_file", "other_framing", "shifted_framing", "shifted_framing_message", "summarize"]

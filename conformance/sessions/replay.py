@@ -1,27 +1,15 @@
 """Replaying captured sessions against any server.
 
 The client side of every connection of the captures is sent again, in order, one connection at a time, and each
-reply is compared with the recorded one by class:
-
-* ``exact``: HELLO version (major.minor), data read back before any compute, SET_TENSOR_HASH hit/miss given the
-  cache state, COPY_TENSOR result, ALLOC_BUFFER success;
-* ``recorded``: server-specific values, kept but not compared (alignment, max size, memory, alloc sizes, handles,
-  bases, device count, supports-op answers);
-* ``computed``: GET_TENSOR after a GRAPH_COMPUTE/GRAPH_RECOMPUTE on the connection (unless it reads back exactly a
-  region written since that graph ran), compared within a normalised mean squared error for float tensors (exactly
-  for other types);
-* ``close``: the recorded server closed instead of replying; the target must close too.
-
-Server-assigned values are relocated: ``remote_ptr`` learnt from ALLOC_BUFFER replies, bases from BUFFER_GET_BASE,
-then every tensor's ``buffer`` and ``data`` in every later request (``data = new_base + (old_data - old_base)``),
-GRAPH_COMPUTE's tensors as one vectorised numpy operation.
+reply is compared with the recorded one by class (exact, recorded, computed within a tolerance, close: see
+:mod:`.compare`).  Server-assigned values (buffer handles, bases) are relocated to the target's and the target's
+hash cache is modelled (:mod:`.relocate`).
 
 ``as_protocol`` rewrites the session for a server of another version: SET_TENSOR gains or loses its cache_flag
 byte (set, as the v7 client does, only on the SET_TENSOR that follows a hash miss).
 
-The replayer models the target's hash cache (fresh at the start, filled by the payloads the target's cache rule
-saves).  When a capture needs a hit the target cannot have, it says so and sends the data instead, taken from any
-SET_TENSOR of the loaded captures with that hash, or reports that no capture holds it.
+When a capture needs a cache hit the target cannot have, the replayer says so and sends the data instead, taken
+from any SET_TENSOR of the loaded captures with that hash, or reports that no capture holds it.
 """
 
 from __future__ import annotations
@@ -29,88 +17,30 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from ggml_rpc.spec import (
     REPLY_HEADER_SIZE,
     Command,
-    GgmlType,
     Protocol,
     ProtocolError,
     Reply,
     Request,
     fnv1a64,
     request_parts,
-    tensor_name,
 )
-from ggml_rpc.spec.layout import flat_layout
 
 from ..client import ConnectionClosed, RpcClient
+from .compare import DEFAULT_NMSE, Mismatch, ReplayReport, ReplyComparer, tensor_label
 from .decode import DecodedConnection, decode_file
 from .lint import follows_miss
-
-#: Default tolerance for computed reads (normalised mean squared error, as ggml's backend tests use).
-DEFAULT_NMSE = 1e-6
-
-RECORDED_ONLY = frozenset({
-    Command.GET_ALIGNMENT, Command.GET_MAX_SIZE, Command.GET_DEVICE_MEMORY, Command.GET_ALLOC_SIZE,
-    Command.BUFFER_GET_BASE, Command.DEVICE_COUNT, Command.GET_DEVICE_SUPPORTS_OP,
-})
-#: Types whose computed reads are compared within a tolerance (numpy dtype of their elements).
-_FLOAT_TYPES = {int(GgmlType.F32): np.dtype("<f4"), int(GgmlType.F16): np.dtype("<f2"),
-                int(GgmlType.F64): np.dtype("<f8")}
+from .relocate import Relocator, TargetCache
 
 
 class ReplayError(Exception):
     """The captures cannot be replayed at all (undecodable, mixed versions without ``--as``...)."""
-
-
-@dataclass
-class Mismatch:
-    """A reply that differs from the recorded one."""
-
-    file: str
-    connection: int
-    index: int
-    command: str
-    kind: str  # exact / computed / close / transport
-    expected: str
-    got: str
-
-    def line(self) -> str:
-        return (f"{self.file} connection {self.connection} message {self.index} {self.command} [{self.kind}]: "
-                f"expected {self.expected}, got {self.got}")
-
-
-@dataclass
-class ReplayReport:
-    """What a replay did and found."""
-
-    target: str
-    source_versions: list[str] = field(default_factory=list)
-    target_version: str = ""
-    connections: int = 0
-    requests: int = 0
-    compared: dict[str, int] = field(default_factory=lambda: {"exact": 0, "computed": 0, "recorded": 0,
-                                                              "close": 0})
-    mismatches: list[Mismatch] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    seconds: float = 0.0
-    worst_nmse: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return not self.mismatches
-
-    def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["ok"] = self.ok
-        return d
 
 
 # ---- loading -----------------------------------------------------------------------------------------------------
@@ -154,145 +84,7 @@ def source_protocol(captures: Sequence[LoadedCapture], default: Protocol | None 
     return next(iter(versions.values()))
 
 
-# ---- relocation --------------------------------------------------------------------------------------------------
-
-
-class Relocator:
-    """Old (captured) buffer handles and bases to the target's, for one connection."""
-
-    def __init__(self) -> None:
-        self.handles: dict[int, int] = {}
-        self.bases: dict[int, tuple[int, int]] = {}  # old handle -> (old base, new base)
-        self._arrays: tuple[np.ndarray, ...] | None = None
-
-    def buffer(self, old: int, new: int) -> None:
-        if old:
-            self.handles[old] = new
-            self.bases.pop(old, None)
-            self._arrays = None
-
-    def base(self, old_handle: int, old_base: int, new_base: int) -> None:
-        self.bases[old_handle] = (old_base, new_base)
-        self._arrays = None
-
-    def handle(self, old: int) -> int:
-        return self.handles.get(old, old)
-
-    def tensor(self, t: dict[str, Any]) -> dict[str, Any]:
-        old = t["buffer"]
-        if not old or old not in self.handles:
-            return t
-        t = dict(t)
-        t["buffer"] = self.handles[old]
-        if t["data"] and old in self.bases:
-            old_base, new_base = self.bases[old]
-            t["data"] = (new_base + (t["data"] - old_base)) & 0xFFFFFFFFFFFFFFFF
-        return t
-
-    def fields(self, fields: dict[str, Any]) -> dict[str, Any]:
-        """A copy of a request's fields with every tensor, handle and tensor list relocated."""
-        out = dict(fields)
-        for key, value in fields.items():
-            if key == "remote_ptr":
-                out[key] = self.handle(value)
-            elif isinstance(value, dict) and "buffer" in value:
-                out[key] = self.tensor(value)
-            elif isinstance(value, list) and value and isinstance(value[0], dict):
-                out[key] = [self.tensor(v) for v in value]
-            elif key == "tensors" and isinstance(value, np.ndarray):
-                out[key] = self.tensor_array(value)
-        return out
-
-    def tensor_array(self, tensors: np.ndarray) -> np.ndarray:
-        """GRAPH_COMPUTE's tensors relocated in one pass (a new array; the capture is not touched)."""
-        # Copied as raw bytes: numpy copies a packed structured array field by field, several times slower.
-        out = np.ascontiguousarray(tensors).view(np.uint8).copy().view(tensors.dtype)
-        if not self.handles or not len(out):
-            return out
-        if self._arrays is None:
-            keys = np.array(sorted(self.handles), dtype=np.uint64)
-            new = np.array([self.handles[int(k)] for k in keys], dtype=np.uint64)
-            has_base = np.array([int(k) in self.bases for k in keys], dtype=bool)
-            old_base = np.array([self.bases.get(int(k), (0, 0))[0] for k in keys], dtype=np.uint64)
-            new_base = np.array([self.bases.get(int(k), (0, 0))[1] for k in keys], dtype=np.uint64)
-            self._arrays = (keys, new, has_base, old_base, new_base)
-        keys, new, has_base, old_base, new_base = self._arrays
-        buf = out["buffer"]
-        idx = np.searchsorted(keys, buf)
-        idx_c = np.minimum(idx, len(keys) - 1)
-        known = (idx < len(keys)) & (keys[idx_c] == buf)
-        data = out["data"]
-        move = known & (data != 0) & has_base[idx_c]
-        pos = idx_c[move]
-        with np.errstate(over="ignore"):
-            data[move] = new_base[pos] + (data[move] - old_base[pos])
-        buf[known] = new[idx_c[known]]
-        return out
-
-
-# ---- comparison helpers --------------------------------------------------------------------------------------------
-
-
-def nmse(expected: np.ndarray, got: np.ndarray) -> float:
-    """Normalised mean squared error sum((g-e)^2) / sum(e^2) (0 when both are all zero); NaN/inf must match."""
-    e = expected.astype(np.float64)
-    g = got.astype(np.float64)
-    fe, fg = np.isfinite(e), np.isfinite(g)
-    if not np.array_equal(fe, fg):
-        return float("inf")
-    if not np.all(fe):
-        same = (e[~fe] == g[~fe]) | (np.isnan(e[~fe]) & np.isnan(g[~fe]))
-        if not np.all(same):
-            return float("inf")
-        e, g = e[fe], g[fe]
-    den = float(np.dot(e, e))
-    num = float(np.dot(g - e, g - e))
-    if den == 0.0:
-        return 0.0 if num == 0.0 else float("inf")
-    return num / den
-
-
-def _first_difference(a: memoryview, b: memoryview) -> str:
-    x = np.frombuffer(a, dtype=np.uint8)
-    y = np.frombuffer(b, dtype=np.uint8)
-    n = min(len(x), len(y))
-    diff = np.flatnonzero(x[:n] != y[:n])
-    at = int(diff[0]) if len(diff) else n
-    return f"first difference at byte {at} ({len(diff)} differing bytes of {n})"
-
-
-def _same_bytes(a: memoryview | bytes, b: memoryview | bytes) -> bool:
-    x = np.frombuffer(a, dtype=np.uint8)
-    y = np.frombuffer(b, dtype=np.uint8)
-    return x.shape == y.shape and bool(np.array_equal(x, y))
-
-
-def _label(t: dict[str, Any]) -> str:
-    return tensor_name(t["name"]) or f"id={t['id']:#x}"
-
-
 # ---- the replayer --------------------------------------------------------------------------------------------------
-
-
-class _TargetCache:
-    """What the target's hash cache holds, as far as this replay can know: payloads its rule saved."""
-
-    def __init__(self, protocol: Protocol) -> None:
-        self.rule = protocol.cache_rule
-        self.hashes: set[int] = set()
-        self._unhashed: list[memoryview] = []
-
-    def sent(self, data: memoryview | None, cache_flag: int) -> None:
-        n = data.nbytes if data is not None else 0
-        if data is not None and self.rule.server_saves(n, cache_flag):
-            self._unhashed.append(data)
-
-    def holds(self, digest: int) -> bool:
-        if digest in self.hashes:
-            return True
-        while self._unhashed:
-            self.hashes.add(fnv1a64(self._unhashed.pop()))
-        return digest in self.hashes
 
 
 class Replayer:
@@ -317,12 +109,25 @@ class Replayer:
         labels = sorted({dc.protocol.label for cap in self.captures for dc in cap.connections
                          if dc.protocol is not None}) or [self.source.label]
         self.host, self.port = host, port
-        self.tolerance = nmse_tolerance
         self.timeout = timeout
-        self.cache = _TargetCache(self.target)
         self._by_hash: dict[int, memoryview] | None = None
-        self.report = ReplayReport(target=f"{host}:{port}", source_versions=labels,
-                                   target_version=self.target.label)
+        report = ReplayReport(target=f"{host}:{port}", source_versions=labels, target_version=self.target.label)
+        self.compare = ReplyComparer(self.target, report, TargetCache(self.target), nmse_tolerance)
+
+    # The comparer holds the report and the model of the target's cache; the replayer adds to both, and a caller
+    # may hand it the cache a previous replay against the same server left (``ggml-rpc bench`` does).
+
+    @property
+    def report(self) -> ReplayReport:
+        return self.compare.report
+
+    @property
+    def cache(self) -> TargetCache:
+        return self.compare.cache
+
+    @cache.setter
+    def cache(self, cache: TargetCache) -> None:
+        self.compare.cache = cache
 
     # -- cache data supply --
 
@@ -352,9 +157,6 @@ class Replayer:
                 self._connection(cap.path, dc)
         self.report.seconds = time.perf_counter() - start
         return self.report
-
-    def _mismatch(self, path: str, dc: DecodedConnection, req: Request, kind: str, expected: str, got: str) -> None:
-        self.report.mismatches.append(Mismatch(path, dc.conn.index, req.index, req.command.name, kind, expected, got))
 
     def _connection(self, path: str, dc: DecodedConnection) -> None:
         replies = {id(r.request): r for r in dc.replies}
@@ -394,8 +196,8 @@ class Replayer:
                     continue
                 spec = self.target.spec(cmd)
                 if spec is None:
-                    self._mismatch(path, dc, req, "exact", f"a {cmd.name} request", f"no such command in "
-                                   f"{self.target.label}")
+                    self.compare.mismatch(path, dc, req, "exact", f"a {cmd.name} request", f"no such command in "
+                                          f"{self.target.label}")
                     return
                 parts = request_parts(self.target, cmd, fields, data)
                 try:
@@ -410,31 +212,31 @@ class Replayer:
                     if rec is None:
                         self.report.compared["close"] += 1
                         if not client.expect_closed(timeout=min(self.timeout, 5.0)):
-                            self._mismatch(path, dc, req, "close", "the server to close the connection (as "
-                                           "recorded)", "a reply or an open connection")
+                            self.compare.mismatch(path, dc, req, "close", "the server to close the connection (as "
+                                                  "recorded)", "a reply or an open connection")
                         return
                     body = client.recv_reply_raw(max_size=max(expected_size, 1 << 16))
                 except ConnectionClosed as exc:
                     if self._recorded_close_from(dc, req, replies):
                         self.report.compared["close"] += 1  # closed a little earlier than we could ask: as recorded
                         return
-                    self._mismatch(path, dc, req, "transport", "a reply" if rec is not None else "no reply",
-                                   f"connection closed ({exc})")
+                    self.compare.mismatch(path, dc, req, "transport", "a reply" if rec is not None else "no reply",
+                                          f"connection closed ({exc})")
                     return
                 except OSError as exc:
-                    self._mismatch(path, dc, req, "transport", "a reply", f"socket error ({exc})")
+                    self.compare.mismatch(path, dc, req, "transport", "a reply", f"socket error ({exc})")
                     return
                 except ProtocolError as exc:  # a size header no reply of this command can have (not an RPC server?)
-                    self._mismatch(path, dc, req, "exact", f"a {expected_size}-byte reply", str(exc))
+                    self.compare.mismatch(path, dc, req, "exact", f"a {expected_size}-byte reply", str(exc))
                     return
                 self.report.bytes_received += REPLY_HEADER_SIZE + len(body)
                 if len(body) != expected_size:
-                    self._mismatch(path, dc, req, "exact", f"a {expected_size}-byte reply", f"{len(body)} bytes")
+                    self.compare.mismatch(path, dc, req, "exact", f"a {expected_size}-byte reply", f"{len(body)} bytes")
                     return
                 got = memoryview(body)
                 fresh = cmd is Command.GET_TENSOR and written.get(
                     req.fields["tensor"]["data"] + req.fields["offset"], 0) >= req.fields["size"]
-                self._compare(path, dc, req, rec, fields, got, computed and not fresh, reloc)
+                self.compare.reply(path, dc, req, rec, got, computed and not fresh, reloc)
                 if cmd is Command.SET_TENSOR_HASH:
                     hit = got[0] != 0
                     if not hit:
@@ -495,10 +297,11 @@ class Replayer:
         """The capture hit a cache entry the target cannot hold: send the data instead (or report why not)."""
         digest = req.fields["hash"]
         data = self._data_for(digest)
-        name = _label(req.fields["tensor"])
+        name = tensor_label(req.fields["tensor"])
         if data is None:
-            self._mismatch(path, dc, req, "exact", f"a cache hit for {digest:016x} ({name})",
-                           "a target cache without it, and no loaded capture holds data with that hash to supply")
+            self.compare.mismatch(path, dc, req, "exact", f"a cache hit for {digest:016x} ({name})",
+                                  "a target cache without it, and no loaded capture holds data with that hash to "
+                                  "supply")
             return False
         self.report.notes.append(
             f"{path} connection {dc.conn.index} message {req.index}: the capture hits cache entry {digest:016x} "
@@ -512,75 +315,10 @@ class Replayer:
             client.send_raw(parts)
             self.report.bytes_sent += sum(memoryview(p).nbytes for p in parts)
         except ConnectionClosed as exc:
-            self._mismatch(path, dc, req, "transport", "the supplied data to be accepted", f"connection closed "
-                           f"({exc})")
+            self.compare.mismatch(path, dc, req, "transport", "the supplied data to be accepted",
+                                  f"connection closed ({exc})")
             return False
         return True
-
-    def _compare(self, path: str, dc: DecodedConnection, req: Request, rec: Reply, fields: dict[str, Any],
-                 got: memoryview, computed: bool, reloc: Relocator) -> None:
-        cmd = req.command
-        spec = self.target.spec(cmd)
-        assert spec is not None and spec.reply
-        if cmd is Command.GET_TENSOR:
-            assert rec.data is not None
-            self._compare_read(path, dc, req, rec.data, got, computed)
-            return
-        got_fields = flat_layout(spec.reply.schema).unpack(got)  # type: ignore[union-attr]
-        want = rec.fields
-        if cmd is Command.ALLOC_BUFFER:
-            reloc.buffer(want["remote_ptr"], got_fields["remote_ptr"])
-            self._exact(path, dc, req, "a successful allocation" if want["remote_ptr"] else "a failed allocation",
-                        "success" if got_fields["remote_ptr"] else "failure (remote_ptr 0)",
-                        bool(want["remote_ptr"]) == bool(got_fields["remote_ptr"]))
-            return
-        if cmd is Command.BUFFER_GET_BASE:
-            reloc.base(req.fields["remote_ptr"], want["base_ptr"], got_fields["base_ptr"])
-        if cmd in RECORDED_ONLY:
-            self.report.compared["recorded"] += 1
-            return
-        if cmd is Command.HELLO:
-            version = f"{self.target.version[0]}.{self.target.version[1]}"
-            got_v = f"{got_fields['major']}.{got_fields['minor']}"
-            self._exact(path, dc, req, f"version {version}.x", f"version {got_v}.{got_fields['patch']}",
-                        version == got_v)
-            return
-        if cmd is Command.SET_TENSOR_HASH:
-            expect_hit = bool(want["result"]) or self.cache.holds(req.fields["hash"])
-            hit = bool(got_fields["result"])
-            why = "" if expect_hit == bool(want["result"]) else " (the replay saved this payload earlier)"
-            self._exact(path, dc, req, ("hit" if expect_hit else "miss") + why, "hit" if hit else "miss",
-                        hit == expect_hit)
-            return
-        self._exact(path, dc, req, str(dict(want)), str(dict(got_fields)), dict(want) == dict(got_fields))
-
-    def _exact(self, path: str, dc: DecodedConnection, req: Request, expected: str, got: str, ok: bool) -> None:
-        self.report.compared["exact"] += 1
-        if not ok:
-            self._mismatch(path, dc, req, "exact", expected, got)
-
-    def _compare_read(self, path: str, dc: DecodedConnection, req: Request, want: memoryview, got: memoryview,
-                      computed: bool) -> None:
-        t = req.fields["tensor"]
-        if not computed:
-            self.report.compared["exact"] += 1
-            if not _same_bytes(want, got):
-                self._mismatch(path, dc, req, "exact", f"the {want.nbytes} bytes written to {_label(t)}",
-                               _first_difference(want, got))
-            return
-        self.report.compared["computed"] += 1
-        if _same_bytes(want, got):
-            return
-        dtype = _FLOAT_TYPES.get(t["type"])
-        if dtype is None or want.nbytes % dtype.itemsize:
-            self._mismatch(path, dc, req, "computed", f"the recorded {want.nbytes} bytes of {_label(t)} "
-                           "(not a float type: exact)", _first_difference(want, got))
-            return
-        err = nmse(np.frombuffer(want, dtype=dtype), np.frombuffer(got, dtype=dtype))
-        self.report.worst_nmse = max(self.report.worst_nmse, err)
-        if not err <= self.tolerance:
-            self._mismatch(path, dc, req, "computed", f"{_label(t)} within NMSE {self.tolerance:g}",
-                           f"NMSE {err:.3g}")
 
 
 def replay(

@@ -1,4 +1,4 @@
-"""Named client sessions, recorded as pcap through the recording proxy (``ggml-rpc pcap record``).
+"""Named client sessions, recorded as pcap through the recording proxy (``ggml-rpc pcap record``, :mod:`.recording`).
 
 Each scenario drives the kit's client against a server the way llama.cpp's client would (or, for ``bad-input``,
 the way a broken one would) and the proxy writes what went over the wire.  Data is generated from fixed seeds, so
@@ -11,17 +11,12 @@ on v6 the warm connection of ``model-load`` misses again, which is what a v6 ser
 
 from __future__ import annotations
 
-import contextlib
-import tempfile
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 from ggml_rpc.spec import (
     CONN_CAPS_SIZE,
-    V7,
     Command,
     GgmlOp,
     GgmlType,
@@ -30,12 +25,10 @@ from ggml_rpc.spec import (
     encode_request,
     fnv1a64,
     make_tensor,
-    parse_version_option,
 )
 from ggml_rpc.spec.codec import REQUEST_HEADER
 
 from ..client import ConnectionClosed, RpcClient
-from .proxy import ProxyStats, running_proxy
 
 F32 = int(GgmlType.F32)
 Q8_0 = int(GgmlType.Q8_0)
@@ -360,54 +353,4 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
 )}
 
 
-@dataclass
-class Recording:
-    scenario: str
-    protocol: str
-    path: str
-    stats: ProxyStats
-    notes: list[str] = field(default_factory=list)
-
-    def manifest_entry(self) -> dict[str, Any]:
-        sc = SCENARIOS[self.scenario]
-        return {
-            "file": Path(self.path).name,
-            "scenario": self.scenario,
-            "protocol": self.protocol,
-            "server": "reference server (ggml_rpc.reference), 1 CPU device, hash cache on, empty cache directory",
-            "connections": self.stats.connections,
-            "requests": self.stats.requests,
-            "exercises": sc.exercises,
-            "observed": self.notes,
-            "lint_clean": sc.lint_clean,
-        }
-
-
-@contextlib.contextmanager
-def _reference(protocol: Protocol) -> Iterator[tuple[str, int]]:
-    from ggml_rpc.reference import running_server
-
-    with tempfile.TemporaryDirectory(prefix="ggml-rpc-scenario-cache-") as cache, \
-            running_server(protocol, cache_dir=cache) as srv:
-        yield srv.host, srv.port
-
-
-def record(name: str, proto: str | Protocol, out: str | Path, *, server: tuple[str, int] | None = None,
-           mss: int | None = None, hash_weight_bytes: int = 64 * 1024) -> Recording:
-    """Run scenario ``name`` in version ``proto`` against ``server`` (default: a fresh reference server) and write
-    the traffic to ``out``."""
-    sc = SCENARIOS[name]
-    protocol = proto if isinstance(proto, Protocol) else parse_version_option(str(proto))
-    if protocol.major not in sc.majors:
-        raise ValueError(f"scenario {name} exists for protocol {', '.join(map(str, sc.majors))} only")
-    with contextlib.ExitStack() as stack:
-        target = server or stack.enter_context(_reference(protocol))
-        with running_proxy(target, pcap=out, mss=mss) as px:
-            session = Session(px.host, px.port, protocol, hash_weight_bytes=hash_weight_bytes)
-            sc.run(session)
-            # The proxy finishes each connection after both sides closed; wait for the last ones.
-        stats = px.stats
-    return Recording(name, protocol.label, str(out), stats, session.notes)
-
-
-__all__ = ["SCENARIOS", "V7", "Recording", "Scenario", "Session", "record"]
+__all__ = ["SCENARIOS", "Scenario", "Session"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from ggml_rpc.conformance.sessions.lint import lint_file
 from ggml_rpc.conformance.sessions.pcapwrite import write_session
-from ggml_rpc.conformance.sessions.proxy import _Checker
+from ggml_rpc.conformance.sessions.stream_checker import StreamChecker
 from ggml_rpc.spec import V6, V7, Command, encode_reply, encode_request
 
 from .conftest import hash_then_set, hello, weight
@@ -41,7 +41,7 @@ SESSIONS = {
 
 def _live(writes: list[tuple[bool, bytes]]) -> list[tuple[str, int | None, str | None]]:
     seen = []
-    checker = _Checker(0, seen.append)
+    checker = StreamChecker(0, seen.append)
     for from_client, chunk in writes:
         (checker.client_bytes if from_client else checker.server_bytes)(memoryview(chunk))
     return [(v.rule, v.index, v.command) for v in seen]

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from ggml_rpc.conformance.cli import main
 from ggml_rpc.conformance.sessions.pcapwrite import write_session
-from ggml_rpc.conformance.sessions.replay import Relocator, load_captures, replay
+from ggml_rpc.conformance.sessions.relocate import Relocator
+from ggml_rpc.conformance.sessions.replay import load_captures, replay
 from ggml_rpc.reference import running_server
 from ggml_rpc.spec import TENSOR_DTYPE, V6, V7, Command, encode_reply, encode_request, make_tensor
 

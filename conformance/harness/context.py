@@ -1,0 +1,159 @@
+"""What a check function gets: the server's version and facts (:class:`ServerInfo`), fresh connections and
+shared facts (:class:`Context`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ggml_rpc.spec import PROTOCOLS, V6, Protocol, protocol_for
+
+from ..client import RpcClient
+from .model import Check, CheckFailed, Evidence, ServerGone
+from .targets import Target, wait_for_port
+
+if TYPE_CHECKING:
+    from .runner import Runner
+
+
+@dataclass(slots=True)
+class ServerInfo:
+    """What the handshake and the first questions taught about the server."""
+
+    version: tuple[int, int, int] | None = None
+    protocol: Protocol | None = None
+    hello_raw: bytes = b""
+    device_count: int = 0
+    #: "speaks 7.0", "speaks 7.0.1", "8.x not covered"…
+    verdict: str = ""
+    #: Cache observed: True / False; None until a check asked.
+    cache: bool | None = None
+    cache_note: str = ""
+
+    @property
+    def covered(self) -> bool:
+        return self.protocol is not None
+
+    @property
+    def version_label(self) -> str:
+        return ".".join(map(str, self.version)) if self.version else "?"
+
+
+def verdict_for(version: tuple[int, int, int]) -> tuple[Protocol | None, str]:
+    """The table a server of this version speaks and the one-line verdict ("speaks 7.0", "speaks 8.x: not covered
+    by this kit")."""
+    protocol = protocol_for(*version)
+    if protocol is None:
+        if version[0] in {p.major for p in PROTOCOLS}:
+            return None, f"speaks {'.'.join(map(str, version))}: not covered by this kit"
+        return None, f"speaks {version[0]}.x: not covered by this kit"
+    label = f"{version[0]}.{version[1]}" if protocol.version[2] == 0 else protocol.label
+    return protocol, f"speaks {label}"
+
+
+class Context:
+    """What a check function gets: the server's address and version, fresh connections, shared facts."""
+
+    def __init__(self, runner: Runner, check: Check) -> None:
+        self.runner = runner
+        self.check = check
+        self.evidence: list[Evidence] = []
+        self._clients: list[RpcClient] = []
+        #: Connections this check opened; none when its first connect already found no server.
+        self.connections = 0
+        #: The check's very first connect found no server: it died before the check, of something else.
+        self.gone_before_start = False
+
+    @property
+    def info(self) -> ServerInfo:
+        return self.runner.info
+
+    @property
+    def protocol(self) -> Protocol:
+        assert self.runner.info.protocol is not None
+        return self.runner.info.protocol
+
+    @property
+    def version(self) -> tuple[int, int, int]:
+        assert self.runner.info.version is not None
+        return self.runner.info.version
+
+    @property
+    def timeout(self) -> float:
+        return self.runner.timeout
+
+    @property
+    def cache_dir(self) -> Path | None:
+        return self.runner.target.cache_dir
+
+    @property
+    def target(self) -> Target:
+        return self.runner.target
+
+    def note(self, step: str, *, sent: str | None = None, expected: str | None = None, got: str | None = None) -> None:
+        """Record an observation (kept as evidence of the verdict)."""
+        self.evidence.append(Evidence(step, sent, expected, got))
+
+    def connect(
+        self, *, hello: bool = True, protocol: Protocol | None = None, timeout: float | None = None
+    ) -> RpcClient:
+        """A new connection (closed when the check ends), HELLO done, encoding the server's version.
+
+        Raises :class:`ServerGone` when a spawned server's process has exited (its death is the verdict, not a
+        refused connect), after waiting (bounded) for a live one that does not accept yet.
+        """
+        target = self.runner.target
+        # One deadline for all retries: a server flapping between accepting and refusing cannot loop forever.
+        deadline = time.monotonic() + target.startup_wait
+        while True:
+            try:
+                client = RpcClient.connect(
+                    target.host,
+                    target.port,
+                    timeout=timeout or self.timeout,
+                    protocol=protocol or self.runner.info.protocol or V6,  # HELLO is the same everywhere
+                    hello=hello,
+                )
+                break
+            except ConnectionRefusedError as exc:
+                if not target.process_exited() and target.can_restart:
+                    # A restarted server may still be binding its port: wait for it (bounded) instead of
+                    # judging it, then try again.
+                    left = deadline - time.monotonic()
+                    if left > 0 and wait_for_port(target.host, target.port, left,
+                                                  lambda: not target.process_exited()):
+                        continue
+                raise self._gone(exc, refused=True) from exc
+            except OSError as exc:
+                # A timeout or reset from a process that has exited was its death, not this connect's verdict;
+                # from a live server it stays a failure (ISO-003 reads a HELLO timeout from the cause).
+                if target.process_exited():
+                    raise self._gone(exc) from exc
+                raise CheckFailed(f"cannot connect to {target.address}: {exc}") from exc
+        self._clients.append(client)
+        self.connections += 1
+        return client
+
+    def _gone(self, exc: OSError, *, refused: bool = False) -> ServerGone:
+        """The :class:`ServerGone` for a connect that found no server (noting whether nothing was sent yet)."""
+        target = self.runner.target
+        if refused and self.connections == 0:
+            # Not one byte of this check reached the server: whatever killed it came before.
+            self.gone_before_start = True
+        why = "the server process has exited" if target.process_exited() else str(exc)
+        return ServerGone(f"cannot connect to {target.address}: {why}")
+
+    def close_all(self) -> None:
+        for c in self._clients:
+            c.close()
+        self._clients.clear()
+
+    def shared(self, key: str, compute: Callable[[], Any]) -> Any:
+        """A fact computed once per run (per server start) and shared between checks."""
+        cache = self.runner.shared
+        if key not in cache:
+            cache[key] = compute()
+        return cache[key]

@@ -1,0 +1,215 @@
+"""Checks as data, and their verdicts.
+
+A :class:`Check` is a declaration (ID, title, spec anchor, versions, level, category) plus a function taking a
+:class:`~.context.Context`.  The function returns normally for a pass (optionally with a note) or raises
+:class:`CheckFailed` (with evidence: what was sent, what was expected, what came back), :class:`Skipped` (why the
+check cannot judge this server) or :class:`Unsupported` (the server declines a feature the check needs).  A
+:class:`Result` is a check's verdict with its evidence.
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ggml_rpc.spec import PROTOCOLS, Command, Protocol
+from ggml_rpc.spec.docs import command_anchor
+
+if TYPE_CHECKING:
+    from .context import Context
+
+#: Where the generated protocol reference lives, relative to a checkout; check links point into it.
+SPEC_DOC = "spec/PROTOCOL.md"
+
+
+class Level(enum.Enum):
+    """How binding a rule is: a MUST failure fails the run, a SHOULD failure only with ``--strict``."""
+
+    MUST = "MUST"
+    SHOULD = "SHOULD"
+
+
+class Outcome(enum.Enum):
+    PASS = "pass"
+    FAIL = "fail"
+    SKIP = "skip"
+    UNSUPPORTED = "unsupported"
+    NOT_RUN = "not run"
+    #: The check itself broke (a bug in the kit, not a finding about the server): counts as a failure.
+    ERROR = "error"
+
+
+class Category(enum.Enum):
+    """Check groups, in the order a run goes through them."""
+
+    HANDSHAKE = "handshake"
+    FRAMING = "framing"
+    DATA = "data"
+    CACHE_V6 = "cache-v6"
+    CACHE_V7 = "cache-v7"
+    ISOLATION = "isolation"
+    COMPUTE = "compute"
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """One observation behind a verdict.  Byte values are given as hex where bytes matter."""
+
+    step: str
+    sent: str | None = None
+    expected: str | None = None
+    got: str | None = None
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {"step": self.step, "sent": self.sent, "expected": self.expected, "got": self.got}
+
+
+class CheckFailed(Exception):
+    """The server broke the rule.  ``level`` overrides the check's level (a SHOULD part of a MUST check)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        sent: str | None = None,
+        expected: str | None = None,
+        got: str | None = None,
+        level: Level | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.evidence = Evidence(message, sent, expected, got)
+        self.level = level
+
+
+class ServerGone(CheckFailed):
+    """A step found no server to talk to: the server died earlier in this check (the death is the finding)."""
+
+
+class Skipped(Exception):
+    """The check cannot judge this server (for example: no hash cache to observe)."""
+
+
+class Unsupported(Exception):
+    """The server declines something the check needs (an op, a command of another version)."""
+
+
+def hexdump(data: bytes | bytearray | memoryview, limit: int = 64) -> str:
+    """Bytes as spaced hex, cut after ``limit`` bytes (with the total length)."""
+    raw = bytes(data)
+    text = raw[:limit].hex(" ")
+    if len(raw) > limit:
+        text += f" … ({len(raw)} bytes)"
+    return text if raw else "(no bytes)"
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One conformance rule, as data."""
+
+    id: str
+    title: str
+    category: Category
+    level: Level
+    #: Protocol majors the rule applies to (e.g. ``(6, 7)``); ``(7,)`` for v7-only rules.
+    majors: tuple[int, ...]
+    #: What it enforces: a command (linked per version, ``v7-get_tensor``) or a fixed anchor (``framing``).
+    section: Command | str
+    func: Callable[[Context], str | None]
+    #: Minimum (major, minor, patch) within the majors, for rules added by a patch release.
+    min_version: tuple[int, int, int] | None = None
+    #: Maximum version (inclusive) the rule applies to, for rules a later patch changed.
+    max_version: tuple[int, int, int] | None = None
+    #: Runs even when the server's version is not covered (handshake rules).
+    any_version: bool = False
+
+    def applies_to(self, version: tuple[int, int, int]) -> bool:
+        if version[0] not in self.majors:
+            return False
+        if self.min_version is not None and version < self.min_version:
+            return False
+        return self.max_version is None or version <= self.max_version
+
+    def spec_link(self, protocol: Protocol | None) -> str:
+        """``spec/PROTOCOL.md#<anchor>`` for the version the server speaks (its newest applicable otherwise)."""
+        if isinstance(self.section, str):
+            return f"{SPEC_DOC}#{self.section}"
+        candidates = [p for p in PROTOCOLS if self.applies_to(p.version) and p.spec(self.section) is not None]
+        chosen = protocol if protocol is not None and protocol in candidates else (candidates or [None])[-1]
+        if chosen is None:
+            return f"{SPEC_DOC}#enum-commands"
+        return f"{SPEC_DOC}#{command_anchor(chosen, self.section)}"
+
+    @property
+    def versions_label(self) -> str:
+        text = "/".join(str(m) for m in self.majors)
+        if self.min_version:
+            text = ">=" + ".".join(map(str, self.min_version))
+        if self.max_version:
+            text += " <=" + ".".join(map(str, self.max_version))
+        return "any" if self.any_version else text
+
+
+@dataclass(slots=True)
+class Result:
+    check: Check
+    outcome: Outcome
+    message: str = ""
+    evidence: list[Evidence] = field(default_factory=list)
+    #: For FAIL/ERROR: the level of the broken rule (MUST, or SHOULD for a check's SHOULD part).
+    failed_level: Level | None = None
+    duration: float = 0.0
+    #: When the server died during this check: exit status and last log lines (spawned servers) or a note,
+    #: plus the step during which it died and the bytes that step sent (``step``, ``sent``; None if unknown).
+    server_death: dict[str, Any] | None = None
+    spec: str = ""
+    #: The failure came from the connection breaking (closed, reset, refused, timed out), not from a wrong answer:
+    #: when the server turns out to have died, the death is the verdict.
+    interrupted: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome in (Outcome.FAIL, Outcome.ERROR)
+
+    def as_dict(self) -> dict[str, Any]:
+        c = self.check
+        return {
+            "id": c.id,
+            "title": c.title,
+            "category": c.category.value,
+            "level": c.level.value,
+            "versions": c.versions_label,
+            "spec": self.spec,
+            "outcome": self.outcome.value,
+            "failed_level": self.failed_level.value if self.failed_level else None,
+            "message": self.message,
+            "duration_s": round(self.duration, 4),
+            "evidence": [e.as_dict() for e in self.evidence],
+            "server_death": self.server_death,
+        }
+
+
+def select(checks: Sequence[Check], patterns: str | None) -> list[Check]:
+    """Checks whose ID or category matches one of the comma-separated shell patterns (case-insensitive)."""
+    if not patterns:
+        return list(checks)
+    pats = [p.strip().upper() for p in patterns.split(",") if p.strip()]
+    out = []
+    for c in checks:
+        names = (c.id.upper(), c.category.value.upper())
+        if any(fnmatch.fnmatchcase(n, p) for p in pats for n in names):
+            out.append(c)
+    return out
+
+
+def iter_groups(results: Iterable[Result]) -> Iterator[tuple[Category, list[Result]]]:
+    """Results grouped by category, in category order."""
+    by: dict[Category, list[Result]] = {}
+    for r in results:
+        by.setdefault(r.check.category, []).append(r)
+    for cat in Category:
+        if cat in by:
+            yield cat, by[cat]

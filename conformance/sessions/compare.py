@@ -1,0 +1,200 @@
+"""How a replayed reply is compared with the recorded one, and what the comparisons found.
+
+Replies are compared by class:
+
+* ``exact``: HELLO version (major.minor), data read back before any compute, SET_TENSOR_HASH hit/miss given the
+  cache state, COPY_TENSOR result, ALLOC_BUFFER success;
+* ``recorded``: server-specific values, kept but not compared (alignment, max size, memory, alloc sizes, handles,
+  bases, device count, supports-op answers);
+* ``computed``: GET_TENSOR after a GRAPH_COMPUTE/GRAPH_RECOMPUTE on the connection (unless it reads back exactly a
+  region written since that graph ran), compared within a normalised mean squared error for float tensors (exactly
+  for other types);
+* ``close``: the recorded server closed instead of replying; the target must close too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from ggml_rpc.spec import Command, GgmlType, Protocol, Reply, Request, tensor_name
+from ggml_rpc.spec.layout import flat_layout
+
+from .decode import DecodedConnection
+
+if TYPE_CHECKING:
+    from .relocate import Relocator, TargetCache
+
+#: Default tolerance for computed reads (normalised mean squared error, as ggml's backend tests use).
+DEFAULT_NMSE = 1e-6
+
+RECORDED_ONLY = frozenset({
+    Command.GET_ALIGNMENT, Command.GET_MAX_SIZE, Command.GET_DEVICE_MEMORY, Command.GET_ALLOC_SIZE,
+    Command.BUFFER_GET_BASE, Command.DEVICE_COUNT, Command.GET_DEVICE_SUPPORTS_OP,
+})
+#: Types whose computed reads are compared within a tolerance (numpy dtype of their elements).
+FLOAT_TYPES = {int(GgmlType.F32): np.dtype("<f4"), int(GgmlType.F16): np.dtype("<f2"),
+               int(GgmlType.F64): np.dtype("<f8")}
+
+
+@dataclass
+class Mismatch:
+    """A reply that differs from the recorded one."""
+
+    file: str
+    connection: int
+    index: int
+    command: str
+    kind: str  # exact / computed / close / transport
+    expected: str
+    got: str
+
+    def line(self) -> str:
+        return (f"{self.file} connection {self.connection} message {self.index} {self.command} [{self.kind}]: "
+                f"expected {self.expected}, got {self.got}")
+
+
+@dataclass
+class ReplayReport:
+    """What a replay did and found."""
+
+    target: str
+    source_versions: list[str] = field(default_factory=list)
+    target_version: str = ""
+    connections: int = 0
+    requests: int = 0
+    compared: dict[str, int] = field(default_factory=lambda: {"exact": 0, "computed": 0, "recorded": 0,
+                                                              "close": 0})
+    mismatches: list[Mismatch] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    seconds: float = 0.0
+    worst_nmse: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ok"] = self.ok
+        return d
+
+
+def nmse(expected: np.ndarray, got: np.ndarray) -> float:
+    """Normalised mean squared error sum((g-e)^2) / sum(e^2) (0 when both are all zero); NaN/inf must match."""
+    e = expected.astype(np.float64)
+    g = got.astype(np.float64)
+    fe, fg = np.isfinite(e), np.isfinite(g)
+    if not np.array_equal(fe, fg):
+        return float("inf")
+    if not np.all(fe):
+        same = (e[~fe] == g[~fe]) | (np.isnan(e[~fe]) & np.isnan(g[~fe]))
+        if not np.all(same):
+            return float("inf")
+        e, g = e[fe], g[fe]
+    den = float(np.dot(e, e))
+    num = float(np.dot(g - e, g - e))
+    if den == 0.0:
+        return 0.0 if num == 0.0 else float("inf")
+    return num / den
+
+
+def first_difference(a: memoryview, b: memoryview) -> str:
+    x = np.frombuffer(a, dtype=np.uint8)
+    y = np.frombuffer(b, dtype=np.uint8)
+    n = min(len(x), len(y))
+    diff = np.flatnonzero(x[:n] != y[:n])
+    at = int(diff[0]) if len(diff) else n
+    return f"first difference at byte {at} ({len(diff)} differing bytes of {n})"
+
+
+def same_bytes(a: memoryview | bytes, b: memoryview | bytes) -> bool:
+    x = np.frombuffer(a, dtype=np.uint8)
+    y = np.frombuffer(b, dtype=np.uint8)
+    return x.shape == y.shape and bool(np.array_equal(x, y))
+
+
+def tensor_label(t: dict[str, Any]) -> str:
+    return tensor_name(t["name"]) or f"id={t['id']:#x}"
+
+
+class ReplyComparer:
+    """Compares each reply of the target with the recorded one, by class, counting into one report."""
+
+    def __init__(self, target: Protocol, report: ReplayReport, cache: TargetCache, tolerance: float) -> None:
+        self.target = target
+        self.report = report
+        self.cache = cache
+        self.tolerance = tolerance
+
+    def mismatch(self, path: str, dc: DecodedConnection, req: Request, kind: str, expected: str, got: str) -> None:
+        self.report.mismatches.append(Mismatch(path, dc.conn.index, req.index, req.command.name, kind, expected, got))
+
+    def reply(self, path: str, dc: DecodedConnection, req: Request, rec: Reply, got: memoryview, computed: bool,
+              reloc: Relocator) -> None:
+        """Compare ``got`` (the target's reply body to ``req``) with ``rec``, learning relocations on the way."""
+        cmd = req.command
+        spec = self.target.spec(cmd)
+        assert spec is not None and spec.reply
+        if cmd is Command.GET_TENSOR:
+            assert rec.data is not None
+            self._read(path, dc, req, rec.data, got, computed)
+            return
+        got_fields = flat_layout(spec.reply.schema).unpack(got)  # type: ignore[union-attr]
+        want = rec.fields
+        if cmd is Command.ALLOC_BUFFER:
+            reloc.buffer(want["remote_ptr"], got_fields["remote_ptr"])
+            self._exact(path, dc, req, "a successful allocation" if want["remote_ptr"] else "a failed allocation",
+                        "success" if got_fields["remote_ptr"] else "failure (remote_ptr 0)",
+                        bool(want["remote_ptr"]) == bool(got_fields["remote_ptr"]))
+            return
+        if cmd is Command.BUFFER_GET_BASE:
+            reloc.base(req.fields["remote_ptr"], want["base_ptr"], got_fields["base_ptr"])
+        if cmd in RECORDED_ONLY:
+            self.report.compared["recorded"] += 1
+            return
+        if cmd is Command.HELLO:
+            version = f"{self.target.version[0]}.{self.target.version[1]}"
+            got_v = f"{got_fields['major']}.{got_fields['minor']}"
+            self._exact(path, dc, req, f"version {version}.x", f"version {got_v}.{got_fields['patch']}",
+                        version == got_v)
+            return
+        if cmd is Command.SET_TENSOR_HASH:
+            expect_hit = bool(want["result"]) or self.cache.holds(req.fields["hash"])
+            hit = bool(got_fields["result"])
+            why = "" if expect_hit == bool(want["result"]) else " (the replay saved this payload earlier)"
+            self._exact(path, dc, req, ("hit" if expect_hit else "miss") + why, "hit" if hit else "miss",
+                        hit == expect_hit)
+            return
+        self._exact(path, dc, req, str(dict(want)), str(dict(got_fields)), dict(want) == dict(got_fields))
+
+    def _exact(self, path: str, dc: DecodedConnection, req: Request, expected: str, got: str, ok: bool) -> None:
+        self.report.compared["exact"] += 1
+        if not ok:
+            self.mismatch(path, dc, req, "exact", expected, got)
+
+    def _read(self, path: str, dc: DecodedConnection, req: Request, want: memoryview, got: memoryview,
+              computed: bool) -> None:
+        t = req.fields["tensor"]
+        if not computed:
+            self.report.compared["exact"] += 1
+            if not same_bytes(want, got):
+                self.mismatch(path, dc, req, "exact", f"the {want.nbytes} bytes written to {tensor_label(t)}",
+                              first_difference(want, got))
+            return
+        self.report.compared["computed"] += 1
+        if same_bytes(want, got):
+            return
+        dtype = FLOAT_TYPES.get(t["type"])
+        if dtype is None or want.nbytes % dtype.itemsize:
+            self.mismatch(path, dc, req, "computed", f"the recorded {want.nbytes} bytes of {tensor_label(t)} "
+                          "(not a float type: exact)", first_difference(want, got))
+            return
+        err = nmse(np.frombuffer(want, dtype=dtype), np.frombuffer(got, dtype=dtype))
+        self.report.worst_nmse = max(self.report.worst_nmse, err)
+        if not err <= self.tolerance:
+            self.mismatch(path, dc, req, "computed", f"{tensor_label(t)} within NMSE {self.tolerance:g}",
+                          f"NMSE {err:.3g}")
