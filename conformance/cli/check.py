@@ -42,6 +42,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "and makes a missing cache a failure")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--junit", metavar="FILE", help="write the results as JUnit XML")
+    p.add_argument("--html", metavar="DIR", help="write a static HTML report: DIR/index.html, a page per check with "
+                   "its exchange decoded by the spec, DIR/protocol.html")
+    p.add_argument("--pcap-dir", metavar="DIR", help="write each failing check's exchange as DIR/<ID>.pcap (real "
+                   "TCP framing; `ggml-rpc replay` re-runs it, the kit's dissector shows it)")
+    p.add_argument("--pcap-all", action="store_true", help="with --pcap-dir: a pcap of every check, not only the "
+                   "failing ones")
     p.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
                    help="how long to wait for an answer or a close (default 5)")
     p.add_argument("--list", action="store_true", help="print the catalogue and exit")
@@ -72,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from ggml_rpc.conformance.checks import CATALOGUE
 
     from ..harness import report
+    from ..harness.artifacts import write_html, write_pcaps
     from ..harness.report_files import write_json, write_junit
 
     probe = Console()
@@ -86,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
+    if args.pcap_all and not args.pcap_dir:
+        raise UsageError("--pcap-all needs --pcap-dir DIR")
+    for option, folder in (("--html", args.html), ("--pcap-dir", args.pcap_dir)):
+        if folder and Path(folder).exists() and not Path(folder).is_dir():
+            raise UsageError(f"{option} {folder}: exists and is not a directory")
     for option, path in (("--json", args.json), ("--junit", args.junit)):
         if path:
             output_file(path, option)
@@ -113,6 +125,13 @@ def run(args: argparse.Namespace) -> int:
     report.failure_details(console, runner.results)
     console.print(report.summary_line(runner, args.strict), soft_wrap=True)
     try:
+        # pcaps first, then the HTML pages that link them, then the reports that name both.
+        if args.pcap_dir:
+            n = write_pcaps(runner.results, args.pcap_dir, every=args.pcap_all)
+            console.print(f"{n} pcap(s) in {args.pcap_dir}")
+        if args.html:
+            index = write_html(runner, args.html)
+            console.print(f"HTML report: {index}")
         if args.json:
             write_json(runner, args.json, args.strict)
         if args.junit:

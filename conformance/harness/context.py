@@ -3,6 +3,7 @@ shared facts (:class:`Context`)."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ggml_rpc.spec import PROTOCOLS, V6, Protocol, protocol_for
 
 from ..client import RpcClient
+from .exchange import Recorder
 from .model import Check, CheckFailed, Evidence, ServerGone
 from .targets import Target, wait_for_port
 
@@ -61,6 +63,8 @@ class Context:
         self.runner = runner
         self.check = check
         self.evidence: list[Evidence] = []
+        #: Every byte of the connections this check opens (see :mod:`.exchange`).
+        self.recorder = Recorder()
         self._clients: list[RpcClient] = []
         #: Connections this check opened; none when its first connect already found no server.
         self.connections = 0
@@ -110,13 +114,9 @@ class Context:
         deadline = time.monotonic() + target.startup_wait
         while True:
             try:
-                client = RpcClient.connect(
-                    target.host,
-                    target.port,
-                    timeout=timeout or self.timeout,
-                    protocol=protocol or self.runner.info.protocol or V6,  # HELLO is the same everywhere
-                    hello=hello,
-                )
+                client = self._open(target, timeout or self.timeout,
+                                    protocol or self.runner.info.protocol or V6,  # HELLO is the same everywhere
+                                    hello)
                 break
             except ConnectionRefusedError as exc:
                 if not target.process_exited() and target.can_restart:
@@ -135,6 +135,19 @@ class Context:
                 raise CheckFailed(f"cannot connect to {target.address}: {exc}") from exc
         self._clients.append(client)
         self.connections += 1
+        return client
+
+    def _open(self, target: Target, timeout: float, protocol: Protocol, hello: bool) -> RpcClient:
+        """A client on a new connection whose bytes the check's :class:`Recorder` keeps (for its pcap)."""
+        sock = socket.create_connection((target.host, target.port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        client = RpcClient(self.recorder.wrap(sock), protocol)  # type: ignore[arg-type]
+        if hello:
+            try:
+                client.hello()
+            except BaseException:
+                client.close()
+                raise
         return client
 
     def _gone(self, exc: OSError, *, refused: bool = False) -> ServerGone:

@@ -169,6 +169,11 @@ class Result:
     #: The failure came from the connection breaking (closed, reset, refused, timed out), not from a wrong answer:
     #: when the server turns out to have died, the death is the verdict.
     interrupted: bool = False
+    #: The bytes of the check's connections (a :class:`~.exchange.Recorder`), for its pcap and HTML page.
+    recording: Any = field(default=None, repr=False, compare=False)
+    #: Where ``--pcap-dir`` wrote the exchange and ``--html`` the check's page (paths as given), or None.
+    pcap: str | None = None
+    html: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -189,6 +194,8 @@ class Result:
             "duration_s": round(self.duration, 4),
             "evidence": [e.as_dict() for e in self.evidence],
             "server_death": self.server_death,
+            "pcap": self.pcap,
+            "html": self.html,
         }
 
 

@@ -15,7 +15,7 @@ JSON shape (``format`` names it; fields are only ever added)::
                    "not run" | "error", "failed_level": null | "MUST" | "SHOULD", "message": "...",
                    "duration_s": 0.001, "evidence": [{"step": "...", "sent": "hex…", "expected": "...",
                    "got": "hex…"}], "server_death": null | {"status": "killed by signal SIGABRT", "exit_code": -6,
-                   "log_tail": ["..."]}}]
+                   "log_tail": ["..."]}, "pcap": null | "DIR/ID.pcap", "html": null | "DIR/checks/ID.html"}]
     }
 
 JUnit: one ``<testsuite>`` per category inside ``<testsuites>``; a check is a ``<testcase>`` (classname
@@ -90,6 +90,7 @@ def _evidence_text(r: Result) -> str:
              *evidence_lines(r)]
     if r.server_death:
         lines.extend(f"    log: {line}" for line in r.server_death.get("log_tail", []))
+    lines.extend(f"{label}: {path}" for label, path in (("pcap", r.pcap), ("html", r.html)) if path)
     return "\n".join(lines)
 
 
@@ -128,7 +129,7 @@ def to_junit(runner: Runner) -> ET.Element:
                 el.text = _evidence_text(r)
             elif r.outcome is not Outcome.PASS:
                 ET.SubElement(case, "skipped", message=f"{r.outcome.value}: {r.message}")
-            if r.evidence or r.server_death:
+            if r.evidence or r.server_death or r.pcap or r.html:
                 ET.SubElement(case, "system-out").text = _evidence_text(r)
         ET.SubElement(suite, "system-out").text = ""
         ET.SubElement(suite, "system-err").text = ""

@@ -207,6 +207,7 @@ class Runner:
             ctx.close_all()
         result.duration = time.perf_counter() - t0
         result.evidence = ctx.evidence
+        result.recording = ctx.recorder
         return result
 
     @staticmethod

@@ -81,7 +81,7 @@ def test_json_shape(tmp_path: Path) -> None:
     assert set(report["server"]) == {"target", "address", "hello", "verdict", "devices", "cache"}
     r = report["results"][0]
     assert set(r) == {"id", "title", "category", "level", "versions", "spec", "outcome", "failed_level", "message",
-                      "duration_s", "evidence", "server_death"}
+                      "duration_s", "evidence", "server_death", "pcap", "html"}
     assert [x["id"] for x in report["results"]] == ["HELLO-001", "HELLO-002", "DATA-003"]
     assert r["spec"] == "spec/PROTOCOL.md#v7-hello"
     assert by_id(report)["DATA-003"]["spec"] == "spec/PROTOCOL.md#v7-get_alignment"
