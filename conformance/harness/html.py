@@ -29,6 +29,7 @@ table { border-collapse: collapse; width: 100%; margin: .5em 0; }
 th, td { border: 1px solid #ccc; padding: .25em .5em; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; }
 td.outcome { font-weight: bold; text-align: center; white-space: nowrap; }
+tr > td:first-child { white-space: nowrap; }
 .pass { background: #0a0; color: #fff; } .fail { background: #d00; color: #fff; }
 .non-strict { background: #f90; color: #000; } .error { background: #700; color: #fff; }
 .skip, .not-run { background: #ccc; color: #000; } .unsupported { background: #9bd; color: #000; }
