@@ -29,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pcap-dir", metavar="DIR", help="keep the recorded upstream sessions here (default: a temp dir)")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--markdown", metavar="FILE", help="write the results as Markdown (INTEROP.md)")
+    p.add_argument("--html", metavar="DIR", help="write DIR/index.html: the version x role matrix and every row")
     p.add_argument("--list", action="store_true", help="print the rows and exit")
     p.set_defaults(func=run)
 
@@ -45,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     for option, path in (("--json", args.json), ("--markdown", args.markdown)):
         if path:
             output_file(path, option)
+    if args.html and Path(args.html).exists() and not Path(args.html).is_dir():
+        raise UsageError(f"--html {args.html}: exists and is not a directory")
     models = list(STANDARD_MODELS) if not args.models else [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in STANDARD_MODELS]
     if unknown:
@@ -90,4 +93,7 @@ def run(args: argparse.Namespace) -> int:
         (pcap_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     if args.markdown:
         Path(args.markdown).write_text(interop_report.render_markdown(results, meta, seconds))
+    if args.html:
+        Path(args.html).mkdir(parents=True, exist_ok=True)
+        (Path(args.html) / "index.html").write_text(interop_report.render_html(results, meta, seconds))
     return 0 if passed == len(results) else 1

@@ -93,6 +93,29 @@ def test_markdown_report_round_trips() -> None:
         interop_report.parse_markdown(text.replace("| CHECK-v7 | 7.0.0 | pass", "| CHECK-v7 | 7.0.0 | maybe"))
 
 
+def test_html_report_has_the_version_by_role_matrix_and_every_row() -> None:
+    from html.parser import HTMLParser
+
+    rows, meta = _sample()
+    page = interop_report.render_html(rows, meta, 7.2)
+    cells: list[tuple[str, str]] = []
+
+    class Cells(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            a = dict(attrs)
+            if tag == "tr" and a.get("id"):
+                cells.append(("row", a["id"]))
+            if tag == "td" and "outcome" in (a.get("class") or ""):
+                cells.append(("outcome", a["class"]))
+
+    Cells().feed(page)
+    assert [v for k, v in cells if k == "row"] == ["CHECK-v7", "CROSS-v6-v7"]
+    outcomes = [v for k, v in cells if k == "outcome"]
+    assert len(outcomes) == 2 + 2  # two matrix cells (CHECK x 7.0.0, CROSS x 6.0.0), two rows
+    assert any("fail" in v for v in outcomes) and any("pass" in v for v in outcomes)
+    assert "1/2 pass" in page and "abc1234" in page
+
+
 def test_checked_in_interop_report_is_current_format() -> None:
     """INTEROP.md at the root is what `ggml-rpc interop --markdown` writes: every row parses, the counts agree."""
     meta, rows = interop_report.parse_markdown((ROOT / "INTEROP.md").read_text())
