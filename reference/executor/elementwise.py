@@ -305,10 +305,12 @@ def _glu(node: GraphTensor, mem: Memory) -> None:
     b_t = node.src[1]
     nc = int(node.ne[0])
     if b_t is None:
-        if tuple(a_t.ne[1:]) != tuple(node.ne[1:]) or a_t.ne[0] != 2 * nc:
-            raise node_error(node, "fused GLU needs source 0 of twice the result's width")
+        # ggml halves the width with a floor: an odd source's last column belongs to neither half.
+        if tuple(a_t.ne[1:]) != tuple(node.ne[1:]) or a_t.ne[0] // 2 != nc:
+            raise node_error(node, "fused GLU needs source 0 of twice the result's width (rounded down)")
         x = read(mem, a_t)
-        a, b = (x[..., nc:], x[..., :nc]) if swapped else (x[..., :nc], x[..., nc:])
+        lo, hi = x[..., :nc], x[..., nc : 2 * nc]
+        a, b = (hi, lo) if swapped else (lo, hi)
     else:
         need_types(node, b_t, FLOATS, "source 1")
         same_shape(node, a_t)

@@ -44,7 +44,8 @@ for _op in (GgmlOp.CPY, GgmlOp.DUP, GgmlOp.CONT):
     kernel(_op, src=_COPY_SRC, dst=_COPY_DST, note="same-type copies move bytes; F32 <-> I32 truncates")(_copy)
 
 
-@kernel(GgmlOp.CONCAT, src=FLOATS, dst=FLOATS)
+@kernel(GgmlOp.CONCAT, src=(*READABLE, I32), dst=(*READABLE, I32),
+        note="sources of the result's type are joined as stored (quantised: whole blocks)")
 def _concat(node: GraphTensor, mem: Memory) -> None:
     a_t, b_t = src(node, 0), src(node, 1)
     dim = int(params_i32(node)[0])
@@ -54,8 +55,9 @@ def _concat(node: GraphTensor, mem: Memory) -> None:
         want = a_t.ne[d] + b_t.ne[d] if d == dim else a_t.ne[d]
         if node.ne[d] != want or (d != dim and b_t.ne[d] != a_t.ne[d]):
             raise node_error(node, f"shapes do not concatenate along dimension {dim}")
-    axis = 3 - dim
-    if a_t.type == b_t.type == node.type and node.type in PLAIN_DTYPES:
+    axis = 3 - dim  # a quantised raw view keeps dims 3..1 first and its block axis where dim 0 is
+    blck = TYPES[node.type].blck
+    if a_t.type == b_t.type == node.type and (node.type in PLAIN_DTYPES or a_t.ne[0] % blck == b_t.ne[0] % blck == 0):
         np.copyto(mem.raw(node), np.concatenate((mem.raw(a_t), mem.raw(b_t)), axis=axis))
         return
     need_types(node, a_t, FLOATS, "source 0")

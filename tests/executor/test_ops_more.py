@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from ggml_rpc.reference.executor import execute
 from ggml_rpc.reference.executor import types as ty
-from ggml_rpc.reference.executor.arena import Arena
-from ggml_rpc.spec import GgmlOp, GgmlType
+from ggml_rpc.reference.executor.arena import Arena, params
+from ggml_rpc.spec import GgmlOp, GgmlType, GluOp
 
 from .test_ops import filled, permuted, rand
 
@@ -72,3 +72,29 @@ def test_same_type_quantised_copy_walks_a_permuted_source_block_by_block(arena):
     out = arena.tensor(q, (256, 3, 2), op=GgmlOp.CPY, src=(perm,))
     execute([out])
     np.testing.assert_array_equal(arena.raw(out)[0], arena.raw(base)[0].transpose(1, 0, 2, 3))
+
+
+@pytest.mark.parametrize("swapped", [0, 1])
+def test_fused_glu_of_an_odd_width_takes_the_floor_and_drops_the_last_column(arena, swapped):
+    x = rand(1, 2, 3, 9)  # width 9 -> halves of 4, column 8 unused
+    a = filled(arena, F32, (9, 3, 2), x)
+    out = arena.tensor(F32, (4, 3, 2), op=GgmlOp.GLU, src=(a,), params=params(int(GluOp.REGLU), swapped))
+    execute([out])
+    gate, lin = (x[..., 4:8], x[..., 0:4]) if swapped else (x[..., 0:4], x[..., 4:8])
+    np.testing.assert_array_equal(arena.get(out), np.maximum(gate, 0) * lin)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, 3])
+def test_concat_of_quantised_sources_joins_whole_blocks(arena, dim):
+    q = int(GgmlType.Q4_0)
+    ne_a = [64, 2, 3, 2]
+    ne_b = list(ne_a)
+    ne_b[dim] = 32 if dim == 0 else 1
+    a = filled(arena, q, tuple(ne_a), rand(*ne_a[::-1]))
+    b = filled(arena, q, tuple(ne_b), rand(*ne_b[::-1], seed=1))
+    ne_o = list(ne_a)
+    ne_o[dim] += ne_b[dim]
+    out = arena.tensor(q, tuple(ne_o), op=GgmlOp.CONCAT, src=(a, b), params=params(dim))
+    execute([out])
+    # Values, not just bytes: the joined tensor reads back as the two sources' values side by side.
+    np.testing.assert_array_equal(arena.get(out), np.concatenate((arena.get(a), arena.get(b)), axis=3 - dim))
