@@ -82,6 +82,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "generated session (e.g. a real one)")
     p.add_argument("--no-kit", action="store_true", help="skip the kit figures (pcap writing, decode, replay)")
     p.add_argument("--json", metavar="FILE", help="write every sample and statistic as JSON")
+    p.add_argument("--no-upstream", action="store_true", help="without --server, do not add the installed upstream "
+                   "rpc-server of the same version (`ggml-rpc upstream install`) as the server compared with")
+    p.add_argument("--generation", type=int, default=None, metavar="ROUNDS",
+                   help="rounds of the generation figure (tokens/s of upstream llama-completion through the "
+                   "reference server and through upstream rpc-server; default 3 when upstream is installed, 0 with "
+                   "--quick; 0 skips it)")
     p.set_defaults(func=run)
 
 
@@ -103,6 +109,33 @@ def _servers(specs: Sequence[str]) -> list[BenchTarget]:
     if len(set(addresses)) != len(addresses):
         raise UsageError("--server: the same address twice (a server serves one connection at a time)")
     return out
+
+
+def _upstream_peer(proto: str) -> object | None:
+    """The installed upstream peer of the reference server's major version, or None."""
+    from ..upstream.peers import PEERS
+
+    major = parse_version_option(proto).major
+    for peer in PEERS.values():
+        if peer.major == major and peer.installed():
+            return peer
+    return None
+
+
+@contextlib.contextmanager
+def _upstream(peer: object) -> Iterator[BenchTarget]:
+    """Upstream ``rpc-server -c`` of ``peer`` on loopback with a temporary ``LLAMA_CACHE``."""
+    from ..upstream.runs import UpstreamServer
+
+    try:
+        server = UpstreamServer(peer, cache=True).__enter__()  # type: ignore[arg-type]
+    except RuntimeError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        yield BenchTarget("upstream", "127.0.0.1", server.port,
+                          description=f"upstream rpc-server {peer.version} -c (installed peer)")  # type: ignore[attr-defined]
+    finally:
+        server.__exit__(None, None, None)
 
 
 @contextlib.contextmanager
@@ -167,9 +200,18 @@ def run(args: argparse.Namespace) -> int:
         console.width = max(console.width, 160)
     started = time.time()
     t0 = time.perf_counter()
+    peer = None if args.no_reference else _upstream_peer(args.proto)
+    rounds = args.generation if args.generation is not None else (0 if args.quick or peer is None else 3)
+    if rounds < 0:
+        raise UsageError("--generation must be 0 or more")
+    if rounds and peer is None:
+        raise UsageError("--generation needs an installed upstream peer of the same version: run "
+                         "`ggml-rpc upstream install`")
     with contextlib.ExitStack() as stack:
         targets = [] if args.no_reference else [stack.enter_context(_reference(args.proto))]
         targets += externals
+        if not externals and peer is not None and not args.no_upstream:
+            targets.append(stack.enter_context(_upstream(peer)))
         for t in targets:
             _probe(t)
         header(console, targets, plan_text(plan, repeat, args))
@@ -192,15 +234,46 @@ def run(args: argparse.Namespace) -> int:
         failed = _print_results(console, server_results, kit_results, names, comparisons)
         console.print(f"{len(server_results) + len(kit_results)} figures, {repeat} samples each, "
                       f"{seconds:.1f} s", style="dim")
+        generation = _generation(console, peer, rounds) if rounds else []
         if args.json:
             doc = record([t.as_dict() for t in targets], server_results, kit_results, quick=args.quick,
                          repeat=repeat, started=started, seconds=seconds, command=command_line(args),
                          bulk_comparisons=comparisons)
+            doc["generation"] = [g.as_dict() for g in generation]
             try:
                 write_json(args.json, doc)
             except OSError as exc:
                 raise UsageError(f"cannot write {args.json}: {exc.strerror or exc}") from None
     return 1 if failed else 0
+
+
+#: Generation goals (reference / upstream tokens/s), per bench model.
+GENERATION_GOALS = {"bench-f32": 0.5, "bench-q8_0": 0.3}
+
+
+def _generation(console: Console, peer: object, rounds: int) -> list:
+    """The generation figure: llama-completion through each server, interleaved rounds, and the ratio."""
+    from rich.table import Table
+
+    from ..upstream.generation import GenerationError, measure
+
+    with console.status("generation: upstream llama-completion through the reference and upstream servers"):
+        try:
+            results = measure(peer, tuple(GENERATION_GOALS), rounds=rounds)  # type: ignore[arg-type]
+        except GenerationError as exc:
+            console.print(f"[red]error[/red] generation: {exc}")
+            return []
+    table = Table(title=f"Generation (upstream llama-completion {peer.version}, 64 tokens, "  # type: ignore[attr-defined]
+                  f"{rounds} interleaved rounds)")
+    for col in ("model", "reference tokens/s", "upstream tokens/s", "ratio", "goal"):
+        table.add_column(col, justify="right" if col != "model" else "left")
+    for g in results:
+        goal = GENERATION_GOALS[g.model]
+        met = "met" if g.ratio >= goal else "not met"
+        table.add_row(g.model, f"{g.reference.median:,.0f}", f"{g.upstream.median:,.0f}", f"{g.ratio:.2f}x",
+                      f">= {goal}x {met}")
+    console.print(table)
+    return results
 
 
 def _kit_measurements(
@@ -276,7 +349,8 @@ def command_line(args: argparse.Namespace) -> str:
     argv = ["ggml-rpc", "bench"]
     for spec in args.server:
         argv += ["--server", spec]
-    flags = (("--no-reference", args.no_reference), ("--quick", args.quick), ("--no-kit", args.no_kit))
+    flags = (("--no-reference", args.no_reference), ("--quick", args.quick), ("--no-kit", args.no_kit),
+             ("--no-upstream", args.no_upstream))
     argv += [flag for flag, on in flags if on]
     if args.proto != "7":
         argv += ["--proto", args.proto]
@@ -284,6 +358,8 @@ def command_line(args: argparse.Namespace) -> str:
         argv += ["--repeat", str(args.repeat)]
     if args.capture is not None:
         argv += ["--capture", str(args.capture)]
+    if args.generation is not None:
+        argv += ["--generation", str(args.generation)]
     return shlex.join(argv)
 
 
