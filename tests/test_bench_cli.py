@@ -52,12 +52,12 @@ def test_the_quick_command_in_benchmarks_md_runs(tmp_path: Path, capsys: pytest.
     commands = documented_quick_commands()
     assert commands, "BENCHMARKS.md gives no `ggml-rpc bench --quick` command"
     for command in commands:
-        argv = shlex.split(command)[2:]
+        # The reference server alone (an installed upstream would be added by default: its own test is below).
+        argv = [*shlex.split(command)[2:], "--no-upstream"]
         code, doc = run_bench(argv, tmp_path, capsys)
         assert code == 0, command
         assert doc["schema"] == 1 and doc["quick"] is True
-        # With upstream installed, the installed rpc-server of the same version is compared with by default.
-        assert [t["name"] for t in doc["targets"]] in (["reference"], ["reference", "upstream"])
+        assert [t["name"] for t in doc["targets"]] == ["reference"]
         assert doc["targets"][0]["version"] == "7.0.0"
         figures = by_key(doc)
         assert list(figures) == SERVER_KEYS
@@ -69,6 +69,18 @@ def test_the_quick_command_in_benchmarks_md_runs(tmp_path: Path, capsys: pytest.
         assert list(by_key(doc, "kit_figures")) == ["pcap_write", f"graph_decode_{QUICK.graph_tensors}", "pcap_decode"]
         assert doc["bulk_comparisons"] == []  # nothing to compare the reference with
         assert by_key(doc)["round_trips"]["goal"]["source"] == "issue 3"
+
+
+@pytest.mark.upstream
+def test_the_installed_upstream_is_compared_with_by_default(upstream_peer, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    code, doc = run_bench(["--quick", "--repeat", "1", "--no-kit"], tmp_path, capsys)
+    assert code == 0
+    assert [t["name"] for t in doc["targets"]] == ["reference", "upstream"]
+    assert doc["targets"][1]["version"] == "7.0.0"
+    hit = by_key(doc)["set_tensor_hash_hit"]["results"]
+    assert all(r["error"] is None and r["median"] > 0 for r in hit)  # upstream runs with -c
+    assert doc["generation"] == []  # --quick: no generation figure
 
 
 def test_second_server_is_measured_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
