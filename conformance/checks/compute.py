@@ -17,6 +17,7 @@ from ggml_rpc.conformance.checks._support import check as _check
 from ggml_rpc.conformance.client import ConnectionClosed
 from ggml_rpc.conformance.harness import Category, Context, Unsupported
 from ggml_rpc.reference.executor import execute
+from ggml_rpc.reference.executor.nmse import nmse
 from ggml_rpc.reference.graph import ExecutorError, build_graph
 from ggml_rpc.spec import (
     TYPES,
@@ -55,16 +56,6 @@ def op_params(*values: float | int) -> list[int]:
         else:
             out.append(int(v))
     return out
-
-
-def nmse(got: np.ndarray, want: np.ndarray) -> float:
-    got = got.astype(np.float64).ravel()
-    want = want.astype(np.float64).ravel()
-    if not np.all(np.isfinite(got)) and np.all(np.isfinite(want)):
-        return float("inf")
-    denom = float(np.sum(want * want))
-    err = float(np.sum((got - want) ** 2))
-    return err / denom if denom > 0 else err
 
 
 @dataclass(slots=True)
@@ -175,7 +166,7 @@ class GraphBuilder:
         for t, raw in zip(outputs, got, strict=True):
             want = self.local(t)
             have = np.frombuffer(raw, dtype=_DTYPES[t["type"]])
-            err = nmse(have, want)
+            err = nmse(want, have)
             worst = max(worst, err)
             if not err <= limit:
                 name = GgmlOp(t["op"]).name

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from ggml_rpc.reference.executor.nmse import nmse
 from ggml_rpc.spec import Command, GgmlType, Protocol, Reply, Request, tensor_name
 from ggml_rpc.spec.layout import flat_layout
 
@@ -81,25 +82,6 @@ class ReplayReport:
         d = asdict(self)
         d["ok"] = self.ok
         return d
-
-
-def nmse(expected: np.ndarray, got: np.ndarray) -> float:
-    """Normalised mean squared error sum((g-e)^2) / sum(e^2) (0 when both are all zero); NaN/inf must match."""
-    e = expected.astype(np.float64)
-    g = got.astype(np.float64)
-    fe, fg = np.isfinite(e), np.isfinite(g)
-    if not np.array_equal(fe, fg):
-        return float("inf")
-    if not np.all(fe):
-        same = (e[~fe] == g[~fe]) | (np.isnan(e[~fe]) & np.isnan(g[~fe]))
-        if not np.all(same):
-            return float("inf")
-        e, g = e[fe], g[fe]
-    den = float(np.dot(e, e))
-    num = float(np.dot(g - e, g - e))
-    if den == 0.0:
-        return 0.0 if num == 0.0 else float("inf")
-    return num / den
 
 
 def first_difference(a: memoryview, b: memoryview) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 from ggml_rpc.conformance.sessions.decode import decode_file
 from ggml_rpc.reference.executor import execute
+from ggml_rpc.reference.executor.nmse import nmse
 from ggml_rpc.reference.graph import GraphTensor, build_graph
 from ggml_rpc.spec import Command, Reply, Request, tensor_name, tensor_nbytes
 
@@ -35,15 +36,6 @@ class Comparison:
     compute: int
     #: The ops of that graph's nodes.
     graph_ops: frozenset[int]
-
-
-def nmse(got: np.ndarray, want: np.ndarray) -> float:
-    """Normalised mean squared error, as llama.cpp's backend tests compute it."""
-    g = got.astype(np.float64)
-    w = want.astype(np.float64)
-    denom = float((w * w).sum())
-    err = float(((g - w) ** 2).sum())
-    return err / denom if denom else err
 
 
 @dataclass
@@ -118,5 +110,5 @@ def replay(path: str | Path) -> list[Comparison]:
                 want = np.frombuffer(rep.data, dtype=np.float32)
                 t = msg.fields["tensor"]
                 out.append(Comparison(dc.conn.index, i, tensor_name(t["name"]), t["op"],
-                                      nmse(got.view(np.float32), want), last, sim.computes, sim.last_ops))
+                                      nmse(want, got.view(np.float32)), last, sim.computes, sim.last_ops))
     return out

@@ -15,6 +15,7 @@ import pytest
 from ggml_rpc.conformance.client import ConnectionClosed
 from ggml_rpc.conformance.sessions.decode import decode_file
 from ggml_rpc.reference import running_server
+from ggml_rpc.reference.executor.nmse import nmse
 from ggml_rpc.spec import Command
 from refhelpers import connect
 
@@ -22,14 +23,6 @@ GRAPH_COMMANDS = (Command.GRAPH_COMPUTE, Command.GRAPH_RECOMPUTE)
 # Replies that depend only on the protocol and the (CPU) backend, not on addresses or free memory.
 COMPARED = {Command.DEVICE_COUNT, Command.GET_ALIGNMENT, Command.GET_MAX_SIZE, Command.SET_TENSOR_HASH,
             Command.COPY_TENSOR, Command.GET_ALLOC_SIZE}
-
-
-def nmse(expected: memoryview, got: memoryview) -> float:
-    """Normalised mean squared error of two float32 buffers (as llama.cpp's backend tests compare results)."""
-    a = np.frombuffer(expected, dtype=np.float32).astype(np.float64)
-    b = np.frombuffer(got, dtype=np.float32).astype(np.float64)
-    denom = float(np.sum(a * a))
-    return float(np.sum((a - b) ** 2)) / denom if denom else float(np.sum((a - b) ** 2))
 
 
 class Relocator:
@@ -112,7 +105,8 @@ def test_generation_session_is_accepted(real_captures, tmp_path, caplog, name, p
                     elif req.command is Command.GET_TENSOR:
                         assert reply.data.nbytes == old.data.nbytes
                         if reply.data.nbytes % 4 == 0:
-                            nmse_values.append(nmse(old.data, reply.data))
+                            want, got = (np.frombuffer(d, np.float32) for d in (old.data, reply.data))
+                            nmse_values.append(nmse(want, got))
             if stopped_at is not None:
                 break
     if stopped_at is not None:
