@@ -20,74 +20,103 @@ MODE_VISION = 24
 MODE_IMROPE = 40
 
 
-def yarn_corr_dims(n_dims: int, n_ctx_orig: int, base: float, beta_fast: float,
-                   beta_slow: float) -> tuple[float, float]:
-    def corr_dim(n_rot: float) -> float:
-        return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+F = np.float32
 
-    start = math.floor(corr_dim(beta_fast))
-    end = math.ceil(corr_dim(beta_slow))
-    return max(0.0, start), min(n_dims - 1.0, end)
+
+def _cmax(a: np.ndarray | float, b: np.ndarray | float) -> np.ndarray:
+    """C's ``MAX(a, b)`` macro, ``a > b ? a : b``: a NaN ``b`` comes through, as in ggml."""
+    return np.where(np.asarray(a) > np.asarray(b), a, b).astype(F)
+
+
+def _cmin(a: np.ndarray | float, b: np.ndarray | float) -> np.ndarray:
+    return np.where(np.asarray(a) < np.asarray(b), a, b).astype(F)
+
+
+def yarn_corr_dims(n_dims: int, n_ctx_orig: int, base: float, beta_fast: float,
+                   beta_slow: float) -> tuple[np.float32, np.float32]:
+    """YaRN's correction range in float32, as ggml computes it: an n_ctx_orig of 0 gives -inf (a range starting
+    at 0 and ending below it), never an error."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        def corr_dim(n_rot: float) -> np.float32:
+            ratio = F(n_ctx_orig) / (F(n_rot) * F(2) * F(math.pi))
+            return F(n_dims) * np.log(ratio) / (F(2) * np.log(F(base)))
+
+        start = np.floor(corr_dim(beta_fast))
+        end = np.ceil(corr_dim(beta_slow))
+    return _cmax(F(0), start)[()], _cmin(F(n_dims - 1), end)[()]
+
+
+def _thetas(node: GraphTensor, pos: np.ndarray, ne0: int, n_dims: int, mode: int) -> np.ndarray:
+    """The unscaled angle of every pair (n_pos, ne0 / 2): the position times theta_scale once per pair, by
+    ggml's float32 recurrence (one stream per position kind for multi-section modes; vision restarts each
+    stream at its section's first pair)."""
+    half = ne0 // 2
+    freq_base = F(params_f32(node)[5])
+    theta_scale = F(freq_base ** (F(-2.0) / F(n_dims)))
+    if not mode & MODE_MROPE:
+        out = np.empty((pos.shape[0], half), dtype=F)
+        theta = pos.astype(F)
+        for i in range(half):  # a loop over pair indices, each step vectorised over positions
+            out[:, i] = theta
+            theta = theta * theta_scale
+        return out
+    s = [int(x) for x in params_i32(node)[11:15]]
+    sect_dims = sum(s)
+    if sect_dims <= 0 or sect_dims > ne0 or pos.shape[0] != 4 or not (s[0] > 0 or s[1] > 0 or s[2] > 0):
+        raise node_error(node, "multi-section rope needs 4 position rows and sections summing to 1..ne0")
+    base = pos.astype(F)  # (4, n_pos): t, h, w, e
+    sec_w, sec_e = s[0] + s[1], s[0] + s[1] + s[2]
+    streams = base.copy()
+    out = np.empty((pos.shape[1], half), dtype=F)
+    for i in range(half):
+        sector = i % sect_dims
+        if mode == MODE_VISION:
+            # The first matching restart only, as ggml's else-if chain does.
+            for k, at in enumerate((0, s[0], sec_w, sec_e)):
+                if sector == at:
+                    streams[k] = base[k]
+                    break
+        if mode == MODE_IMROPE:
+            if sector % 3 == 1 and sector < 3 * s[1]:
+                k = 1
+            elif sector % 3 == 2 and sector < 3 * s[2]:
+                k = 2
+            elif sector % 3 == 0 and sector < 3 * s[0]:
+                k = 0
+            else:
+                k = 3
+        else:
+            k = 0 if sector < s[0] else 1 if sector < sec_w else 2 if sector < sec_e else 3
+        out[:, i] = streams[k]
+        streams = streams * theta_scale
+    return out
 
 
 def _angles(node: GraphTensor, pos: np.ndarray, ne0: int, n_dims: int, mode: int,
             ff: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin, shape (n_pos, ne0 / 2), for positions ``pos`` ((n_pos,) or (4, n_pos) for multi-section)."""
     p = params_f32(node)
-    freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = (float(x) for x in p[5:11])
+    freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = (F(x) for x in p[5:11])
     n_ctx_orig = int(params_i32(node)[4])
-    sections = [int(x) for x in params_i32(node)[11:15]]
     half = ne0 // 2
-    theta_scale = np.float32(freq_base) ** np.float32(-2.0 / n_dims)
-    steps = np.empty(half, dtype=np.float32)  # theta_scale ** i, by repeated float32 products
-    acc = np.float32(1)
-    for i in range(half):
-        steps[i] = acc
-        acc = np.float32(acc * theta_scale)
-    is_mrope = bool(mode & MODE_MROPE)
-    if is_mrope:
-        sect_dims = sum(sections)
-        if sect_dims <= 0 or sect_dims > ne0 or pos.shape[0] != 4:
-            raise node_error(node, "multi-section rope needs 4 position rows and sections summing to 1..ne0")
-        sector = np.arange(half) % sect_dims
-        s0, s1, s2 = sections[0], sections[1], sections[2]
-        if mode == MODE_IMROPE:
-            which = np.full(half, 3)
-            which[(sector % 3 == 0) & (sector < 3 * s0)] = 0
-            which[(sector % 3 == 2) & (sector < 3 * s2)] = 2
-            which[(sector % 3 == 1) & (sector < 3 * s1)] = 1
-        else:
-            which = np.where(sector < s0, 0, np.where(sector < s0 + s1, 1, np.where(sector < s0 + s1 + s2, 2, 3)))
-        base = pos[which].T.astype(np.float32)  # (n_pos, half)
-        if mode == MODE_VISION:
-            # Each section restarts the recurrence at its own first pair.
-            starts = np.array([0, s0, s0 + s1, s0 + s1 + s2])
-            local = sector - starts[which]
-            step = np.empty(half, dtype=np.float32)
-            for i in range(half):
-                step[i] = steps[local[i]]
-            theta = base * step
-        else:
-            theta = base * steps
-    else:
-        theta = pos.astype(np.float32)[:, None] * steps
+    theta = _thetas(node, pos, ne0, n_dims, mode)
     if ff is not None:
         theta = theta / ff[:half]
-    theta_interp = np.float32(freq_scale) * theta
-    mscale = np.float32(attn_factor)
+    theta_interp = freq_scale * theta
+    mscale = attn_factor
     if ext_factor != 0:
-        low, high = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
-        y = (np.arange(half, dtype=np.float32) - np.float32(low)) / np.float32(max(0.001, high - low))
-        ramp = (1 - np.minimum(1, np.maximum(0, y))) * np.float32(ext_factor)
-        theta = theta_interp * (1 - ramp) + theta * ramp
-        mscale = np.float32(mscale * (1.0 + 0.1 * math.log(1.0 / freq_scale)))
+        low, high = yarn_corr_dims(n_dims, n_ctx_orig, float(freq_base), float(beta_fast), float(beta_slow))
+        with np.errstate(invalid="ignore"):
+            y = (np.arange(half, dtype=F) - low) / _cmax(F(0.001), F(high - low))
+            ramp = (F(1) - _cmin(F(1), _cmax(F(0), y))) * ext_factor
+            theta = theta_interp * (F(1) - ramp) + theta * ramp
+        mscale = F(mscale * (F(1) + F(0.1) * np.log(F(1) / freq_scale)))
     else:
         theta = theta_interp
-    return (np.cos(theta) * mscale).astype(np.float32), (np.sin(theta) * mscale).astype(np.float32)
+    return (np.cos(theta) * mscale).astype(F), (np.sin(theta) * mscale).astype(F)
 
 
-@kernel(GgmlOp.ROPE, src=FLOATS, dst=FLOATS, note="normal, NeoX, M-RoPE, iM-RoPE, vision; YaRN")
-def _rope(node: GraphTensor, mem: Memory) -> None:
+def _rope(node: GraphTensor, mem: Memory, sin_sign: float) -> None:
     a_t, pos_t = src(node, 0), src(node, 1)
     need_types(node, a_t, FLOATS, "source 0")
     same_shape(node, a_t)
@@ -103,6 +132,10 @@ def _rope(node: GraphTensor, mem: Memory) -> None:
         raise node_error(node, f"rope mode {mode} is not supported")
     if mode == MODE_VISION and n_dims != ne0 // 2:
         raise node_error(node, "vision rope rotates exactly half the dims")
+    # op_params[15]: the first rotated dim (ggml_rope_set_offset); dims outside [off, off + n_dims) pass through.
+    off = int(ip[15]) if len(ip) > 15 else 0
+    if off < 0 or off + n_dims > ne0 or (off and mode == MODE_VISION):
+        raise node_error(node, f"rotation offset {off} with {n_dims} rotated dims does not fit ne0 {ne0}")
     n_pos = ne2 * (4 if is_mrope else 1)
     if pos_t.ne[0] < n_pos:
         raise node_error(node, f"positions tensor holds {int(pos_t.ne[0])} values, {n_pos} needed")
@@ -114,11 +147,16 @@ def _rope(node: GraphTensor, mem: Memory) -> None:
     if ff_t is not None:
         if ff_t.type != F32 or ff_t.ne[0] < n_dims // 2:
             raise node_error(node, "frequency factors must be F32 with at least n_dims / 2 values")
-        ff = read(mem, ff_t).reshape(-1)[: n_dims // 2].astype(np.float32)
+        # ggml reads a factor for every pair of the row (vision rotates them all); pairs past the tensor's end
+        # are never rotated in the other modes.
+        ff = read(mem, ff_t).reshape(-1)[: ne0 // 2].astype(np.float32)
         ff = np.concatenate((ff, np.ones(ne0 // 2 - ff.size, dtype=np.float32)))
     cos, sin = _angles(node, pos, ne0, n_dims, mode, ff)  # (ne2, ne0/2)
-    x = read(mem, a_t)  # (ne3, ne2, ne1, ne0)
-    out = np.array(x, dtype=np.float32, copy=True)
+    sin = sin * np.float32(sin_sign)
+    full = read(mem, a_t)  # (ne3, ne2, ne1, ne0)
+    out_full = np.array(full, dtype=np.float32, copy=True)
+    x = full[..., off:]
+    out = out_full[..., off:]  # a view: the rotation below writes into out_full
     c = cos[None, :, None, :]
     s = sin[None, :, None, :]
     if mode == 0:
@@ -135,4 +173,10 @@ def _rope(node: GraphTensor, mem: Memory) -> None:
         x0, x1 = x[..., :hd], x[..., hd:n_dims]
         out[..., :hd] = x0 * c[..., :hd] - x1 * s[..., :hd]
         out[..., hd:n_dims] = x0 * s[..., :hd] + x1 * c[..., :hd]
-    write(mem, node, out)
+    write(mem, node, out_full)
+
+
+kernel(GgmlOp.ROPE, src=FLOATS, dst=FLOATS, note="normal, NeoX, M-RoPE, iM-RoPE, vision; YaRN")(
+    lambda node, mem: _rope(node, mem, 1.0))
+kernel(GgmlOp.ROPE_BACK, src=FLOATS, dst=FLOATS, note="ROPE's inverse rotation (sin negated)")(
+    lambda node, mem: _rope(node, mem, -1.0))

@@ -98,3 +98,94 @@ def test_concat_of_quantised_sources_joins_whole_blocks(arena, dim):
     execute([out])
     # Values, not just bytes: the joined tensor reads back as the two sources' values side by side.
     np.testing.assert_array_equal(arena.get(out), np.concatenate((arena.get(a), arena.get(b)), axis=3 - dim))
+
+
+def rope_params(n_dims, mode, *, n_ctx_orig=0, base=10000.0, fs=1.0, ef=0.0, af=1.0, bf=32.0, bs=1.0, off=0,
+                sections=(0, 0, 0, 0)):
+    p = np.zeros(16, np.int32)
+    p[1], p[2], p[4], p[15] = n_dims, mode, n_ctx_orig, off
+    p[5:11] = np.array([base, fs, ef, af, bf, bs], np.float32).view(np.int32)
+    p[11:15] = sections
+    return p
+
+
+def yarn_reference(pos, n_dims, half, *, n_ctx_orig, base, fs, ef, af, bf, bs):
+    """cos/sin (n_pos, half) from YaRN's definition in float64 (C's MAX/MIN semantics for the -inf range)."""
+    i = np.arange(half)
+    theta_ex = pos[:, None] * base ** (-2.0 * i / n_dims)
+    theta_in = fs * theta_ex
+    mscale = af
+    if ef:
+        with np.errstate(divide="ignore"):
+            def corr(n_rot):
+                return n_dims * np.log(n_ctx_orig / (n_rot * 2 * np.pi)) / (2 * np.log(base))
+            low, high = max(0.0, np.floor(corr(bf))), min(n_dims - 1.0, np.ceil(corr(bs)))
+        y = (i - low) / max(0.001, high - low)
+        ramp = (1 - np.clip(y, 0, 1)) * ef
+        theta = theta_in * (1 - ramp) + theta_ex * ramp
+        mscale = af * (1 + 0.1 * np.log(1 / fs))
+    else:
+        theta = theta_in
+    return np.cos(theta) * mscale, np.sin(theta) * mscale
+
+
+@pytest.mark.parametrize(("mode", "off", "yarn"), [(0, 0, False), (2, 0, False), (0, 4, True), (2, 2, True),
+                                                   (2, 0, True)])
+@pytest.mark.parametrize("op", [GgmlOp.ROPE, GgmlOp.ROPE_BACK])
+def test_rope_offset_yarn_and_back_on_a_permuted_source(arena, mode, off, yarn, op):
+    ne0, ne1, ne2, n_dims = 16, 3, 2, 8
+    x = rand(1, ne2, ne1, ne0)
+    # A permuted source: dims 1 and 2 swapped in memory.
+    base_t = filled(arena, F32, (ne0, ne2, ne1), x.transpose(0, 2, 1, 3))
+    nb = base_t.nb
+    a = arena.view_of(base_t, (ne0, ne1, ne2), (nb[0], nb[2], nb[1], nb[3]), op=GgmlOp.PERMUTE)
+    pos_vals = np.array([3, 250], np.int32)
+    pos = arena.tensor(I32, (ne2,))
+    arena.set_raw(pos, pos_vals)
+    kw = {"n_ctx_orig": 0, "fs": 1.4245, "ef": 0.7465, "af": 1.4245, "bf": 1.0, "bs": 1.0} if yarn else {}
+    out = arena.tensor(F32, (ne0, ne1, ne2), op=op, src=(a, pos), params=rope_params(n_dims, mode, off=off, **kw))
+    execute([out])
+    ref = {"n_ctx_orig": 0, "base": 10000.0, "fs": 1.0, "ef": 0.0, "af": 1.0, "bf": 32.0, "bs": 1.0} | kw
+    cos, sin = yarn_reference(pos_vals.astype(np.float64), n_dims, n_dims // 2, **ref)
+    if op == GgmlOp.ROPE_BACK:
+        sin = -sin
+    want = x.astype(np.float64).copy()
+    seg = want[..., off:off + n_dims]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    if mode == 0:
+        x0, x1 = seg[..., 0::2].copy(), seg[..., 1::2].copy()
+        seg[..., 0::2], seg[..., 1::2] = x0 * c - x1 * s, x0 * s + x1 * c
+    else:
+        x0, x1 = seg[..., : n_dims // 2].copy(), seg[..., n_dims // 2:].copy()
+        seg[..., : n_dims // 2], seg[..., n_dims // 2:] = x0 * c - x1 * s, x0 * s + x1 * c
+    np.testing.assert_allclose(arena.get(out), want, rtol=2e-4, atol=2e-5)
+
+
+def test_rope_back_undoes_rope(arena):
+    x = rand(1, 2, 3, 8)
+    a = filled(arena, F32, (8, 3, 2), x)
+    pos = arena.tensor(I32, (2,))
+    arena.set_raw(pos, np.array([7, 19], np.int32))
+    fwd = arena.tensor(F32, (8, 3, 2), op=GgmlOp.ROPE, src=(a, pos), params=rope_params(8, 2))
+    back = arena.tensor(F32, (8, 3, 2), op=GgmlOp.ROPE_BACK, src=(fwd, pos), params=rope_params(8, 2))
+    execute([fwd, back])
+    np.testing.assert_allclose(arena.get(back), x, rtol=1e-5, atol=1e-6)
+
+
+def test_vision_rope_uses_a_frequency_factor_for_every_pair(arena):
+    ne0, n_dims = 8, 4
+    x = rand(1, 1, 1, ne0)
+    a = filled(arena, F32, (ne0, 1, 1), x)
+    pos = arena.tensor(I32, (4,))
+    arena.set_raw(pos, np.array([5, 2, 3, 0], np.int32))  # t, h, w, e of the one position
+    ff_vals = np.array([1.0, 2.0, 4.0, 0.5], np.float32)  # ne0 / 2 factors; the last two rotate the second half
+    ff = filled(arena, F32, (4,), ff_vals)
+    params = rope_params(n_dims, 24, sections=(2, 2, 0, 0))
+    out = arena.tensor(F32, (ne0, 1, 1), op=GgmlOp.ROPE, src=(a, pos, ff), params=params)
+    execute([out])
+    # Sections of 2 pairs: pairs 0-1 use t = 5, pairs 2-3 use h = 2, each section restarting theta_scale^0.
+    scale = 10000.0 ** (-2.0 / n_dims)
+    theta = np.array([5, 5 * scale, 2, 2 * scale]) / ff_vals
+    x0, x1 = x[0, 0, 0, :4], x[0, 0, 0, 4:]
+    want = np.concatenate((x0 * np.cos(theta) - x1 * np.sin(theta), x0 * np.sin(theta) + x1 * np.cos(theta)))
+    np.testing.assert_allclose(arena.get(out)[0, 0, 0], want, rtol=1e-5, atol=1e-6)
