@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ggml_rpc.conformance.client import ConnectionClosed, RpcClient
 from ggml_rpc.conformance.harness import Category, Check, CheckFailed, Context, Level, hexdump
-from ggml_rpc.spec import V6, Command, GgmlType, Protocol, encode_request, make_tensor
+from ggml_rpc.spec import V6, Command, GgmlType, make_tensor
 from ggml_rpc.spec.codec import REPLY_HEADER, REQUEST_HEADER
 
 #: Every check in definition order; the catalogue module freezes it.
@@ -112,10 +112,6 @@ def expect_bytes(step: str, got: bytes, want: bytes) -> None:
 def raw_request(command: int, payload: bytes, size: int | None = None) -> bytes:
     """A request whose size header may lie (``size``) about its payload."""
     return REQUEST_HEADER.pack(command, len(payload) if size is None else size) + payload
-
-
-def request_bytes(protocol: Protocol, command: Command, fields: dict | None = None, data: bytes | None = None) -> bytes:
-    return encode_request(protocol, command, fields, data)
 
 
 #: DEVICE_COUNT: the probe sent after a request that should have closed the connection.  A server that wrongly

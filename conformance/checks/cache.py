@@ -20,13 +20,12 @@ from ggml_rpc.conformance.checks._support import (
     fail,
     nonce,
     read_back,
-    request_bytes,
     send_and_expect_close,
 )
 from ggml_rpc.conformance.checks._support import check as _check
 from ggml_rpc.conformance.client import RpcClient
 from ggml_rpc.conformance.harness import Category, CheckFailed, Context, Skipped, hexdump
-from ggml_rpc.spec import HASH_THRESHOLD, cache_file_name, fnv1a64
+from ggml_rpc.spec import HASH_THRESHOLD, cache_file_name, encode_request, fnv1a64
 from ggml_rpc.spec import Command as C
 
 _ENTRY_NAME = re.compile(r"[0-9a-f]{16}")
@@ -266,7 +265,7 @@ def hash_hit_no_buffer(ctx: Context) -> None:
     client = ctx.connect()
     buf = alloc(client, len(entry.data) + 64)
     t = buf.tensor(0, len(entry.data), buffer=0)
-    sent = request_bytes(ctx.protocol, C.SET_TENSOR_HASH, {"tensor": t, "offset": 0, "hash": entry.digest})
+    sent = encode_request(ctx.protocol, C.SET_TENSOR_HASH, {"tensor": t, "offset": 0, "hash": entry.digest})
     send_and_expect_close(ctx, client, sent, "SET_TENSOR_HASH hit into a tensor with buffer 0")
 
 
@@ -277,6 +276,6 @@ def hash_hit_no_room(ctx: Context) -> None:
     client = ctx.connect()
     buf = alloc(client, len(entry.data) + 64)
     t = buf.tensor(buf.size - 16, 16)
-    sent = request_bytes(ctx.protocol, C.SET_TENSOR_HASH, {"tensor": t, "offset": 0, "hash": entry.digest})
+    sent = encode_request(ctx.protocol, C.SET_TENSOR_HASH, {"tensor": t, "offset": 0, "hash": entry.digest})
     send_and_expect_close(ctx, client, sent, f"SET_TENSOR_HASH hit of {len(entry.data)} bytes into the last 16 "
                           "bytes of the buffer")

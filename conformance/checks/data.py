@@ -13,7 +13,6 @@ from ggml_rpc.conformance.checks._support import (
     fail,
     nonce,
     read_back,
-    request_bytes,
     send_and_expect_close,
     session,
 )
@@ -21,7 +20,7 @@ from ggml_rpc.conformance.checks._support import check as _check
 from ggml_rpc.conformance.checks.framing import add_graph, graph_bytes
 from ggml_rpc.conformance.harness import Category, Context, Level, hexdump
 from ggml_rpc.spec import Command as C
-from ggml_rpc.spec import make_tensor, null_tensor, tensor_nbytes
+from ggml_rpc.spec import encode_request, make_tensor, null_tensor, tensor_nbytes
 from ggml_rpc.spec.tensor import GGML_MAX_SRC
 
 DA = Category.DATA
@@ -183,7 +182,7 @@ def alloc_zero(ctx: Context) -> None:
     client.buffer_get_base(handle)
     client.buffer_clear(handle, 0)
     client.free_buffer(handle)
-    sent = request_bytes(ctx.protocol, C.FREE_BUFFER, {"remote_ptr": handle})
+    sent = encode_request(ctx.protocol, C.FREE_BUFFER, {"remote_ptr": handle})
     expect_open(ctx, client, sent, "BUFFER_CLEAR and FREE_BUFFER of the zero-size buffer")
 
 
@@ -192,7 +191,7 @@ def alloc_zero(ctx: Context) -> None:
 def free_buffer(ctx: Context) -> None:
     buf = session(ctx)
     buf.client.free_buffer(buf.handle)
-    sent = request_bytes(ctx.protocol, C.BUFFER_GET_BASE, {"remote_ptr": buf.handle})
+    sent = encode_request(ctx.protocol, C.BUFFER_GET_BASE, {"remote_ptr": buf.handle})
     send_and_expect_close(ctx, buf.client, sent, "BUFFER_GET_BASE of a freed buffer")
 
 
@@ -257,25 +256,25 @@ def _graph_then(ctx: Context, buf: Buf, recompute: bool) -> bytes:
     if not recompute:
         return sent
     buf.client.send_raw(sent)
-    return request_bytes(ctx.protocol, C.GRAPH_RECOMPUTE, {"device": 0})
+    return encode_request(ctx.protocol, C.GRAPH_RECOMPUTE, {"device": 0})
 
 
 def _set(ctx: Context, buf: Buf) -> bytes:
     fields = {"tensor": buf.tensor(0, 16), "offset": 0}
     if ctx.protocol.cache_rule.flag_field:
         fields[ctx.protocol.cache_rule.flag_field] = 0
-    return request_bytes(ctx.protocol, C.SET_TENSOR, fields, nonce(16))
+    return encode_request(ctx.protocol, C.SET_TENSOR, fields, nonce(16))
 
 
 _SILENT = [
-    ("DATA-021", C.FREE_BUFFER, lambda ctx, buf: request_bytes(ctx.protocol, C.FREE_BUFFER,
+    ("DATA-021", C.FREE_BUFFER, lambda ctx, buf: encode_request(ctx.protocol, C.FREE_BUFFER,
                                                               {"remote_ptr": buf.handle})),
-    ("DATA-022", C.BUFFER_CLEAR, lambda ctx, buf: request_bytes(ctx.protocol, C.BUFFER_CLEAR,
+    ("DATA-022", C.BUFFER_CLEAR, lambda ctx, buf: encode_request(ctx.protocol, C.BUFFER_CLEAR,
                                                                {"remote_ptr": buf.handle, "value": 1})),
     ("DATA-023", C.SET_TENSOR, _set),
-    ("DATA-024", C.INIT_TENSOR, lambda ctx, buf: request_bytes(ctx.protocol, C.INIT_TENSOR,
+    ("DATA-024", C.INIT_TENSOR, lambda ctx, buf: encode_request(ctx.protocol, C.INIT_TENSOR,
                                                               {"tensor": buf.tensor(0, 16)})),
-    ("DATA-025", C.MEMSET_TENSOR, lambda ctx, buf: request_bytes(
+    ("DATA-025", C.MEMSET_TENSOR, lambda ctx, buf: encode_request(
         ctx.protocol, C.MEMSET_TENSOR, {"tensor": buf.tensor(0, 16), "offset": 0, "size": 16, "value": 7})),
     ("DATA-026", C.GRAPH_COMPUTE, lambda ctx, buf: _graph_then(ctx, buf, False)),
     ("DATA-027", C.GRAPH_RECOMPUTE, lambda ctx, buf: _graph_then(ctx, buf, True)),
@@ -312,7 +311,7 @@ def alloc_too_big(ctx: Context) -> None:
     if handle != 0 or got != 0:
         raise fail("an allocation of 2^62 bytes was not refused in band", expected="remote_ptr 0, remote_size 0",
                    got=f"remote_ptr {handle:#x}, remote_size {got}")
-    sent = request_bytes(ctx.protocol, C.ALLOC_BUFFER, {"device": 0, "size": size})
+    sent = encode_request(ctx.protocol, C.ALLOC_BUFFER, {"device": 0, "size": size})
     expect_open(ctx, client, sent, "after a refused ALLOC_BUFFER")
 
 

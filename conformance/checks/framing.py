@@ -21,7 +21,6 @@ from ggml_rpc.conformance.checks._support import (
     fail,
     raw_request,
     recv_upto,
-    request_bytes,
     send_and_expect_close,
     session,
     u64,
@@ -107,16 +106,16 @@ def bad_device(ctx: Context) -> None:
     p = ctx.protocol
     t = make_tensor(id=1, type=0, ne=(4,))
     cases: list[tuple[str, bytes]] = [
-        ("ALLOC_BUFFER", request_bytes(p, C.ALLOC_BUFFER, {"device": dev, "size": 16})),
-        ("GET_ALIGNMENT", request_bytes(p, C.GET_ALIGNMENT, {"device": dev})),
-        ("GET_MAX_SIZE", request_bytes(p, C.GET_MAX_SIZE, {"device": dev})),
-        ("GET_DEVICE_MEMORY", request_bytes(p, C.GET_DEVICE_MEMORY, {"device": dev})),
-        ("GET_ALLOC_SIZE", request_bytes(p, C.GET_ALLOC_SIZE, {"device": dev, "tensor": t, "srcs": _srcs()})),
-        ("GRAPH_RECOMPUTE", request_bytes(p, C.GRAPH_RECOMPUTE, {"device": dev})),
+        ("ALLOC_BUFFER", encode_request(p, C.ALLOC_BUFFER, {"device": dev, "size": 16})),
+        ("GET_ALIGNMENT", encode_request(p, C.GET_ALIGNMENT, {"device": dev})),
+        ("GET_MAX_SIZE", encode_request(p, C.GET_MAX_SIZE, {"device": dev})),
+        ("GET_DEVICE_MEMORY", encode_request(p, C.GET_DEVICE_MEMORY, {"device": dev})),
+        ("GET_ALLOC_SIZE", encode_request(p, C.GET_ALLOC_SIZE, {"device": dev, "tensor": t, "srcs": _srcs()})),
+        ("GRAPH_RECOMPUTE", encode_request(p, C.GRAPH_RECOMPUTE, {"device": dev})),
     ]
     if p.spec(C.GET_DEVICE_SUPPORTS_OP) is not None:
         cases.append(("GET_DEVICE_SUPPORTS_OP",
-                      request_bytes(p, C.GET_DEVICE_SUPPORTS_OP, {"device": dev, "op": t, "srcs": _srcs()})))
+                      encode_request(p, C.GET_DEVICE_SUPPORTS_OP, {"device": dev, "op": t, "srcs": _srcs()})))
     for name, sent in cases:
         client = ctx.connect()
         send_and_expect_close(ctx, client, sent, f"{name} on device {dev}")
@@ -135,7 +134,7 @@ def unknown_handle(ctx: Context) -> None:
             buf = session(ctx)
             if handle == buf.handle:
                 continue
-            sent = request_bytes(p, cmd, {"remote_ptr": handle, **extra})
+            sent = encode_request(p, cmd, {"remote_ptr": handle, **extra})
             send_and_expect_close(ctx, buf.client, sent, f"{cmd.name} of handle {handle:#x}")
             buf.client.close()
 
@@ -145,12 +144,12 @@ def bad_type(ctx: Context) -> None:
     def get(buf: Buf) -> bytes:
         t = buf.tensor(0, 16)
         t["type"] = 43
-        return request_bytes(ctx.protocol, C.GET_TENSOR, {"tensor": t, "offset": 0, "size": 16})
+        return encode_request(ctx.protocol, C.GET_TENSOR, {"tensor": t, "offset": 0, "size": 16})
 
     def init(buf: Buf) -> bytes:
         t = buf.tensor(0, 16)
         t["type"] = 200
-        return request_bytes(ctx.protocol, C.INIT_TENSOR, {"tensor": t})
+        return encode_request(ctx.protocol, C.INIT_TENSOR, {"tensor": t})
 
     bad_on_fresh(ctx, get, "GET_TENSOR of a type-43 tensor")
     bad_on_fresh(ctx, init, "INIT_TENSOR of a type-200 tensor")
@@ -162,7 +161,7 @@ def removed_type(ctx: Context) -> None:
         def get(buf: Buf, type_id: int = type_id) -> bytes:
             t = buf.tensor(0, 16)
             t["type"] = type_id
-            return request_bytes(ctx.protocol, C.GET_TENSOR, {"tensor": t, "offset": 0, "size": 16})
+            return encode_request(ctx.protocol, C.GET_TENSOR, {"tensor": t, "offset": 0, "size": 16})
 
         bad_on_fresh(ctx, get, f"GET_TENSOR of a type-{type_id} tensor")
 
@@ -173,7 +172,7 @@ def data_outside_buffer(ctx: Context) -> None:
     for where, delta in (("past the end", 4096), ("before the base", -64)):
         def get(buf: Buf, delta: int = delta) -> bytes:
             t = buf.tensor(0, 16, data=(buf.base + delta) % (1 << 64))
-            return request_bytes(ctx.protocol, C.GET_TENSOR, {"tensor": t, "offset": 0, "size": 16})
+            return encode_request(ctx.protocol, C.GET_TENSOR, {"tensor": t, "offset": 0, "size": 16})
 
         bad_on_fresh(ctx, get, f"GET_TENSOR of a tensor {where} of its buffer")
 
@@ -183,7 +182,7 @@ def data_outside_buffer(ctx: Context) -> None:
 def data_wraps(ctx: Context) -> None:
     def get(buf: Buf) -> bytes:
         t = buf.tensor(0, 64, data=(1 << 64) - 16)
-        return request_bytes(ctx.protocol, C.GET_TENSOR, {"tensor": t, "offset": 0, "size": 16})
+        return encode_request(ctx.protocol, C.GET_TENSOR, {"tensor": t, "offset": 0, "size": 16})
 
     bad_on_fresh(ctx, get, "GET_TENSOR of a tensor wrapping the address space")
 
@@ -192,7 +191,7 @@ def _set_tensor(ctx: Context, t: dict, offset: int, data: bytes) -> bytes:
     fields = {"tensor": t, "offset": offset}
     if ctx.protocol.cache_rule.flag_field:
         fields[ctx.protocol.cache_rule.flag_field] = 0
-    return request_bytes(ctx.protocol, C.SET_TENSOR, fields, data)
+    return encode_request(ctx.protocol, C.SET_TENSOR, fields, data)
 
 
 @_check("FRAME-012", "SET_TENSOR shorter than its header closes the connection", FR, section=C.SET_TENSOR)
@@ -232,7 +231,7 @@ def set_tensor_past_nbytes(ctx: Context) -> None:
 
 
 def _get(ctx: Context, t: dict, offset: int, size: int) -> bytes:
-    return request_bytes(ctx.protocol, C.GET_TENSOR, {"tensor": t, "offset": offset, "size": size})
+    return encode_request(ctx.protocol, C.GET_TENSOR, {"tensor": t, "offset": offset, "size": size})
 
 
 @_check("FRAME-016", "GET_TENSOR of a tensor without a known buffer closes the connection", FR, section=C.GET_TENSOR)
@@ -256,7 +255,7 @@ def get_tensor_past_nbytes(ctx: Context) -> None:
 
 
 def _memset(ctx: Context, t: dict, offset: int, size: int, value: int = 0x41) -> bytes:
-    return request_bytes(ctx.protocol, C.MEMSET_TENSOR, {"tensor": t, "offset": offset, "size": size, "value": value})
+    return encode_request(ctx.protocol, C.MEMSET_TENSOR, {"tensor": t, "offset": offset, "size": size, "value": value})
 
 
 @_check("FRAME-019", "MEMSET_TENSOR of a tensor without a known buffer closes the connection", FR,
@@ -278,7 +277,7 @@ def copy_no_buffer(ctx: Context) -> None:
         def build(buf: Buf, side: str = side) -> bytes:
             pair = {"src": buf.tensor(0, 16, id=1), "dst": buf.tensor(64, 16, id=2)}
             pair[side]["buffer"] = 0
-            return request_bytes(ctx.protocol, C.COPY_TENSOR, pair)
+            return encode_request(ctx.protocol, C.COPY_TENSOR, pair)
 
         bad_on_fresh(ctx, build, f"COPY_TENSOR with {side}.buffer 0")
 
@@ -289,7 +288,7 @@ def copy_overflow(ctx: Context) -> None:
     def build(buf: Buf) -> bytes:
         src = buf.tensor(0, 64, id=1)
         dst = buf.tensor(buf.size - 16, 16, id=2)
-        return request_bytes(ctx.protocol, C.COPY_TENSOR, {"src": src, "dst": dst})
+        return encode_request(ctx.protocol, C.COPY_TENSOR, {"src": src, "dst": dst})
 
     bad_on_fresh(ctx, build, "COPY_TENSOR of 64 bytes to 16 bytes before the buffer end")
 
@@ -300,7 +299,7 @@ def init_no_buffer(ctx: Context) -> None:
     buf = session(ctx)
     t = buf.tensor(0, 16)
     t.update(buffer=0, data=0)
-    sent = request_bytes(ctx.protocol, C.INIT_TENSOR, {"tensor": t})
+    sent = encode_request(ctx.protocol, C.INIT_TENSOR, {"tensor": t})
     buf.client.send_raw(sent)
     expect_open(ctx, buf.client, sent, "INIT_TENSOR with buffer 0")
 
@@ -310,7 +309,7 @@ def init_no_buffer(ctx: Context) -> None:
 def alloc_size_bad_type(ctx: Context) -> None:
     t = make_tensor(id=1, type=0, ne=(4,))
     t["type"] = 43
-    sent = request_bytes(ctx.protocol, C.GET_ALLOC_SIZE, {"device": 0, "tensor": t, "srcs": _srcs()})
+    sent = encode_request(ctx.protocol, C.GET_ALLOC_SIZE, {"device": 0, "tensor": t, "srcs": _srcs()})
     send_and_expect_close(ctx, ctx.connect(), sent, "GET_ALLOC_SIZE of a type-43 tensor")
 
 
@@ -375,7 +374,7 @@ def graph_null_node(ctx: Context) -> None:
 
 @_check("FRAME-032", "GRAPH_RECOMPUTE without a stored graph closes the connection", FR, section=C.GRAPH_RECOMPUTE)
 def recompute_without_graph(ctx: Context) -> None:
-    send_and_expect_close(ctx, ctx.connect(), request_bytes(ctx.protocol, C.GRAPH_RECOMPUTE, {"device": 0}),
+    send_and_expect_close(ctx, ctx.connect(), encode_request(ctx.protocol, C.GRAPH_RECOMPUTE, {"device": 0}),
                           "GRAPH_RECOMPUTE before any GRAPH_COMPUTE")
 
 
@@ -514,7 +513,7 @@ def close_before_reply(ctx: Context) -> None:
     buf = session(ctx, 1 << 20)
     _close_unread(ctx, buf.client, _get(ctx, buf.tensor(0, buf.size), 0, buf.size), "GET_TENSOR of 1 MiB")
     client = ctx.connect()
-    _close_unread(ctx, client, request_bytes(ctx.protocol, C.GET_ALIGNMENT, {"device": 0}), "GET_ALIGNMENT")
+    _close_unread(ctx, client, encode_request(ctx.protocol, C.GET_ALIGNMENT, {"device": 0}), "GET_ALIGNMENT")
 
 
 @_check("FRAME-040", "a SET_TENSOR in the other major's layout (cache_flag byte present or missing) is refused", FR,

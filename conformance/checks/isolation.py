@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import socket
 
-from ggml_rpc.conformance.checks._support import I8, alloc, nonce, request_bytes, send_and_expect_close
+from ggml_rpc.conformance.checks._support import I8, alloc, nonce, send_and_expect_close
 from ggml_rpc.conformance.checks._support import check as _check
 from ggml_rpc.conformance.client import ConnectionClosed, RpcClient
 from ggml_rpc.conformance.harness import Category, Context, Skipped
 from ggml_rpc.spec import Command as C
-from ggml_rpc.spec import make_tensor
+from ggml_rpc.spec import encode_request, make_tensor
 
 ISO = Category.ISOLATION
 #: How long a second connection's HELLO may wait before the server counts as serving one connection at a time.
@@ -30,7 +30,7 @@ def _leftover(ctx: Context) -> tuple[int, int]:
 def closed_handle(ctx: Context) -> None:
     handle, _base = _leftover(ctx)
     client = ctx.connect()
-    send_and_expect_close(ctx, client, request_bytes(ctx.protocol, C.BUFFER_GET_BASE, {"remote_ptr": handle}),
+    send_and_expect_close(ctx, client, encode_request(ctx.protocol, C.BUFFER_GET_BASE, {"remote_ptr": handle}),
                           "BUFFER_GET_BASE with the handle of a closed connection")
 
 
@@ -40,7 +40,7 @@ def closed_data(ctx: Context) -> None:
     handle, base = _leftover(ctx)
     client = ctx.connect()
     t = make_tensor(id=1, type=I8, ne=(64,), buffer=handle, data=base)
-    send_and_expect_close(ctx, client, request_bytes(ctx.protocol, C.GET_TENSOR, {"tensor": t, "offset": 0,
+    send_and_expect_close(ctx, client, encode_request(ctx.protocol, C.GET_TENSOR, {"tensor": t, "offset": 0,
                                                                                  "size": 64}),
                           "GET_TENSOR through the handle of a closed connection")
 
@@ -64,5 +64,5 @@ def live_handle(ctx: Context) -> None:
     buf = alloc(owner, 4096)
     other = _second_connection(ctx)
     other.sock.settimeout(ctx.timeout)
-    send_and_expect_close(ctx, other, request_bytes(ctx.protocol, C.BUFFER_GET_BASE, {"remote_ptr": buf.handle}),
+    send_and_expect_close(ctx, other, encode_request(ctx.protocol, C.BUFFER_GET_BASE, {"remote_ptr": buf.handle}),
                           "BUFFER_GET_BASE with another live connection's handle")

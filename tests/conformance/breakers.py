@@ -23,7 +23,6 @@ from faulty import (
     Msg,
     RewriteReply,
     RewriteRequest,
-    request_bytes,
 )
 from ggml_rpc.spec import (
     HASH_THRESHOLD,
@@ -32,6 +31,7 @@ from ggml_rpc.spec import (
     GgmlOp,
     GgmlType,
     cache_file_name,
+    encode_request,
     fnv1a64,
     tensor_nbytes,
 )
@@ -186,7 +186,7 @@ class MemoryCache(Breaker):
             fields = {"tensor": f["tensor"], "offset": f["offset"]}
             if rule.flag_field:
                 fields[rule.flag_field] = 0
-            return Act(forward=request_bytes(conn.protocol, C.SET_TENSOR, fields, data), answer=result(1))
+            return Act(forward=encode_request(conn.protocol, C.SET_TENSOR, fields, data), answer=result(1))
         return None
 
 
@@ -199,7 +199,7 @@ def split_set(conn: Conn, msg: Msg) -> list[bytes]:
         fields = {"tensor": msg.fields["tensor"], "offset": msg.fields["offset"] + start}
         if conn.protocol.cache_rule.flag_field:
             fields[conn.protocol.cache_rule.flag_field] = 0
-        out.append(request_bytes(conn.protocol, C.SET_TENSOR, fields, chunk))
+        out.append(encode_request(conn.protocol, C.SET_TENSOR, fields, chunk))
     return out
 
 
@@ -257,7 +257,7 @@ def write_then_zero(pred: Callable[[Conn, Msg], bool]) -> Breaker:
             return None
         t = msg.fields["tensor"]
         n = nbytes(t)
-        zero = request_bytes(conn.protocol, C.MEMSET_TENSOR, {"tensor": t, "offset": 0, "size": n, "value": 0})
+        zero = encode_request(conn.protocol, C.MEMSET_TENSOR, {"tensor": t, "offset": 0, "size": n, "value": 0})
         return Act(forward=msg.raw, then_upstream=(zero,))
 
     return Stateful(fn)

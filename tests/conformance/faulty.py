@@ -144,10 +144,6 @@ def fake_reply(protocol: Protocol, msg: Msg, fill: int = 0x41) -> bytes:
     return REPLY_HEADER.pack(n) + bytes([fill]) * n
 
 
-def request_bytes(protocol: Protocol, cmd: int, fields: dict, data: bytes | None = None) -> bytes:
-    return encode_request(protocol, Command(cmd), fields, data)
-
-
 class FaultyServer:
     """Listens on an ephemeral loopback port and relays to ``upstream`` through ``breaker``."""
 
@@ -386,7 +382,7 @@ class RewriteRequest(Breaker):
     def request(self, conn: Conn, msg: Msg) -> Act | None:
         if msg.fields is not None and self.pred(conn, msg):
             fields, data = self.fn(conn, msg)
-            return Act(forward=request_bytes(conn.protocol, msg.cmd, fields, data))
+            return Act(forward=encode_request(conn.protocol, Command(msg.cmd), fields, data))
         return None
 
 

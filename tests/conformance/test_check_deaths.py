@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from ggml_rpc.conformance.checks import by_id
-from ggml_rpc.conformance.checks._support import request_bytes, session
+from ggml_rpc.conformance.checks._support import session
 from ggml_rpc.conformance.client import RpcClient
 from ggml_rpc.conformance.harness import (
     Category,
@@ -33,7 +33,7 @@ from ggml_rpc.conformance.harness import (
     hexdump,
     wait_for_port,
 )
-from ggml_rpc.spec import Command
+from ggml_rpc.spec import Command, encode_request
 
 SERVER = Path(__file__).resolve().parent / "restart_race_server.py"
 KILL_STEP = "GET_TENSOR past the end of its buffer"
@@ -54,7 +54,7 @@ def custom(id: str, func: Callable[[Context], str | None], level: Level = Level.
 def kill(ctx: Context) -> RpcClient:
     """First step: a GET_TENSOR past the end of a buffer, which aborts the server; returns its connection."""
     buf = session(ctx)
-    sent = request_bytes(ctx.protocol, Command.GET_TENSOR,
+    sent = encode_request(ctx.protocol, Command.GET_TENSOR,
                          {"tensor": buf.tensor(0, 16, data=buf.base + 4096), "offset": 0, "size": 16})
     ctx.note(KILL_STEP, sent=hexdump(sent, 48))
     buf.client.send_raw(sent)
