@@ -10,8 +10,15 @@ from .core import FLOATS, kernel, need_types, params_i32, read, src, write
 from .memory import F16, F32, Memory, node_error, shape4
 
 
+def _cdiv(a: int, b: int) -> int:
+    """C integer division (truncates toward zero): a window that overhangs the padded input still yields one
+    output in ggml, where Python's floor division would yield none."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b > 0) else -q
+
+
 def _out_size(size: int, kernel_size: int, stride: int, pad: int, dilation: int) -> int:
-    return (size + 2 * pad - dilation * (kernel_size - 1) - 1) // stride + 1
+    return _cdiv(size + 2 * pad - dilation * (kernel_size - 1) - 1, stride) + 1
 
 
 def _columns(x: np.ndarray, kw: int, kh: int, s: tuple[int, int], p: tuple[int, int], d: tuple[int, int],
@@ -28,8 +35,11 @@ def _columns(x: np.ndarray, kw: int, kh: int, s: tuple[int, int], p: tuple[int, 
     return g.transpose(0, 2, 4, 1, 3, 5)
 
 
-def _conv_params(node: GraphTensor) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+def _conv_params(node: GraphTensor, is_2d: bool = True) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
     s0, s1, p0, p1, d0, d1 = (int(v) for v in params_i32(node)[:6])
+    if not is_2d:
+        # A 1-D op leaves the second axis' stride, padding and dilation at 0; ggml never reads them.
+        s1, p1, d1 = 1, 0, 1
     if s0 <= 0 or s1 <= 0 or d0 <= 0 or d1 <= 0 or p0 < 0 or p1 < 0:
         raise node_error(node, "strides and dilations must be positive, paddings non-negative")
     return (s0, s1), (p0, p1), (d0, d1)
@@ -39,8 +49,8 @@ def _conv_params(node: GraphTensor) -> tuple[tuple[int, int], tuple[int, int], t
 def _im2col(node: GraphTensor, mem: Memory) -> None:
     k_t, x_t = src(node, 0), src(node, 1)
     need_types(node, x_t, FLOATS, "input")
-    s, p, d = _conv_params(node)
     is_2d = int(params_i32(node)[6]) != 0
+    s, p, d = _conv_params(node, is_2d)
     if is_2d:
         kw, kh, c = int(k_t.ne[0]), int(k_t.ne[1]), int(k_t.ne[2])
         w, h, c1, n = (int(v) for v in x_t.ne)
@@ -133,3 +143,95 @@ def _upscale(node: GraphTensor, mem: Memory) -> None:
         frac = frac.reshape(shape)
         out = np.take(out, lo, axis=axis) * (1 - frac) + np.take(out, hi, axis=axis) * frac
     write(mem, node, out)
+
+
+def _columns_3d(x: np.ndarray, k: tuple[int, int, int], s: tuple[int, ...], p: tuple[int, ...], d: tuple[int, ...],
+                o: tuple[int, int, int]) -> np.ndarray:
+    """x (N, C, D, H, W) -> columns (N, OD, OH, OW, C, KD, KH, KW), zero outside the input; k, s, p, d and the
+    output sizes o are given width first, as ggml orders them."""
+    size = x.shape[4], x.shape[3], x.shape[2]
+    idx, ok = [], []
+    for ax in range(3):  # width, height, depth: (O, K) source positions and their validity
+        i = np.arange(o[ax])[:, None] * s[ax] + np.arange(k[ax])[None, :] * d[ax] - p[ax]
+        idx.append(np.clip(i, 0, max(size[ax] - 1, 0)))
+        ok.append((i >= 0) & (i < size[ax]))
+    iw, ih, idp = idx
+    g = x[:, :, idp[:, :, None, None, None, None], ih[None, None, :, :, None, None], iw[None, None, None, None, :, :]]
+    # g: (N, C, OD, KD, OH, KH, OW, KW)
+    mask = ok[2][:, :, None, None, None, None] & ok[1][None, None, :, :, None, None] & ok[0][None, None, None, None]
+    g = g * mask
+    return g.transpose(0, 2, 4, 6, 1, 3, 5, 7)
+
+
+def _params_3d(node: GraphTensor) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    v = [int(x) for x in params_i32(node)[:9]]
+    s, p, d = tuple(v[0:3]), tuple(v[3:6]), tuple(v[6:9])
+    if min(s) <= 0 or min(d) <= 0 or min(p) < 0:
+        raise node_error(node, "strides and dilations must be positive, paddings non-negative")
+    return s, p, d
+
+
+@kernel(GgmlOp.IM2COL_3D, src=FLOATS, dst=(F32, F16), note="input [W, H, D, N*IC]; params s0-2, p0-2, d0-2, IC")
+def _im2col_3d(node: GraphTensor, mem: Memory) -> None:
+    k_t, x_t = src(node, 0), src(node, 1)
+    need_types(node, x_t, FLOATS, "input")
+    s, p, d = _params_3d(node)
+    ic = int(params_i32(node)[9])
+    kw, kh, kd = (int(v) for v in k_t.ne[:3])
+    w, h, dp, nc = (int(v) for v in x_t.ne)
+    if ic <= 0 or nc % ic:
+        raise node_error(node, f"input dim 3 ({nc}) is not a multiple of the channel count {ic}")
+    n = nc // ic
+    o = (_out_size(w, kw, s[0], p[0], d[0]), _out_size(h, kh, s[1], p[1], d[1]), _out_size(dp, kd, s[2], p[2], d[2]))
+    want = (kw * kh * kd * ic, o[0], o[1], o[2] * n)
+    if min(o) <= 0 or tuple(node.ne) != want:
+        raise node_error(node, f"result must be {list(want)} for this kernel and input")
+    x = read(mem, x_t).reshape(n, ic, dp, h, w)
+    cols = _columns_3d(x, (kw, kh, kd), s, p, d, o)  # (N, OD, OH, OW, IC, KD, KH, KW)
+    write(mem, node, cols.reshape(shape4(node)))
+
+
+@kernel(GgmlOp.CONV_3D, src=FLOATS, dst=(F32,), note="kernel [KW, KH, KD, IC*OC], input [W, H, D, IC*N]")
+def _conv_3d(node: GraphTensor, mem: Memory) -> None:
+    k_t, x_t = src(node, 0), src(node, 1)
+    need_types(node, k_t, FLOATS, "kernel")
+    need_types(node, x_t, FLOATS, "input")
+    s, p, d = _params_3d(node)
+    c, n, oc = (int(v) for v in params_i32(node)[9:12])
+    kw, kh, kd, kc = (int(v) for v in k_t.ne)
+    w, h, dp, xc = (int(v) for v in x_t.ne)
+    if c <= 0 or kc != c * oc or xc != c * n:
+        raise node_error(node, "kernel dim 3 must be IC*OC and input dim 3 IC*N")
+    o = (_out_size(w, kw, s[0], p[0], d[0]), _out_size(h, kh, s[1], p[1], d[1]), _out_size(dp, kd, s[2], p[2], d[2]))
+    if min(o) <= 0 or tuple(node.ne) != (o[0], o[1], o[2], oc * n):
+        raise node_error(node, f"result must be [{o[0]}, {o[1]}, {o[2]}, {oc * n}]")
+    cols = _columns_3d(read(mem, x_t).reshape(n, c, dp, h, w), (kw, kh, kd), s, p, d, o)
+    cols = cols.reshape(n, o[2] * o[1] * o[0], c * kd * kh * kw)
+    kmat = read(mem, k_t).reshape(oc, c * kd * kh * kw)
+    out = np.matmul(cols, kmat.T)  # (N, OD*OH*OW, OC)
+    write(mem, node, out.transpose(0, 2, 1).reshape(n * oc, o[2], o[1], o[0]))
+
+
+@kernel(GgmlOp.POOL_1D, src=(F32,), dst=(F32,), note="MAX and AVG over dim 0")
+def _pool_1d(node: GraphTensor, mem: Memory) -> None:
+    x_t = src(node, 0)
+    need_types(node, x_t, (F32,), "input")
+    op, k0, s0, p0 = (int(v) for v in params_i32(node)[:4])
+    w = int(x_t.ne[0])
+    if op not in (0, 1) or k0 <= 0 or s0 <= 0 or p0 < 0:
+        raise node_error(node, "pool op must be MAX (0) or AVG (1) with positive kernel and stride")
+    ow = _cdiv(w + 2 * p0 - k0, s0) + 1
+    if ow <= 0 or tuple(node.ne) != (ow, *x_t.ne[1:]):
+        raise node_error(node, f"result must be [{ow}, {', '.join(str(int(v)) for v in x_t.ne[1:])}]")
+    x = read(mem, x_t)
+    fill = np.float32(-np.finfo(np.float32).max) if op == 0 else np.float32(0)
+    padded = np.full((*x.shape[:3], w + 2 * p0 + k0), fill, dtype=np.float32)
+    padded[..., p0 : p0 + w] = x
+    at = (np.arange(ow) * s0)[:, None] + np.arange(k0)[None, :]  # padded positions of each window
+    win = padded[..., at]  # (..., OW, K0)
+    if op == 0:
+        write(mem, node, win.max(axis=-1))
+        return
+    # The average is over the window's positions inside the input: padding is not counted.
+    inside = ((at >= p0) & (at < p0 + w)).sum(axis=-1).astype(np.float32)
+    write(mem, node, win.sum(axis=-1) / np.maximum(inside, np.float32(1)))

@@ -189,3 +189,90 @@ def test_vision_rope_uses_a_frequency_factor_for_every_pair(arena):
     x0, x1 = x[0, 0, 0, :4], x[0, 0, 0, 4:]
     want = np.concatenate((x0 * np.cos(theta) - x1 * np.sin(theta), x0 * np.sin(theta) + x1 * np.cos(theta)))
     np.testing.assert_allclose(arena.get(out)[0, 0, 0], want, rtol=1e-5, atol=1e-6)
+
+
+# ---- convolutions and pooling ------------------------------------------------------------------------------------
+
+
+def conv_out(size, k, s, p, d):
+    return int((size + 2 * p - d * (k - 1) - 1) / s) + 1  # C division, truncating toward zero
+
+
+def test_im2col_1d_ignores_the_unused_second_axis_params(arena):
+    x = rand(1, 1, 2, 7)  # input [W=7, C=2]
+    a = filled(arena, F32, (7, 2), x)
+    k = arena.tensor(F32, (3, 2))  # kernel [KW=3, C=2]: only its shape is read
+    ow = conv_out(7, 3, 2, 1, 1)
+    out = arena.tensor(F32, (6, ow, 1), op=GgmlOp.IM2COL, src=(k, a), params=params(2, 0, 1, 0, 1, 0, 0))
+    execute([out])
+    xp = np.pad(x[0, 0], ((0, 0), (1, 1)))
+    want = np.stack([xp[:, 2 * o : 2 * o + 3].reshape(-1) for o in range(ow)])  # (OW, C*KW)
+    np.testing.assert_array_equal(arena.get(out)[0, 0], want)
+
+
+def test_conv_2d_window_overhanging_the_padded_input_still_gives_one_output(arena):
+    # H = 2, KH = 3, p1 = 0, s1 = 2: (2 - 2 - 1) / 2 + 1 = 1 in C (0 with floor division: no output at all).
+    x = rand(1, 1, 2, 4)
+    a = filled(arena, F32, (4, 2, 1, 1), x)
+    k_vals = rand(1, 1, 3, 1, seed=1)
+    k = filled(arena, F32, (1, 3, 1, 1), k_vals)
+    oh = conv_out(2, 3, 2, 0, 1)
+    assert oh == 1
+    out = arena.tensor(F32, (4, oh, 1, 1), op=GgmlOp.CONV_2D, src=(k, a), params=params(1, 2, 0, 0, 1, 1))
+    execute([out])
+    # Kernel rows 0 and 1 meet the two input rows; row 2 falls outside.
+    want = x[0, 0, 0] * k_vals[0, 0, 0, 0] + x[0, 0, 1] * k_vals[0, 0, 1, 0]
+    np.testing.assert_allclose(arena.get(out)[0, 0, 0], want, rtol=1e-6)
+
+
+def direct_conv_3d(x, kern, s, p, d):
+    """x (N, C, D, H, W), kern (OC, C, KD, KH, KW); s, p, d width first. Plain loops over output positions."""
+    n, c, dd, hh, ww = x.shape
+    oc, _, kd, kh, kw = kern.shape
+    od, oh, ow = (conv_out(dd, kd, s[2], p[2], d[2]), conv_out(hh, kh, s[1], p[1], d[1]),
+                  conv_out(ww, kw, s[0], p[0], d[0]))
+    xp = np.zeros((n, c, dd + 2 * p[2] + kd * d[2], hh + 2 * p[1] + kh * d[1], ww + 2 * p[0] + kw * d[0]))
+    xp[:, :, p[2]:p[2] + dd, p[1]:p[1] + hh, p[0]:p[0] + ww] = x
+    out = np.zeros((n, oc, od, oh, ow))
+    cols = np.zeros((n, od, oh, ow, c, kd, kh, kw))
+    for z in range(od):
+        for y in range(oh):
+            for t in range(ow):
+                patch = xp[:, :, z * s[2]: z * s[2] + kd * d[2]: d[2], y * s[1]: y * s[1] + kh * d[1]: d[1],
+                           t * s[0]: t * s[0] + kw * d[0]: d[0]]
+                cols[:, z, y, t] = patch
+                out[:, :, z, y, t] = np.einsum("ncijk,ocijk->no", patch, kern)
+    return cols, out
+
+
+def test_im2col_3d_and_conv_3d_against_direct_loops(arena):
+    n, c, oc = 2, 3, 2
+    dd, hh, ww, kd, kh, kw = 3, 4, 5, 2, 2, 3
+    s, p, d = (2, 1, 1), (1, 0, 1), (1, 2, 1)
+    x = rand(n, c, dd, hh, ww)
+    kern = rand(oc, c, kd, kh, kw, seed=1)
+    xt = filled(arena, F32, (ww, hh, dd, n * c), x.reshape(n * c, dd, hh, ww))
+    kt = filled(arena, F32, (kw, kh, kd, oc * c), kern.reshape(oc * c, kd, kh, kw))
+    cols, want = direct_conv_3d(x.astype(np.float64), kern.astype(np.float64), s, p, d)
+    od, oh, ow = cols.shape[1:4]
+    ic_cols = arena.tensor(F32, (kw * kh * kd * c, ow, oh, od * n), op=GgmlOp.IM2COL_3D, src=(kt, xt),
+                           params=params(*s, *p, *d, c))
+    conv = arena.tensor(F32, (ow, oh, od, oc * n), op=GgmlOp.CONV_3D, src=(kt, xt), params=params(*s, *p, *d, c, n, oc))
+    execute([ic_cols, conv])
+    np.testing.assert_allclose(arena.get(ic_cols).reshape(cols.shape), cols, rtol=1e-6)
+    np.testing.assert_allclose(arena.get(conv).reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("op", "k0", "s0", "p0"), [(0, 3, 2, 1), (1, 2, 1, 1), (1, 3, 2, 2)])
+def test_pool_1d_on_a_permuted_input(arena, op, k0, s0, p0):
+    x = rand(1, 2, 3, 7)
+    a = permuted(arena, x)
+    ow = (7 + 2 * p0 - k0) // s0 + 1
+    out = arena.tensor(F32, (ow, 3, 2), op=GgmlOp.POOL_1D, src=(a,), params=params(op, k0, s0, p0))
+    execute([out])
+    want = np.empty((1, 2, 3, ow), np.float32)
+    for o in range(ow):
+        lo, hi = o * s0 - p0, o * s0 - p0 + k0
+        seg = x[..., max(lo, 0):min(hi, 7)]  # padding never wins a max and is not counted in an average
+        want[..., o] = seg.max(-1) if op == 0 else seg.mean(-1)
+    np.testing.assert_allclose(arena.get(out), want, rtol=1e-6)
