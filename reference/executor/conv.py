@@ -124,8 +124,14 @@ def _upscale(node: GraphTensor, mem: Memory) -> None:
         return
     if mode != 1:
         raise node_error(node, f"upscale mode {mode} is not supported (nearest 0, bilinear 1)")
-    if src_shape[:2] != dst_shape[:2]:
-        raise node_error(node, "bilinear upscale changes dims 0 and 1 only")
+    # Dims 2 and 3 are resampled by nearest neighbour (ggml interpolates dims 0 and 1 only): index
+    # trunc(i / (out / in)) in float32, as ggml computes it.
+    for axis in (0, 1):
+        n_in, n_out = src_shape[axis], dst_shape[axis]
+        if n_in != n_out:
+            sf = np.float32(n_out) / np.float32(n_in)
+            near = np.minimum((np.arange(n_out, dtype=np.float32) / sf).astype(np.int64), n_in - 1)
+            x = np.take(x, near, axis=axis)
     out = x
     for axis in (2, 3):
         n_in, n_out = src_shape[axis], dst_shape[axis]
@@ -235,3 +241,25 @@ def _pool_1d(node: GraphTensor, mem: Memory) -> None:
     # The average is over the window's positions inside the input: padding is not counted.
     inside = ((at >= p0) & (at < p0 + w)).sum(axis=-1).astype(np.float32)
     write(mem, node, win.sum(axis=-1) / np.maximum(inside, np.float32(1)))
+
+
+@kernel(GgmlOp.CONV_TRANSPOSE_1D, src=FLOATS, dst=(F32,), note="kernel [K, OC, IC], input [L, IC]; p0 0, d0 1")
+def _conv_transpose_1d(node: GraphTensor, mem: Memory) -> None:
+    k_t, x_t = src(node, 0), src(node, 1)
+    need_types(node, k_t, FLOATS, "kernel")
+    need_types(node, x_t, (F32,), "input")
+    s0, p0, d0 = (int(v) for v in params_i32(node)[:3])
+    k, oc, ic = (int(v) for v in k_t.ne[:3])
+    length, ic1 = int(x_t.ne[0]), int(x_t.ne[1])
+    out_len = (length - 1) * s0 + k
+    if s0 <= 0 or p0 != 0 or d0 != 1 or ic != ic1 or k_t.ne[3] != 1 or x_t.ne[2] != 1 or x_t.ne[3] != 1:
+        raise node_error(node, "ggml's transposed 1-D convolution takes stride > 0, padding 0, dilation 1")
+    if tuple(node.ne) != (out_len, oc, 1, 1):
+        raise node_error(node, f"result must be [{out_len}, {oc}, 1, 1]")
+    kern = read(mem, k_t)[0]  # (IC, OC, K)
+    x = read(mem, x_t)[0, 0]  # (IC, L)
+    contrib = np.einsum("il,iok->olk", x, kern, dtype=np.float32)  # input position l, tap k -> l * s0 + k
+    out = np.zeros((oc, out_len), dtype=np.float32)
+    at = (np.arange(length)[:, None] * s0 + np.arange(k)[None, :]).reshape(-1)
+    np.add.at(out, (slice(None), at), contrib.reshape(oc, -1))
+    write(mem, node, out[None, None])

@@ -11,7 +11,7 @@ from ggml_rpc.spec import TYPES, GgmlOp
 
 from ..graph import GraphTensor
 from .core import FLOATS, READABLE, WRITABLE, kernel, need_types, nelements, params_i32, read, src, write
-from .memory import F32, I32, PLAIN_DTYPES, Memory, extent, node_error, shape4
+from .memory import F16, F32, I32, PLAIN_DTYPES, Memory, extent, node_error, shape4
 
 
 def _copy(node: GraphTensor, mem: Memory) -> None:
@@ -77,11 +77,10 @@ def _repeat(node: GraphTensor, mem: Memory) -> None:
     write(mem, node, np.tile(read(mem, a_t), reps))
 
 
-def _window(node: GraphTensor, b_t: GraphTensor) -> tuple[int, tuple[int, int, int, int]]:
-    """Offset and element strides of the ACC/SET window, checked to stay inside the result's memory."""
+def _window(node: GraphTensor, b_t: GraphTensor, esize: int = 4) -> tuple[int, tuple[int, int, int, int]]:
+    """Offset and byte strides of the ACC/SET window, checked to stay inside the result's memory."""
     p = params_i32(node)
     nb1, nb2, nb3, offset = (int(x) for x in p[:4])
-    esize = 4
     ne = [int(n) for n in b_t.ne]
     strides = (esize, nb1, nb2, nb3)
     if offset < 0 or any(s % esize for s in strides) or offset % esize:
@@ -101,54 +100,97 @@ def _window(node: GraphTensor, b_t: GraphTensor) -> tuple[int, tuple[int, int, i
 
 def _acc_set(node: GraphTensor, mem: Memory, add: bool) -> None:
     a_t, b_t = src(node, 0), src(node, 1)
+    # ACC adds in F32; SET copies elements of any plain type, all three tensors of the same type.
+    allowed = (F32,) if add else tuple(_SET_TYPES)
     for t, role in ((a_t, "source 0"), (b_t, "source 1"), (node, "result")):
-        if t.type != F32:
-            raise node_error(node, f"{role} must be F32")
+        if t.type not in allowed or t.type != node.type:
+            raise node_error(node, f"{role} must be {'F32' if add else 'of the result type (F32, F16, I32)'}")
     if tuple(a_t.ne) != tuple(node.ne):
         raise node_error(node, "source 0 shape differs from the result's")
+    esize = PLAIN_DTYPES[node.type].itemsize
     nbd = node.nb
-    contiguous = nbd[1] == 4 * node.ne[0] and nbd[2] == nbd[1] * node.ne[1] and nbd[3] == nbd[2] * node.ne[2]
-    if nbd[0] != 4 or not contiguous:
+    contiguous = (nbd[1] == esize * node.ne[0] and nbd[2] == nbd[1] * node.ne[1]
+                  and nbd[3] == nbd[2] * node.ne[2])
+    if nbd[0] != esize or not contiguous:
         raise node_error(node, "result must be contiguous")
-    offset, strides = _window(node, b_t)
+    offset, strides = _window(node, b_t, esize)
     inplace = int(params_i32(node)[4]) != 0
     out = mem.raw(node)
     if not inplace:
         np.copyto(out, mem.raw(a_t))
     if nelements(b_t) == 0:
         return
-    flat = out.reshape(-1)  # contiguous result: element index = byte offset / 4
+    flat = out.reshape(-1)  # contiguous result: element index = byte offset / element size
     ne = [int(n) for n in b_t.ne]
-    el = [s // 4 for s in strides]
+    el = [s // esize for s in strides]
     idx = (
-        offset // 4
+        offset // esize
         + np.arange(ne[3])[:, None, None, None] * el[3]
         + np.arange(ne[2])[None, :, None, None] * el[2]
         + np.arange(ne[1])[None, None, :, None] * el[1]
         + np.arange(ne[0])[None, None, None, :] * el[0]
     )
-    vals = read(mem, b_t)
     if add:
-        flat[idx] = flat[idx] + vals
+        flat[idx] = flat[idx] + read(mem, b_t)
     else:
-        flat[idx] = vals
+        flat[idx] = mem.raw(b_t)  # raw values: no conversion, integers stay exact
 
 
+_SET_TYPES = (F32, F16, I32)
 kernel(GgmlOp.ACC, src=(F32,), dst=(F32,))(lambda node, mem: _acc_set(node, mem, True))
-kernel(GgmlOp.SET, src=(F32,), dst=(F32,))(lambda node, mem: _acc_set(node, mem, False))
+kernel(GgmlOp.SET, src=_SET_TYPES, dst=_SET_TYPES, note="any of these types, all tensors the same")(
+    lambda node, mem: _acc_set(node, mem, False))
 
 
-@kernel(GgmlOp.PAD, src=FLOATS, dst=FLOATS)
+@kernel(GgmlOp.PAD, src=FLOATS, dst=FLOATS, note="zeros, or circular (op_params[8])")
 def _pad(node: GraphTensor, mem: Memory) -> None:
     a_t = src(node, 0)
     p = [int(x) for x in params_i32(node)[:8]]
+    circular = int(params_i32(node)[8]) != 0
     lp, rp = p[0::2], p[1::2]
     if any(x < 0 for x in p):
         raise node_error(node, "negative padding")
     for d in range(4):
         if node.ne[d] != a_t.ne[d] + lp[d] + rp[d]:
             raise node_error(node, f"result dim {d} is not source + left + right padding")
+    x = read(mem, a_t)
+    if circular:
+        if min(int(n) for n in a_t.ne) <= 0:
+            raise node_error(node, "circular padding of an empty source")
+        # Result index i of each dim reads the source at (i - left) modulo its size: the far side wraps in.
+        idx = [(np.arange(int(node.ne[d])) - lp[d]) % int(a_t.ne[d]) for d in (3, 2, 1, 0)]
+        write(mem, node, x[np.ix_(*idx)])
+        return
     out = np.zeros(shape4(node), dtype=np.float32)
     sl = tuple(slice(lp[d], lp[d] + int(a_t.ne[d])) for d in (3, 2, 1, 0))
-    out[sl] = read(mem, a_t)
+    out[sl] = x
     write(mem, node, out)
+
+
+@kernel(GgmlOp.PAD_REFLECT_1D, src=(F32,), dst=(F32,), note="dim 0, mirrored without repeating the edge")
+def _pad_reflect_1d(node: GraphTensor, mem: Memory) -> None:
+    a_t = src(node, 0)
+    p0, p1 = (int(v) for v in params_i32(node)[:2])
+    n0 = int(a_t.ne[0])
+    if p0 < 0 or p1 < 0 or p0 >= n0 or p1 >= n0 or tuple(node.ne) != (n0 + p0 + p1, *a_t.ne[1:]):
+        raise node_error(node, "reflect padding must be smaller than dim 0 and the result dim 0 source + padding")
+    write(mem, node, np.pad(read(mem, a_t), ((0, 0), (0, 0), (0, 0), (p0, p1)), mode="reflect"))
+
+
+@kernel(GgmlOp.ROLL, src=FLOATS, dst=FLOATS, note="shifts per dim from op_params, wrapping around")
+def _roll(node: GraphTensor, mem: Memory) -> None:
+    a_t = src(node, 0)
+    if tuple(a_t.ne) != tuple(node.ne):
+        raise node_error(node, "source shape differs from the result's")
+    shifts = [int(v) for v in params_i32(node)[:4]]
+    write(mem, node, np.roll(read(mem, a_t), shift=shifts[::-1], axis=(0, 1, 2, 3)))
+
+
+@kernel(GgmlOp.DIAG, src=FLOATS, dst=FLOATS, note="a row [n, 1, ...] to an n x n diagonal matrix")
+def _diag(node: GraphTensor, mem: Memory) -> None:
+    a_t = src(node, 0)
+    n = int(a_t.ne[0])
+    if a_t.ne[1] != 1 or tuple(node.ne) != (n, n, a_t.ne[2], a_t.ne[3]):
+        raise node_error(node, "source must be [n, 1, a, b] and the result [n, n, a, b]")
+    x = read(mem, a_t)  # (b, a, 1, n)
+    write(mem, node, np.where(np.eye(n, dtype=bool), x, np.float32(0)))  # row i keeps element i only

@@ -276,3 +276,74 @@ def test_pool_1d_on_a_permuted_input(arena, op, k0, s0, p0):
         seg = x[..., max(lo, 0):min(hi, 7)]  # padding never wins a max and is not counted in an average
         want[..., o] = seg.max(-1) if op == 0 else seg.mean(-1)
     np.testing.assert_allclose(arena.get(out), want, rtol=1e-6)
+
+
+# ---- layout ops ----------------------------------------------------------------------------------------------------
+
+
+def test_conv_transpose_1d_against_a_scatter_loop(arena):
+    k, oc, ic, length, s0 = 3, 2, 4, 5, 2
+    kern = rand(1, ic, oc, k)
+    x = rand(1, 1, ic, length, seed=1)
+    kt = filled(arena, F32, (k, oc, ic), kern)
+    xt = filled(arena, F32, (length, ic), x)
+    out_len = (length - 1) * s0 + k
+    out = arena.tensor(F32, (out_len, oc), op=GgmlOp.CONV_TRANSPOSE_1D, src=(kt, xt), params=params(s0, 0, 1))
+    execute([out])
+    want = np.zeros((oc, out_len))
+    for c in range(ic):
+        for o in range(oc):
+            for t in range(length):
+                want[o, t * s0 : t * s0 + k] += x[0, 0, c, t] * kern[0, c, o]
+    np.testing.assert_allclose(arena.get(out)[0, 0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_circular_pad_wraps_every_dim(arena):
+    x = rand(1, 2, 3, 4)
+    a = permuted(arena, x)
+    p = (1, 2, 2, 1, 0, 1, 0, 0)  # left/right per dim 0..3
+    ne = (4 + 3, 3 + 3, 2 + 1, 1)
+    out = arena.tensor(F32, ne, op=GgmlOp.PAD, src=(a,), params=params(*p, 1))
+    execute([out])
+    want = np.pad(x, ((0, 0), (0, 1), (2, 1), (1, 2)), mode="wrap")
+    np.testing.assert_array_equal(arena.get(out), want)
+
+
+def test_pad_reflect_roll_and_diag(arena):
+    x = rand(1, 2, 3, 6)
+    a = permuted(arena, x)
+    refl = arena.tensor(F32, (6 + 3 + 2, 3, 2), op=GgmlOp.PAD_REFLECT_1D, src=(a,), params=params(3, 2))
+    roll = arena.tensor(F32, (6, 3, 2), op=GgmlOp.ROLL, src=(a,), params=params(-2, 1, 0, 0))
+    row = filled(arena, F32, (5, 1, 2), rand(1, 2, 1, 5, seed=2))
+    diag = arena.tensor(F32, (5, 5, 2), op=GgmlOp.DIAG, src=(row,))
+    execute([refl, roll, diag])
+    np.testing.assert_array_equal(arena.get(refl), np.pad(x, ((0, 0), (0, 0), (0, 0), (3, 2)), mode="reflect"))
+    # dim 0 rolled by -2, dim 1 by +1
+    np.testing.assert_array_equal(arena.get(roll), x[:, :, [2, 0, 1], :][..., [2, 3, 4, 5, 0, 1]])
+    d = arena.get(diag)[0]
+    for b in range(2):
+        np.testing.assert_array_equal(d[b], np.diag(arena.get(row)[0, b, 0]))
+
+
+def test_set_of_i32_tensors_copies_values_exactly(arena):
+    big = arena.tensor(I32, (6, 3))
+    arena.set_raw(big, np.arange(18, dtype=np.int32).reshape(1, 1, 3, 6) + (1 << 30))
+    small = arena.tensor(I32, (2, 2))
+    arena.set_raw(small, np.array([[7, 8], [9, 10]], np.int32).reshape(1, 1, 2, 2))
+    nb1 = 6 * 4
+    out = arena.tensor(I32, (6, 3), op=GgmlOp.SET, src=(big, small), params=params(nb1, nb1 * 3, nb1 * 3, 4 * 7, 0))
+    execute([out])
+    want = np.arange(18, dtype=np.int32).reshape(3, 6) + (1 << 30)
+    want[1, 1:3], want[2, 1:3] = [7, 8], [9, 10]  # offset 7 elements = row 1, column 1
+    np.testing.assert_array_equal(arena.raw(out)[0, 0], want)
+
+
+def test_bilinear_upscale_takes_nearest_neighbours_in_dims_2_and_3(arena):
+    x = rand(3, 2, 2, 2)
+    a = filled(arena, F32, (2, 2, 2, 3), x)
+    out = arena.tensor(F32, (2, 2, 5, 2), op=GgmlOp.UPSCALE, src=(a,), params=params(1))
+    execute([out])
+    # dims 0/1 unchanged (bilinear at scale 1 reproduces them); dim 2: 2 -> 5, dim 3: 3 -> 2 by trunc(i / sf).
+    i2 = (np.arange(5) / np.float32(5 / 2)).astype(int)
+    i3 = (np.arange(2) / np.float32(2 / 3)).astype(int)
+    np.testing.assert_allclose(arena.get(out), x[i3][:, i2], rtol=1e-6)
