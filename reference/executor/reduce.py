@@ -79,3 +79,7 @@ def _top_k(node: GraphTensor, mem: Memory) -> None:
 def _cumsum(node: GraphTensor, mem: Memory) -> None:
     _rows_shape(node, int(src(node, 0).ne[0]))
     write(mem, node, np.cumsum(_input(node, mem), axis=-1, dtype=np.float32))
+
+
+# The backward/training kernels live in their own module; importing it here registers them with the executor.
+from . import training  # noqa: E402, F401
