@@ -41,6 +41,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "make a hang (default 5)")
     p.add_argument("--steps", type=int, default=None, metavar="N", help="state machine steps per example (each a "
                    "request and a seeded burst of up to 48 more; default 60)")
+    p.add_argument("--hunt", action="store_true", help="campaign mode for a target that dies often (upstream "
+                   "rpc-server): seeded examples with strategies aimed at its known crash and leak classes, going "
+                   "on after every death; one shrunk, re-verified reproducer per finding class")
+    p.add_argument("--sarif", metavar="FILE", help="also write the findings as SARIF 2.1.0 (one result per "
+                   "finding class, the reproducer as its artifact); findings.json goes to --out when anything "
+                   "was found, with --hunt, or with --sarif")
     p.set_defaults(func=run)
 
 
@@ -98,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     from ggml_rpc.spec import V7, parse_version_option
 
     from ..fuzz import Options, embedded_campaign, target_campaign
+    from ..fuzz.hunt import HUNT_STEPS, embedded_hunt, hunt_campaign, write_reports
     from ..fuzz.setup import SetupError
 
     if args.examples is not None and args.examples < 1:
@@ -116,12 +123,17 @@ def run(args: argparse.Namespace) -> int:
     if seconds is not None:
         # Shrinking a finding takes at most half the budget (a minute at most): short runs stay short.
         options.shrink_seconds = min(options.shrink_seconds, max(5.0, seconds / 2))
+    if args.hunt:
+        options.steps = HUNT_STEPS
     if args.steps is not None:
         if args.steps < 1:
             raise UsageError("--steps must be at least 1")
         options.steps = args.steps
     status = Status()
     hooks = {"progress": status.update, "on_finding": status.finding}
+    if args.hunt:
+        # The same two calls, in the mode for a target that dies often.
+        embedded_campaign, target_campaign = embedded_hunt, hunt_campaign
     if args.server is None and args.spawn is None:
         campaign = embedded_campaign(protocol or V7, options, **hooks)
     else:
@@ -154,13 +166,15 @@ def run(args: argparse.Namespace) -> int:
         target.stop()
         status.done()
     print_summary(campaign)
+    if campaign.findings or args.hunt or args.sarif:  # a clean run without either leaves nothing behind
+        write_reports(campaign, Path(args.out), Path(args.sarif) if args.sarif else None)
     return 1 if campaign.findings else 0
 
 
 def print_summary(campaign, out=None) -> None:
     out = out or sys.stdout
     st = campaign.stats
-    kinds = {k: 0 for k in ("crash", "hang", "wrong-reply", "out-of-buffer")}
+    kinds = {k: 0 for k in ("crash", "hang", "wrong-reply", "out-of-buffer", "info-leak")}
     for f in campaign.findings:
         kinds[f.kind] += 1
     out.write(f"{st.examples} examples, {st.messages} messages ({st.broken} near-valid) in {st.seconds:.1f} s: "
@@ -170,6 +184,9 @@ def print_summary(campaign, out=None) -> None:
     if st.by_rule:
         out.write("rules broken: " + ", ".join(f"{k} {v}" for k, v in sorted(st.by_rule.items())) + "\n")
     out.write("findings: " + ", ".join(f"{v} {k}" for k, v in kinds.items()) + "\n")
+    unverified = [f for f in campaign.findings if f.verified is False]
+    if unverified:
+        out.write(f"{len(unverified)} of them not verified (the reproducer did not fail a fresh target again)\n")
     for f in campaign.findings:
         out.write(f"  {f.line()}\n")
         if f.pcap is not None:

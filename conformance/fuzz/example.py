@@ -21,6 +21,8 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
+import numpy as np
+from ggml_rpc.conformance.checks._leaks import classify
 from ggml_rpc.conformance.sessions.compare import RECORDED_ONLY
 from ggml_rpc.conformance.sessions.relocate import Relocator
 from ggml_rpc.spec import CONN_CAPS_SIZE, Command, fnv1a64
@@ -45,12 +47,32 @@ WRITES = frozenset({Command.SET_TENSOR, Command.MEMSET_TENSOR, Command.COPY_TENS
                     Command.GRAPH_COMPUTE, Command.GRAPH_RECOMPUTE, Command.BUFFER_CLEAR})
 #: A command that only makes sense after another one on the same connection (state, not layout).
 PREREQUISITES = {Command.GRAPH_RECOMPUTE: Command.GRAPH_COMPUTE}
+#: Seconds a target that keeps a connection open where the reference closes gets to close after all.
+SLOW_CLOSE = 15.0
 #: Largest read-back of a written tensor.
 MAX_READ = 4096
 #: What places a tensor: a read-back uses the known tensor when these fields of the written one match.
 _PLACE = ("buffer", "data", "type", "ne", "nb")
 
 HELLO = FuzzMessage(Command.HELLO, {"conn_caps": bytes(CONN_CAPS_SIZE)})
+
+
+def _handles(fields: dict) -> list[int]:
+    """Every buffer handle a request names (``remote_ptr``, and the ``buffer`` of each tensor it carries)."""
+    out = [fields["remote_ptr"]] if isinstance(fields.get("remote_ptr"), int) else []
+    for key in ("tensor", "src", "dst", "op"):
+        t = fields.get(key)
+        if isinstance(t, dict):
+            out.append(int(t["buffer"]))
+    for t in fields.get("srcs", ()) or ():
+        if isinstance(t, dict):
+            out.append(int(t["buffer"]))
+    tensors = fields.get("tensors")
+    if isinstance(tensors, np.ndarray):
+        out += [int(b) for b in np.unique(tensors["buffer"])]
+    elif tensors:
+        out += [int(t["buffer"]) for t in tensors]
+    return out
 
 
 class Example:
@@ -66,6 +88,9 @@ class Example:
         self.reloc = Relocator()
         self.transcript: list[Writes] = []
         self._writes: Writes = []
+        #: The messages behind each connection's client writes, in the same order (what a finding is blamed on).
+        self.sent: list[list[FuzzMessage]] = []
+        self._sent: list[FuzzMessage] = []
         self.messages = 0
         self.refs = 0
         self.computed = False
@@ -76,8 +101,12 @@ class Example:
         self._opening: FuzzMessage | None = None
         #: The target granted an allocation beyond the model's budget: it holds memory the model does not know of.
         self.memory_diverged = False
-        #: The model no longer knows the target's state (a refusal after ``memory_diverged``): judge nothing more.
+        #: The model no longer knows the target's state (a refusal after ``memory_diverged``, or a stale handle
+        #: the target has since handed out again): judge nothing more.
         self.untracked = False
+        #: Target buffer handles live on the open connection (a server may reuse a freed buffer's address as the
+        #: handle of a new one: a stale model handle relocated to it names a live buffer, which is no finding).
+        self._target_live: set[int] = set()
 
     # ---- connections -----------------------------------------------------------------------------------------
 
@@ -142,9 +171,12 @@ class Example:
         cache = self.c.model_cache.cache if self.c.model_cache is not None else None
         self.models[ref] = ModelConnection(self.c.model_config, cache, name=f"model {ref!r}")
         self.current, self.tconn = ref, tconn
+        self._target_live = set()
         self._last_ref = ref
         self._writes = []
         self.transcript.append(self._writes)
+        self._sent = []
+        self.sent.append(self._sent)
         self.computed = False
         self._opening = self.last  # what the previous connection sent last (blamed if this opening fails)
         try:
@@ -169,8 +201,8 @@ class Example:
                 self._fail("wrong-reply", f"the target sent {len(rec.data)} byte(s) that no request asked for "
                            f"(first: {rec.data[:16].hex(' ')})", self.last)
             if rec.timed_out:
-                self._fail("hang", f"the target did not close within {self.c.timeout:g} s after the client "
-                           "finished sending", self.last)
+                self._open_where_model_closes(tconn, f"the target did not close within {self.c.timeout:g} s after "
+                                              "the client finished sending", self.last)
         finally:
             tconn.close()
             if model is not None:
@@ -207,6 +239,9 @@ class Example:
         model = self.models[ref]
         tconn = self.tconn
         assert tconn is not None
+        if self._reused_handle(model, msg):
+            self.untracked = True
+            return None
         mbytes, end = msg.encode(self.protocol)
         tbytes, _ = msg.encode(self.protocol, self._relocate)
         # The target first: it works on the message (another process, another core) while the model does.
@@ -215,6 +250,7 @@ class Example:
             tconn.shutdown_write()
         out = model.exchange(mbytes, end=end)
         self._writes.append((True, mbytes))
+        self._sent.append(msg)
         if out.reply:
             self._writes.append((False, out.reply))
         self.messages += 1
@@ -222,20 +258,23 @@ class Example:
         self.c.count_message(msg)
         if msg.command is Command.SET_TENSOR and msg.data:
             self.scope.hashes.append(fnv1a64(msg.data))
+        if msg.command is Command.FREE_BUFFER and not out.closed:
+            self._target_live.discard(self.reloc.handle(msg.fields.get("remote_ptr", 0)))
         if out.reply:
             self._check_reply(msg, out.reply, tconn)
             return out.reply[REPLY_HEADER_SIZE:]
         if out.closed:
             rec = tconn.until_closed()
+            if rec.timed_out and not rec.data:
+                self._open_where_model_closes(tconn, f"the target neither closed nor answered within "
+                                              f"{self.c.timeout:g} s where the reference closes ({out.reason})", msg)
+                return None
             self._end_target()
             if rec.data:
                 kind = "out-of-buffer" if msg.command is Command.GET_TENSOR and msg.wire_command is None \
                     else "wrong-reply"
                 self._fail(kind, f"the target sent {len(rec.data)} byte(s) where the reference closes the "
                            f"connection ({out.reason})", msg)
-            if rec.timed_out:
-                self._fail("hang", f"the target neither closed nor answered within {self.c.timeout:g} s where "
-                           f"the reference closes ({out.reason})", msg)
             return None
         if msg.command in (Command.GRAPH_COMPUTE, Command.GRAPH_RECOMPUTE):
             self.computed = True
@@ -246,6 +285,67 @@ class Example:
             self._end_target()
             self._closed_unexpectedly(msg, "keeps the connection open")
         return None
+
+    def _reused_handle(self, model: ModelConnection, msg: FuzzMessage) -> bool:
+        """Does ``msg`` name a handle the model does not know on this connection, which relocates to a buffer the
+        target has live here (its old owner freed it, and the target gave the same value to a new buffer)?"""
+        if not self._target_live:
+            return False
+        live = model.buffers
+        for handle in _handles(msg.fields):
+            if handle and handle not in live and self.reloc.handle(handle) in self._target_live:
+                return True
+        return False
+
+    def _open_where_model_closes(self, tconn: TargetConnection, message: str, msg: FuzzMessage | None) -> None:
+        """The reference closes, the target keeps the connection open in silence: a hang only if the target really
+        stopped.  One that still answers a new connection (once this one is gone: a server serving one connection
+        at a time queues the next) merely did not close: a wrong reply."""
+        if not tconn.closed:
+            # A server may first allocate what a size header claims (gigabytes, zeroed) and only then find the
+            # stream ended: give it a while longer (bounded) to close before judging.
+            tconn.timeout = max(tconn.timeout, SLOW_CLOSE)
+            rec = tconn.until_closed()
+            tconn.close()
+            if rec.closed and not rec.data:
+                return
+        self._end_target()
+        if self.c.alive():
+            self._fail("wrong-reply", message + " (the server itself still answers new connections)", msg)
+        self._fail("hang", message, msg)
+
+    def record_sent(self, msg: FuzzMessage, wire: bytes) -> None:
+        """Count and record a message a strategy sent to the target alone (the model never sees it)."""
+        self._writes.append((True, wire))
+        self._sent.append(msg)
+        self.messages += 1
+        self.last = msg
+        self.c.count_message(msg)
+
+    def leave_early(self, ref: ConnRef, msg: FuzzMessage) -> None:
+        """Send ``msg`` and close the connection at once, reading nothing: the server must outlive a client that
+        leaves before its reply (upstream 6/7 die of SIGPIPE writing it).  No reply is recorded: the client never
+        read one."""
+        if self.inert:
+            return
+        self.prepare(ref)
+        model, tconn = self.models[ref], self.tconn
+        assert tconn is not None
+        mbytes, _ = msg.encode(self.protocol)
+        tbytes, _ = msg.encode(self.protocol, self._relocate)
+        tconn.send(tbytes)
+        tconn.close()
+        model.exchange(mbytes, end=True)
+        self._writes.append((True, mbytes))
+        self._sent.append(msg)
+        self.messages += 1
+        self.last = msg
+        self.c.count_message(msg)
+        self.current, self.tconn = None, None
+        model.close()
+        if not self.c.alive():
+            self._fail("crash", f"the target died after a client closed before reading the reply of {msg.name}",
+                       msg)
 
     def _end_target(self) -> None:
         if self.tconn is not None:
@@ -285,7 +385,16 @@ class Example:
         schema = spec.reply.schema  # type: ignore[union-attr]
         if cmd is Command.GET_TENSOR:
             if want != got and (self.c.exact or not self.computed):
-                at = next(i for i in range(len(want)) if want[i] != got[i])
+                w, g = np.frombuffer(want, np.uint8), np.frombuffer(got, np.uint8)
+                differ = w != g
+                if not w[differ].any():
+                    # Every differing byte is one the reference holds as zero (never written: fresh buffers are
+                    # zeroed): the target handed out memory of its own.
+                    report = classify(got)
+                    self._fail("info-leak", f"GET_TENSOR returned {int(differ.sum())} of {len(want)} byte(s) the "
+                               f"server was never given ({report.describe()})", msg,
+                               symptom=report.symptom if report.leaked else "stale-bytes")
+                at = int(np.flatnonzero(differ)[0])
                 self._fail("wrong-reply", f"data read back differs from the reference at byte {at} of {len(want)} "
                            f"({got[at:at + 8].hex(' ')} instead of {want[at:at + 8].hex(' ')})", msg)
             return
@@ -294,6 +403,8 @@ class Example:
         if cmd is Command.ALLOC_BUFFER:
             self._compare_alloc(msg, w, g)
             self.reloc.buffer(w["remote_ptr"], g["remote_ptr"])
+            if g["remote_ptr"]:
+                self._target_live.add(g["remote_ptr"])
             return
         if cmd is Command.BUFFER_GET_BASE:
             if bool(w["base_ptr"]) != bool(g["base_ptr"]):
@@ -327,8 +438,12 @@ class Example:
                 return
         self._fail("wrong-reply", f"allocation {got}, the reference {want}", msg)
 
-    def _fail(self, kind: str, message: str, msg: FuzzMessage | None) -> None:
+    def _fail(self, kind: str, message: str, msg: FuzzMessage | None, symptom: str = "") -> None:
+        if kind == "hang" and self.c.target.process_exited():
+            kind = "crash"
+            message += " (the target process then exited)"
         finding = Finding(kind, message, command=msg.name if msg else "", broken=msg.broken if msg else None)
+        finding.symptom = symptom
         self.finding = finding
         if kind in ("crash", "hang"):
             finding.death = self.c.target.death_info()

@@ -1,4 +1,5 @@
-"""What the fuzzer reports: a finding (crash, hang, wrong reply, out-of-buffer data) and its saved reproducer.
+"""What the fuzzer reports: a finding (crash, hang, wrong reply, out-of-buffer data, leaked memory) and its saved
+reproducer.
 
 A reproducer is a pcap of the shrunk example as the reference would have answered it (the model's replies), plus
 a last connection that only says HELLO: ``ggml-rpc replay`` re-runs it, passes against a correct server and fails
@@ -7,12 +8,54 @@ against the one that produced the finding (a crash shows as a refused connection
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggml_rpc.conformance.sessions.pcapwrite import write_session
 
-KINDS = ("crash", "hang", "wrong-reply", "out-of-buffer")
+#: ``info-leak``: bytes the server never wrote (another allocation's, freed data, pointers) in a reply.
+KINDS = ("crash", "hang", "wrong-reply", "out-of-buffer", "info-leak")
+#: A ggml assertion as upstream logs it before aborting: ``…/ggml-backend.cpp:345: GGML_ASSERT(…) failed``.
+_ASSERT = re.compile(r"([\w.+-]+\.(?:c|cc|cpp|h|hpp)):(\d+): GGML_ASSERT")
+_SIZE_CLAIM = re.compile(r"claims (\d+) bytes")
+#: An array index inside a dotted field path (``tensors.3.data``).
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")
+
+
+def death_symptom(death: dict | None) -> str:
+    """The signal (or exit) of a death, with the assertion's source location when the log names one."""
+    if not death:
+        return ""
+    status = str(death.get("status", ""))
+    symptom = status.rsplit(" ", 1)[-1] if "signal" in status else status
+    for line in reversed(death.get("log_tail") or []):
+        m = _ASSERT.search(line)
+        if m:
+            return f"{symptom} {m.group(1)}:{m.group(2)}"
+    return symptom
+
+
+def rule_class(broken: str | None) -> str:
+    """The broken rule without its drawn value: ``bound: tensors.3.data = 0x7f…`` -> ``bound: tensors.*.data``.
+
+    Size claims are bucketed by what they do to a server (>= 2^63: no container can hold it; >= 2^32; smaller).
+    """
+    if not broken:
+        return "valid"
+    rule, _, rest = broken.partition(":")
+    rest = rest.strip()
+    if rule == "size":
+        m = _SIZE_CLAIM.search(rest)
+        claim = int(m.group(1)) if m else 0
+        return "size: claim >= 2^63" if claim >= 1 << 63 else "size: claim >= 2^32" if claim >= 1 << 32 \
+            else "size: small claim"
+    if rule == "truncation":
+        return "truncation"
+    if rest.startswith("command byte"):
+        return f"{rule}: command byte"
+    path = _INDEX.sub("*", rest.split(" = ", 1)[0])
+    return f"{rule}: {path}"
 
 Writes = list[tuple[bool, bytes]]
 
@@ -29,11 +72,14 @@ class Finding(Exception):
         self.broken = broken
         #: Exit status / log tail of the target when it died (crash, hang), taken when it was noticed.
         self.death: dict | None = None
+        #: What a leak looked like (``pointers``, ``freed-data``, ``stale-bytes``), for info-leak findings.
+        self.symptom = ""
 
     @property
-    def signature(self) -> tuple[str, str]:
-        """Findings with the same signature are the same bug for de-duplication."""
-        return self.kind, self.command
+    def signature(self) -> tuple[str, str, str, str]:
+        """Findings with the same signature are the same bug for de-duplication: the kind, the signal (and
+        assertion) or leak symptom, the command, and the rule broken (without its drawn value)."""
+        return self.kind, death_symptom(self.death) or self.symptom, self.command, rule_class(self.broken)
 
 
 @dataclass
@@ -51,6 +97,19 @@ class SavedFinding:
     death: dict | None = None
     shrunk: bool = True
     notes: list[str] = field(default_factory=list)
+    #: Deduplication key parts (see :attr:`Finding.signature`).
+    symptom: str = ""
+    rule: str = ""
+    #: Seconds into the campaign of the first hit of this class.
+    first_seconds: float = 0.0
+    #: The reproducer was re-run against a fresh target and failed it the same way again.
+    verified: bool | None = None
+
+    @property
+    def class_id(self) -> str:
+        """One stable name for the finding class (SARIF rule id)."""
+        parts = [self.kind, self.symptom or "-", self.command or "-", self.rule or "valid"]
+        return "/".join(p.replace("/", "_") for p in parts)
 
     def line(self) -> str:
         """The one-line summary."""
@@ -58,7 +117,10 @@ class SavedFinding:
         rule = f" [{self.broken}]" if self.broken else ""
         size = f"{self.messages} message(s) in {self.connections} connection(s)"
         death = f"; target: {self.death.get('status')}" if self.death else ""
-        return f"{self.kind}{where}{rule}: {self.message} ({size}{'' if self.shrunk else ', not fully shrunk'}{death})"
+        checked = "" if self.verified is None else "; verified on a fresh target" if self.verified else \
+            "; NOT verified"
+        return (f"{self.kind}{where}{rule}: {self.message} ({size}{'' if self.shrunk else ', not fully shrunk'}"
+                f"{death}{checked})")
 
 
 def save(finding: SavedFinding, transcript: list[Writes], out_dir: Path, number: int) -> SavedFinding:

@@ -95,6 +95,9 @@ class EmbeddedFuzzTarget(Target):
         self.port = parent.recv()
         parent.close()
 
+    def process_exited(self) -> bool:
+        return self.proc is not None and not self.proc.is_alive()
+
     def death_info(self) -> dict[str, Any] | None:
         proc = self.proc
         if proc is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -47,7 +48,7 @@ def test_the_cli_leaves_nothing_but_the_out_dir_in_the_current_folder(tmp_path, 
     monkeypatch.chdir(cwd)
     script = Path(__file__).with_name("vulnerable.py")
     cmd = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} --port {{port}}"
-    assert main(["fuzz", "--spawn", cmd, "--seconds", "10", "--seed", "1", "--out", "found"]) == 1
+    assert main(["fuzz", "--spawn", cmd, "--examples", "300", "--seed", "1", "--out", "found"]) == 1
     assert "FINDING crash" in capsys.readouterr().err
     assert sorted(p.name for p in cwd.iterdir()) == ["found"]  # no .hypothesis/, no fuzz-findings/
     assert (cwd / "found" / "findings.txt").is_file()
@@ -82,7 +83,7 @@ def test_spawned_server_that_crashes_is_restarted_and_the_finding_kept(tmp_path,
     script = Path(__file__).with_name("vulnerable.py")
     cmd = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} --port {{port}}"
     out_dir = tmp_path / "found"
-    assert main(["fuzz", "--spawn", cmd, "--seconds", "10", "--seed", "1", "--out", str(out_dir)]) == 1
+    assert main(["fuzz", "--spawn", cmd, "--examples", "300", "--seed", "1", "--out", str(out_dir)]) == 1
     out, err = capsys.readouterr()
     assert "FINDING crash" in err
     assert "killed by signal SIGABRT" in out
@@ -91,6 +92,20 @@ def test_spawned_server_that_crashes_is_restarted_and_the_finding_kept(tmp_path,
     summary = next(out_dir.glob("finding-001-crash.txt")).read_text()
     assert "target status: killed by signal SIGABRT" in summary
     assert "log: vulnerable reference server listening" in summary
+
+
+def test_hunt_mode_writes_findings_json_and_sarif(tmp_path, capsys):
+    script = Path(__file__).with_name("vulnerable.py")
+    cmd = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} --port {{port}}"
+    out_dir, sarif = tmp_path / "found", tmp_path / "report.sarif"
+    assert main(["fuzz", "--hunt", "--spawn", cmd, "--examples", "8", "--seed", "3", "--timeout", "2",
+                 "--out", str(out_dir), "--sarif", str(sarif)]) == 1
+    out, err = capsys.readouterr()
+    assert "FINDING crash" in err and "verified on a fresh target" in out
+    classes = json.loads((out_dir / "findings.json").read_text())["classes"]
+    log = json.loads(sarif.read_text())
+    assert log["version"] == "2.1.0" and len(log["runs"][0]["results"]) == len(classes) >= 1
+    assert all(c["verified"] and c["symptom"].startswith("SIGABRT") for c in classes)
 
 
 def test_ctrl_c_stops_cleanly_with_a_summary(tmp_path, capsys):
