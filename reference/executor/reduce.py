@@ -81,5 +81,6 @@ def _cumsum(node: GraphTensor, mem: Memory) -> None:
     write(mem, node, np.cumsum(_input(node, mem), axis=-1, dtype=np.float32))
 
 
-# The backward/training kernels live in their own module; importing it here registers them with the executor.
-from . import training  # noqa: E402, F401
+# The backward/training kernels and the lightning indexer live in their own modules; importing them here
+# registers them with the executor.
+from . import indexer, training  # noqa: E402, F401

@@ -131,3 +131,30 @@ def test_ssm_conv_and_col2im_1d_against_loops(arena):
         for o in range(oc):
             full[o, t * s0: t * s0 + k] += cols[0, 0, t, o * k:(o + 1) * k]
     np.testing.assert_allclose(arena.get(c2i)[0, 0], full[:, p0:p0 + t_out], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("k_type", [F32, int(GgmlType.Q8_0)])
+def test_lightning_indexer_against_a_loop(arena, k_type):
+    from ggml_rpc.reference.executor import types as ty
+
+    d, nh, nt, nkv, nb = 32, 3, 2, 5, 2
+    q = rand(nb, nt, nh, d)
+    k = rand(nb, nkv, 1, d, seed=1)
+    w = rand(nb, 1, nt, nh, seed=2)
+    mask = np.where(rand(1, 1, nt, nkv, seed=3) > 1.0, -np.inf, 0).astype(np.float16)
+    qt = filled(arena, F32, (d, nh, nt, nb), q)
+    kt = filled(arena, k_type, (d, 1, nkv, nb), k)
+    wt = filled(arena, F32, (nh, nt, 1, nb), w)
+    mt = arena.tensor(int(GgmlType.F16), (nkv, nt, 1, 1))
+    arena.set_raw(mt, mask)
+    out = arena.tensor(F32, (nkv, nt, 1, nb), op=GgmlOp.LIGHTNING_INDEXER, src=(qt, kt, wt, mt))
+    execute([out])
+    kk = arena.get(kt)[:, :, 0]  # keys as stored (quantised keys read back dequantised)
+    qq = q if k_type == F32 else ty.through_type(int(GgmlType.F16), q)
+    want = np.zeros((nb, nt, nkv))
+    for b in range(nb):
+        for t in range(nt):
+            for s in range(nkv):
+                want[b, t, s] = sum(w[b, 0, t, h] * max(0.0, float(qq[b, t, h] @ kk[b, s])) for h in range(nh))
+    want += mask[0, 0].astype(np.float64)
+    np.testing.assert_allclose(arena.get(out)[:, 0], want, rtol=1e-5, atol=1e-5)
