@@ -153,3 +153,23 @@ def _col2im_1d(node: GraphTensor, mem: Memory) -> None:
     np.add.at(full, (slice(None), slice(None), slice(None), at), cols.transpose(0, 1, 3, 2, 4).reshape(
         *cols.shape[:2], oc, -1))
     write(mem, node, full[..., p0 : p0 + t_out])
+
+
+@kernel(GgmlOp.SOLVE_TRI, src=(F32,), dst=(F32,), note="A X = B, A lower triangular; batched over dims 2/3")
+def _solve_tri(node: GraphTensor, mem: Memory) -> None:
+    # ggml builds only the lower, left-hand, non-unit-diagonal variant (ggml_solve_tri asserts it), so there
+    # is nothing to read from op_params: A [n, n] (rows in dim 1), B and X [k, n]; A's upper triangle is unread.
+    a_t, b_t = src(node, 0), src(node, 1)
+    n = int(a_t.ne[0])
+    if a_t.ne[1] != n or b_t.ne[1] != n or tuple(node.ne) != tuple(b_t.ne) or tuple(a_t.ne[2:]) != tuple(b_t.ne[2:]):
+        raise node_error(node, "A must be [n, n, ...], B and the result [k, n, ...] with the same batch dims")
+    # Forward substitution in float32, row by row (each row vectorised over columns and batches): random
+    # triangular systems are ill-conditioned, and a float64 solve lands far from ggml's float32 one.
+    a = read(mem, a_t).astype(F)
+    b = read(mem, b_t).astype(F)
+    x = np.empty_like(b)
+    for i in range(n):
+        terms = a[..., i, :i, None] * x[..., :i, :]
+        acc = np.cumsum(terms, axis=-2, dtype=F)[..., -1, :] if i else np.zeros_like(b[..., 0, :])
+        x[..., i, :] = (b[..., i, :] - acc) / a[..., i, i, None]
+    write(mem, node, x)

@@ -158,3 +158,14 @@ def test_lightning_indexer_against_a_loop(arena, k_type):
                 want[b, t, s] = sum(w[b, 0, t, h] * max(0.0, float(qq[b, t, h] @ kk[b, s])) for h in range(nh))
     want += mask[0, 0].astype(np.float64)
     np.testing.assert_allclose(arena.get(out)[:, 0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_solve_tri_solves_the_lower_triangle_only(arena):
+    n, k = 6, 3
+    a = rand(2, 1, n, n) + 4 * np.eye(n, dtype=np.float32)  # well-conditioned; the upper triangle is noise
+    b = rand(2, 1, n, k, seed=1)
+    at, bt = filled(arena, F32, (n, n, 1, 2), a), filled(arena, F32, (k, n, 1, 2), b)
+    out = arena.tensor(F32, (k, n, 1, 2), op=GgmlOp.SOLVE_TRI, src=(at, bt))
+    execute([out])
+    x = arena.get(out).astype(np.float64)
+    np.testing.assert_allclose(np.tril(a.astype(np.float64)) @ x, b, rtol=1e-5, atol=1e-5)
