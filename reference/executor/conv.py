@@ -122,8 +122,11 @@ def _upscale(node: GraphTensor, mem: Memory) -> None:
                                                                                            strict=True)]
         write(mem, node, x[np.ix_(*idx)])
         return
-    if mode != 1:
-        raise node_error(node, f"upscale mode {mode} is not supported (nearest 0, bilinear 1)")
+    if mode not in (1, 2):
+        raise node_error(node, f"upscale mode {mode} is not supported (nearest 0, bilinear 1, bicubic 2)")
+    if flags & (1 << 9):
+        # A clear refusal rather than a plain bilinear result that differs from ggml's filtered one.
+        raise node_error(node, "antialiased bilinear upscale is not implemented")
     # Dims 2 and 3 are resampled by nearest neighbour (ggml interpolates dims 0 and 1 only): index
     # trunc(i / (out / in)) in float32, as ggml computes it.
     for axis in (0, 1):
@@ -135,20 +138,43 @@ def _upscale(node: GraphTensor, mem: Memory) -> None:
     out = x
     for axis in (2, 3):
         n_in, n_out = src_shape[axis], dst_shape[axis]
-        if align_corners and n_out > 1:
-            pos = np.arange(n_out, dtype=np.float32) * np.float32((n_in - 1) / (n_out - 1))
-        else:
-            sf = np.float32(n_out / n_in)
-            pos = (np.arange(n_out, dtype=np.float32) + np.float32(0.5)) / sf - np.float32(0.5)
+        # ggml: source position (i + offset) / sf - offset in float32; aligned corners drop the half-pixel
+        # offset and stretch by (out - 1) / (in - 1) when both sides have more than one pixel.
+        po = np.float32(0) if align_corners else np.float32(0.5)
+        sf = np.float32(n_out) / np.float32(n_in)
+        if align_corners and n_out > 1 and n_in > 1:
+            sf = np.float32(n_out - 1) / np.float32(n_in - 1)
+        pos = (np.arange(n_out, dtype=np.float32) + po) / sf - po
         i0 = np.floor(pos).astype(np.int64)
         frac = (pos - i0).astype(np.float32)
-        lo = np.clip(i0, 0, n_in - 1)
-        hi = np.clip(i0 + 1, 0, n_in - 1)
         shape = [1, 1, 1, 1]
         shape[axis] = n_out
         frac = frac.reshape(shape)
-        out = np.take(out, lo, axis=axis) * (1 - frac) + np.take(out, hi, axis=axis) * frac
+        if mode == 1:
+            lo = np.clip(i0, 0, n_in - 1)
+            hi = np.clip(i0 + 1, 0, n_in - 1)
+            out = np.take(out, lo, axis=axis) * (1 - frac) + np.take(out, hi, axis=axis) * frac
+            continue
+        # Bicubic: four neighbours (clamped at the edges) weighted by Keys' cubic with a = -0.75.
+        acc = np.zeros(1, dtype=np.float32)
+        for off, w in zip((-1, 0, 1, 2), _cubic_weights(frac), strict=True):
+            acc = acc + np.take(out, np.clip(i0 + off, 0, n_in - 1), axis=axis) * w
+        out = acc
     write(mem, node, out)
+
+
+def _cubic_weights(t: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Keys' cubic convolution weights (a = -0.75) of the neighbours at -1, 0, +1, +2 for a fraction t."""
+    a = np.float32(-0.75)
+
+    def near(x: np.ndarray) -> np.ndarray:  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x: np.ndarray) -> np.ndarray:  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    one, two = np.float32(1), np.float32(2)
+    return far(t + one), near(t), near(one - t), far(two - t)
 
 
 def _columns_3d(x: np.ndarray, k: tuple[int, int, int], s: tuple[int, ...], p: tuple[int, ...], d: tuple[int, ...],

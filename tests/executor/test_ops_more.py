@@ -347,3 +347,34 @@ def test_bilinear_upscale_takes_nearest_neighbours_in_dims_2_and_3(arena):
     i2 = (np.arange(5) / np.float32(5 / 2)).astype(int)
     i3 = (np.arange(2) / np.float32(2 / 3)).astype(int)
     np.testing.assert_allclose(arena.get(out), x[i3][:, i2], rtol=1e-6)
+
+
+def keys_kernel(x: float, a: float = -0.75) -> float:
+    x = abs(x)
+    if x <= 1:
+        return (a + 2) * x**3 - (a + 3) * x**2 + 1
+    return a * x**3 - 5 * a * x**2 + 8 * a * x - 4 * a if x < 2 else 0.0
+
+
+def test_bicubic_upscale_against_the_keys_kernel(arena):
+    x = rand(1, 1, 3, 5)
+    a = filled(arena, F32, (5, 3), x)
+    out = arena.tensor(F32, (9, 3), op=GgmlOp.UPSCALE, src=(a,), params=params(2))
+    execute([out])
+    want = np.zeros((3, 9))
+    for o in range(9):
+        pos = (o + 0.5) / (9 / 5) - 0.5
+        base = int(np.floor(pos))
+        for off in (-1, 0, 1, 2):
+            src_i = min(max(base + off, 0), 4)  # edge pixels repeat
+            want[:, o] += x[0, 0, :, src_i] * keys_kernel(pos - (base + off))
+    np.testing.assert_allclose(arena.get(out)[0, 0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_upscale_to_one_pixel_with_aligned_corners_takes_the_first(arena):
+    x = rand(1, 1, 1, 4)
+    a = filled(arena, F32, (4,), x)
+    for mode in (1, 2):
+        out = arena.tensor(F32, (1,), op=GgmlOp.UPSCALE, src=(a,), params=params(mode | (1 << 8)))
+        execute([out])
+        np.testing.assert_allclose(arena.get(out).reshape(-1), x.reshape(-1)[:1], rtol=1e-6)
