@@ -173,3 +173,41 @@ def _solve_tri(node: GraphTensor, mem: Memory) -> None:
         acc = np.cumsum(terms, axis=-2, dtype=F)[..., -1, :] if i else np.zeros_like(b[..., 0, :])
         x[..., i, :] = (b[..., i, :] - acc) / a[..., i, i, None]
     write(mem, node, x)
+
+
+def _opt_inputs(node: GraphTensor, mem: Memory, n_src: int, n_params: int) -> list[np.ndarray]:
+    ts = [src(node, i) for i in range(n_src)]
+    for t in ts[:-1]:
+        if t.type != F32 or tuple(t.ne) != tuple(ts[0].ne):
+            raise node_error(node, "weights, gradient and moments must be F32 of one shape")
+    if ts[-1].type != F32 or nelements(ts[-1]) < n_params:
+        raise node_error(node, f"optimizer parameters must be F32 with {n_params} values")
+    if tuple(node.ne) != tuple(ts[0].ne):
+        raise node_error(node, "result must have the weights' shape")
+    return [mem.raw(t) for t in ts[:-1]] + [read(mem, ts[-1]).reshape(-1)]
+
+
+@kernel(GgmlOp.OPT_STEP_SGD, src=(F32,), dst=(F32,), note="w -= alpha * (g + wd * w); params [alpha, wd]")
+def _opt_step_sgd(node: GraphTensor, mem: Memory) -> None:
+    w, g, p = _opt_inputs(node, mem, 3, 2)
+    alpha, wd = F(p[0]), F(p[1])
+    # ggml's result is a view of the weights, updated in place; a result elsewhere gets a copy as well.
+    np.copyto(w, w * (F(1) - alpha * wd) - alpha * g)
+    out = mem.raw(node)
+    if not np.shares_memory(out, w):
+        np.copyto(out, w)
+
+
+@kernel(GgmlOp.OPT_STEP_ADAMW, src=(F32,), dst=(F32,),
+        note="params [alpha, beta1, beta2, eps, wd, beta1h, beta2h]; w, m, v updated in place")
+def _opt_step_adamw(node: GraphTensor, mem: Memory) -> None:
+    w, g, m, v, p = _opt_inputs(node, mem, 5, 7)
+    alpha, beta1, beta2, eps, wd, beta1h, beta2h = (F(x) for x in p[:7])
+    np.copyto(m, m * beta1 + g * (F(1) - beta1))
+    np.copyto(v, v * beta2 + g * g * (F(1) - beta2))
+    mh = m * beta1h
+    vh = np.sqrt(v * beta2h) + eps
+    np.copyto(w, w * (F(1) - alpha * wd) - alpha * mh / vh)
+    out = mem.raw(node)
+    if not np.shares_memory(out, w):
+        np.copyto(out, w)

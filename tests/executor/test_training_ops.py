@@ -169,3 +169,29 @@ def test_solve_tri_solves_the_lower_triangle_only(arena):
     execute([out])
     x = arena.get(out).astype(np.float64)
     np.testing.assert_allclose(np.tril(a.astype(np.float64)) @ x, b, rtol=1e-5, atol=1e-5)
+
+
+def test_optimizer_steps_update_weights_and_moments_in_place(arena):
+    w0, g = rand(1, 1, 2, 4), rand(1, 1, 2, 4, seed=1)
+    m0, v0 = rand(1, 1, 2, 4, seed=2), np.abs(rand(1, 1, 2, 4, seed=3))
+    w, gt = filled(arena, F32, (4, 2), w0), filled(arena, F32, (4, 2), g)
+    m, v = filled(arena, F32, (4, 2), m0), filled(arena, F32, (4, 2), v0)
+    hp = [0.01, 0.9, 0.999, 1e-8, 0.1, 1 / (1 - 0.9), 1 / (1 - 0.999)]
+    pt = filled(arena, F32, (7,), np.array(hp, np.float32).reshape(1, 1, 1, 7))
+    step = arena.view_of(w, (4, 2), w.nb, op=GgmlOp.OPT_STEP_ADAMW)
+    step.src = [w, gt, m, v, pt, *([None] * 5)]
+    step.flags = 16
+    execute([step])
+    alpha, b1, b2, eps, wd, b1h, b2h = hp
+    m1 = m0 * b1 + g * (1 - b1)
+    v1 = v0 * b2 + g * g * (1 - b2)
+    w1 = w0 * (1 - alpha * wd) - alpha * (m1 * b1h) / (np.sqrt(v1 * b2h) + eps)
+    np.testing.assert_allclose(arena.get(m), m1, rtol=1e-6)
+    np.testing.assert_allclose(arena.get(v), v1, rtol=1e-6)
+    np.testing.assert_allclose(arena.get(w), w1, rtol=1e-5, atol=1e-7)
+    sp = filled(arena, F32, (2,), np.array([[[[0.5, 0.2]]]], np.float32))
+    sgd = arena.view_of(w, (4, 2), w.nb, op=GgmlOp.OPT_STEP_SGD)
+    sgd.src = [w, gt, sp, *([None] * 7)]
+    sgd.flags = 16
+    execute([sgd])
+    np.testing.assert_allclose(arena.get(w), w1 * (1 - 0.5 * 0.2) - 0.5 * g, rtol=1e-5, atol=1e-7)
