@@ -6,10 +6,12 @@ Every process has a bound run time; every server binds 127.0.0.1 and, for upstre
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,9 +164,16 @@ def reference_server(major: int, cache_dir: Path | None) -> Iterator[str]:
     if cache_dir is not None:
         argv += ["--cache-dir", str(cache_dir)]
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # Its log (a line per connection) is read as it comes, keeping the last lines: a pipe nobody reads fills after
+    # some hundred connections and then blocks the server mid-log (test-backend-ops opens that many).
+    tail: collections.deque[bytes] = collections.deque(maxlen=50)
+    drain = threading.Thread(target=lambda: tail.extend(iter(proc.stderr.readline, b"")),  # type: ignore[union-attr]
+                             daemon=True, name="reference-server-log")
+    drain.start()
     try:
         if not wait_for_port(LOOPBACK, port, 30.0, lambda: proc.poll() is None):
-            raise RuntimeError(f"reference server did not listen on {LOOPBACK}:{port}")
+            why = b"".join(tail).decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            raise RuntimeError(f"reference server did not listen on {LOOPBACK}:{port}: {why[0]}")
         yield f"{LOOPBACK}:{port}"
     finally:
         proc.terminate()
@@ -173,6 +182,7 @@ def reference_server(major: int, cache_dir: Path | None) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        drain.join(timeout=5)
         if proc.stderr is not None:
             proc.stderr.close()
 
