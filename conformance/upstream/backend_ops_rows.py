@@ -18,7 +18,7 @@ from .runs import UpstreamServer, reference_server
 #: whose whole upstream case lists run in seconds. `--ops all` runs every op upstream tests (hours on 2 cores).
 #: Each was measured to pass every upstream case through the reference server (CPY and GET_ROWS do not yet).
 CI_OPS = ("ADD", "SUB", "MUL", "DIV", "SCALE", "SQR", "SQRT", "RMS_NORM", "NORM", "SOFT_MAX", "SILU", "GELU",
-          "CONT")
+          "CONT", "SET_ROWS", "ROPE", "SWIGLU", "CONCAT")
 
 
 def _ops(option: str | None) -> list[str]:
