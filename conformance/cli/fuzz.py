@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import time
@@ -44,6 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hunt", action="store_true", help="campaign mode for a target that dies often (upstream "
                    "rpc-server): seeded examples with strategies aimed at its known crash and leak classes, going "
                    "on after every death; one shrunk, re-verified reproducer per finding class")
+    p.add_argument("--html", metavar="DIR", help="write DIR/index.html: one row per finding class, a page per class "
+                   "with its reproducer's messages decoded by the spec")
     p.add_argument("--sarif", metavar="FILE", help="also write the findings as SARIF 2.1.0 (one result per "
                    "finding class, the reproducer as its artifact); findings.json goes to --out when anything "
                    "was found, with --hunt, or with --sarif")
@@ -166,8 +169,13 @@ def run(args: argparse.Namespace) -> int:
         target.stop()
         status.done()
     print_summary(campaign)
-    if campaign.findings or args.hunt or args.sarif:  # a clean run without either leaves nothing behind
-        write_reports(campaign, Path(args.out), Path(args.sarif) if args.sarif else None)
+    if campaign.findings or args.hunt or args.sarif or args.html:  # a clean run without these leaves nothing
+        path = write_reports(campaign, Path(args.out), Path(args.sarif) if args.sarif else None)
+        if args.html:
+            from ..fuzz.html import write_findings_html
+
+            index = write_findings_html(json.loads(path.read_text()), args.html)
+            print(f"HTML report: {index}", file=sys.stderr)
     return 1 if campaign.findings else 0
 
 

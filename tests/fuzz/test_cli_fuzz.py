@@ -97,15 +97,21 @@ def test_spawned_server_that_crashes_is_restarted_and_the_finding_kept(tmp_path,
 def test_hunt_mode_writes_findings_json_and_sarif(tmp_path, capsys):
     script = Path(__file__).with_name("vulnerable.py")
     cmd = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} --port {{port}}"
-    out_dir, sarif = tmp_path / "found", tmp_path / "report.sarif"
+    out_dir, sarif, html_dir = tmp_path / "found", tmp_path / "report.sarif", tmp_path / "html"
     assert main(["fuzz", "--hunt", "--spawn", cmd, "--examples", "8", "--seed", "3", "--timeout", "2",
-                 "--out", str(out_dir), "--sarif", str(sarif)]) == 1
+                 "--out", str(out_dir), "--sarif", str(sarif), "--html", str(html_dir)]) == 1
     out, err = capsys.readouterr()
     assert "FINDING crash" in err and "verified on a fresh target" in out
     classes = json.loads((out_dir / "findings.json").read_text())["classes"]
     log = json.loads(sarif.read_text())
     assert log["version"] == "2.1.0" and len(log["runs"][0]["results"]) == len(classes) >= 1
     assert all(c["verified"] and c["symptom"].startswith("SIGABRT") for c in classes)
+    # The HTML report: one row per class, shown as a crash, each linking a page with the reproducer decoded.
+    index = (html_dir / "index.html").read_text()
+    assert index.count('class="outcome fail">crash<') == len(classes)
+    pages = sorted((html_dir / "findings").glob("*.html"))
+    assert len(pages) == len(classes)
+    assert all('class="dir">client → server<' in p.read_text() for p in pages)
 
 
 def test_ctrl_c_stops_cleanly_with_a_summary(tmp_path, capsys):
