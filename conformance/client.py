@@ -11,7 +11,7 @@ not define.  A server that closes instead of replying raises :class:`ConnectionC
 from __future__ import annotations
 
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,15 +101,17 @@ class RpcClient:
         timeout: float | None = 10.0,
         protocol: Protocol | None = None,
         hello: bool = True,
+        wrap: Callable[[socket.socket], Any] | None = None,
     ) -> RpcClient:
         """Open a TCP connection (TCP_NODELAY) and, unless ``hello`` is False, send HELLO.
 
         ``protocol`` None: the version is learnt from the HELLO reply.  A forced ``protocol`` is used for encoding
         whatever the server announces (useful to send one version's layout to another version's server).
+        ``wrap`` turns the connected socket into what the client talks through (the check harness records it).
         """
         sock = socket.create_connection((host, port), timeout=timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        client = cls(sock, protocol)
+        client = cls(wrap(sock) if wrap is not None else sock, protocol)
         if hello:
             try:
                 client.hello()

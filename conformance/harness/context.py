@@ -3,7 +3,6 @@ shared facts (:class:`Context`)."""
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -114,9 +113,10 @@ class Context:
         deadline = time.monotonic() + target.startup_wait
         while True:
             try:
-                client = self._open(target, timeout or self.timeout,
-                                    protocol or self.runner.info.protocol or V6,  # HELLO is the same everywhere
-                                    hello)
+                # Through the check's recorder: every byte is kept for its pcap and HTML page.
+                client = RpcClient.connect(target.host, target.port, timeout=timeout or self.timeout,
+                                           protocol=protocol or self.runner.info.protocol or V6,  # HELLO: all alike
+                                           hello=hello, wrap=self.recorder.wrap)
                 break
             except ConnectionRefusedError as exc:
                 if not target.process_exited() and target.can_restart:
@@ -135,19 +135,6 @@ class Context:
                 raise CheckFailed(f"cannot connect to {target.address}: {exc}") from exc
         self._clients.append(client)
         self.connections += 1
-        return client
-
-    def _open(self, target: Target, timeout: float, protocol: Protocol, hello: bool) -> RpcClient:
-        """A client on a new connection whose bytes the check's :class:`Recorder` keeps (for its pcap)."""
-        sock = socket.create_connection((target.host, target.port), timeout=timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        client = RpcClient(self.recorder.wrap(sock), protocol)  # type: ignore[arg-type]
-        if hello:
-            try:
-                client.hello()
-            except BaseException:
-                client.close()
-                raise
         return client
 
     def _gone(self, exc: OSError, *, refused: bool = False) -> ServerGone:
