@@ -17,6 +17,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ggml_rpc.spec.codec import REPLY_HEADER_SIZE, REQUEST_HEADER_SIZE
+
 from .model import Level, Outcome, Result, iter_groups
 
 #: Bytes of a message shown as hex on its check's page (the pcap has them all).
@@ -47,13 +49,22 @@ def outcome_class(r: Result) -> tuple[str, str]:
     return r.outcome.value.replace(" ", "-"), r.outcome.value
 
 
-def _e(text: object) -> str:
+def escape(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _page(title: str, body: str, css_href: str) -> str:
-    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{_e(title)}</title>\n'
-            f'<link rel="stylesheet" href="{_e(css_href)}">\n</head>\n<body>\n{body}\n</body>\n</html>\n')
+
+
+def _page(title: str, body: str, css_href: str | None) -> str:
+    style = (f'<link rel="stylesheet" href="{escape(css_href)}">' if css_href is not None
+             else f"<style>\n{CSS}</style>")
+    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{escape(title)}</title>\n'
+            f"{style}\n</head>\n<body>\n{body}\n</body>\n</html>\n")
+
+
+def standalone_page(title: str, body: str) -> str:
+    """A page of one file (its CSS inline), for reports that are a single page or sit anywhere on disk."""
+    return _page(title, body, None)
 
 
 def _rel(path: str | Path, start: Path) -> str:
@@ -89,31 +100,32 @@ def _messages(r: Result, protocol: Any) -> str:
     parts = []
     for conn, dc in rec.decoded(protocol):
         c2s, s2c = conn.stream(True), conn.stream(False)
-        parts.append(f"<h3>Connection {conn.index + 1}: {_e(conn.client[0])}:{conn.client[1]} → "
-                     f"{_e(conn.server[0])}:{conn.server[1]} ({len(c2s):,} bytes sent, {len(s2c):,} received)</h3>")
+        parts.append(f"<h3>Connection {conn.index + 1}: {escape(conn.client[0])}:{conn.client[1]} → "
+                     f"{escape(conn.server[0])}:{conn.server[1]} ({len(c2s):,} bytes sent, {len(s2c):,} received)</h3>")
         if conn.dropped:
             parts.append(f'<p class="note">{conn.dropped:,} further bytes were not kept (recording budget).</p>')
         rows, end = [], {True: 0, False: 0}
         for msg in dc.messages():
             from_client = msg in dc.requests
             stream = c2s if from_client else s2c
-            head = 9 if from_client else 8  # command byte + u64 size / u64 size
+            head = REQUEST_HEADER_SIZE if from_client else REPLY_HEADER_SIZE
             raw = stream[msg.offset: msg.offset + head + msg.size]
             end[from_client] = max(end[from_client], msg.offset + head + msg.size)
             arrow = "client → server" if from_client else "server → client"
-            rows.append(f'<tr><td class="dir">{arrow}</td><td>{_e(describe(msg))}</td><td>{msg.size:,}</td>'
-                        f"<td><pre>{_e(_hex(raw))}</pre></td></tr>")
+            rows.append(f'<tr><td class="dir">{arrow}</td><td>{escape(describe(msg))}</td><td>{msg.size:,}</td>'
+                        f"<td><pre>{escape(_hex(raw))}</pre></td></tr>")
         parts.append("<table><tr><th>direction</th><th>message (decoded by the spec)</th><th>payload bytes</th>"
                      "<th>bytes</th></tr>" + "".join(rows) + "</table>")
         if dc.error is not None:
-            parts.append(f"<p><b>Not decodable ({_e(dc.error_direction)}):</b> {_e(dc.error)}</p>")
+            parts.append(f"<p><b>Not decodable ({escape(dc.error_direction)}):</b> {escape(dc.error)}</p>")
         for from_client, stream in ((True, c2s), (False, s2c)):
             rest = stream[end[from_client]:]
             if rest:
                 who = "client" if from_client else "server"
-                parts.append(f"<p>Bytes the {who} sent after the last decoded message:</p><pre>{_e(_hex(rest))}</pre>")
+                parts.append(f"<p>Bytes the {who} sent after the last decoded message:</p>"
+                             f"<pre>{escape(_hex(rest))}</pre>")
         for note in dc.notes:
-            parts.append(f'<p class="note">{_e(note)}</p>')
+            parts.append(f'<p class="note">{escape(note)}</p>')
     return "\n".join(parts)
 
 
@@ -121,15 +133,15 @@ def _check_page(r: Result, protocol: Any, page_dir: Path) -> str:
     c = r.check
     cls, label = outcome_class(r)
     spec = _spec_href(r.spec)
-    spec_html = f'<a href="{_e(spec)}">{_e(r.spec)}</a>' if spec else _e(r.spec or "-")
-    body = ['<p><a href="../index.html">← all checks</a></p>', f"<h1>{_e(c.id)}: {_e(c.title)}</h1>",
-            '<dl class="meta">', f"<dt>requirement</dt><dd>{_e(c.title)}</dd>",
-            f"<dt>level</dt><dd>{_e(c.level.value)}</dd>", f"<dt>category</dt><dd>{_e(c.category.value)}</dd>",
-            f"<dt>versions</dt><dd>{_e(c.versions_label)}</dd>", f"<dt>spec section</dt><dd>{spec_html}</dd>",
-            f'<dt>outcome</dt><dd><span class="{cls}">&nbsp;{_e(label)}&nbsp;</span> {_e(r.message)}</dd>',
+    spec_html = f'<a href="{escape(spec)}">{escape(r.spec)}</a>' if spec else escape(r.spec or "-")
+    body = ['<p><a href="../index.html">← all checks</a></p>', f"<h1>{escape(c.id)}: {escape(c.title)}</h1>",
+            '<dl class="meta">', f"<dt>requirement</dt><dd>{escape(c.title)}</dd>",
+            f"<dt>level</dt><dd>{escape(c.level.value)}</dd>", f"<dt>category</dt><dd>{escape(c.category.value)}</dd>",
+            f"<dt>versions</dt><dd>{escape(c.versions_label)}</dd>", f"<dt>spec section</dt><dd>{spec_html}</dd>",
+            f'<dt>outcome</dt><dd><span class="{cls}">&nbsp;{escape(label)}&nbsp;</span> {escape(r.message)}</dd>',
             f"<dt>duration</dt><dd>{r.duration * 1000:.1f} ms</dd>"]
     if r.pcap:
-        body.append(f'<dt>pcap</dt><dd><a href="{_e(_rel(r.pcap, page_dir))}">{_e(Path(r.pcap).name)}</a> '
+        body.append(f'<dt>pcap</dt><dd><a href="{escape(_rel(r.pcap, page_dir))}">{escape(Path(r.pcap).name)}</a> '
                     "(<code>ggml-rpc replay</code> re-runs it; Wireshark with the kit's dissector shows it)</dd>")
     body.append("</dl>")
     if r.server_death:
@@ -137,18 +149,18 @@ def _check_page(r: Result, protocol: Any, page_dir: Path) -> str:
         body.append("<h2>Server death</h2><dl class=\"meta\">")
         for key in ("status", "step", "restart", "note"):
             if d.get(key):
-                body.append(f"<dt>{_e(key)}</dt><dd>{_e(d[key])}</dd>")
+                body.append(f"<dt>{escape(key)}</dt><dd>{escape(d[key])}</dd>")
         body.append("</dl>")
         if d.get("sent"):
-            body.append(f"<p>Bytes the step sent:</p><pre>{_e(d['sent'])}</pre>")
+            body.append(f"<p>Bytes the step sent:</p><pre>{escape(d['sent'])}</pre>")
         if d.get("log_tail"):
-            body.append("<p>Last lines of the server's log:</p><pre>" + _e("\n".join(d["log_tail"])) + "</pre>")
+            body.append("<p>Last lines of the server's log:</p><pre>" + escape("\n".join(d["log_tail"])) + "</pre>")
     if r.evidence:
         body.append("<h2>Evidence</h2><table><tr><th>step</th><th>sent</th><th>expected</th><th>got</th></tr>")
         for ev in r.evidence:
-            cells = "".join(f"<td><pre>{_e(v)}</pre></td>" if v else "<td></td>"
+            cells = "".join(f"<td><pre>{escape(v)}</pre></td>" if v else "<td></td>"
                             for v in (ev.sent, ev.expected, ev.got))
-            body.append(f"<tr><td>{_e(ev.step)}</td>{cells}</tr>")
+            body.append(f"<tr><td>{escape(ev.step)}</td>{cells}</tr>")
         body.append("</table>")
     body.append("<h2>Exchange</h2>")
     body.append(_messages(r, protocol))
@@ -175,20 +187,22 @@ def write_html_report(out_dir: str | Path, results: Sequence[Result], server: It
         page = out / page_name(r.check.id)
         r.html = str(page)
         page.write_text(_check_page(r, protocol, page.parent), encoding="utf-8")
-    rows = ["".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in server)]
+    rows = ["".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in server)]
     counts = ", ".join(f"{v} {k}" for k, v in summary.items() if v)
-    body = [f"<h1>{_e(title)}</h1>", "<table>" + "".join(rows) + f"<tr><th>results</th><td>{_e(counts)}</td></tr>"
-            "</table>", '<p><a href="protocol.html">The protocol specification</a></p>']
+    body = [f"<h1>{escape(title)}</h1>",
+            "<table>" + "".join(rows) + f"<tr><th>results</th><td>{escape(counts)}</td></tr></table>",
+            '<p><a href="protocol.html">The protocol specification</a></p>']
     for category, group in iter_groups(results):
-        body.append(f'<h2 id="{_e(category.value)}">{_e(category.value)}</h2>')
+        body.append(f'<h2 id="{escape(category.value)}">{escape(category.value)}</h2>')
         body.append("<table><tr><th>ID</th><th>check</th><th>level</th><th>outcome</th><th>duration</th>"
                     "<th>pcap</th></tr>")
         for r in group:
             cls, label = outcome_class(r)
-            pcap = f'<a href="{_e(_rel(r.pcap, out))}">pcap</a>' if r.pcap else ""
-            body.append(f'<tr id="{_e(r.check.id)}"><td><a href="{_e(page_name(r.check.id))}">{_e(r.check.id)}</a>'
-                        f"</td><td>{_e(r.check.title)}</td><td>{_e(r.check.level.value)}</td>"
-                        f'<td class="outcome {cls}">{_e(label)}</td><td>{r.duration * 1000:.1f} ms</td>'
+            pcap = f'<a href="{escape(_rel(r.pcap, out))}">pcap</a>' if r.pcap else ""
+            body.append(f'<tr id="{escape(r.check.id)}"><td><a href="{escape(page_name(r.check.id))}">'
+                        f"{escape(r.check.id)}</a>"
+                        f"</td><td>{escape(r.check.title)}</td><td>{escape(r.check.level.value)}</td>"
+                        f'<td class="outcome {cls}">{escape(label)}</td><td>{r.duration * 1000:.1f} ms</td>'
                         f"<td>{pcap}</td></tr>")
         body.append("</table>")
     index = out / "index.html"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .models import BENCH_MODELS, ensure_models
 from .peers import Peer, cache_root
-from .runs import UpstreamServer, reference_server, run
+from .runs import UpstreamServer, completion_argv, reference_server, run
 
 #: llama-completion's timing line for the generated tokens, e.g.
 #: ``eval time =  144.32 ms /  63 runs   (  2.29 ms per token,   436.52 tokens per second)``.
@@ -66,12 +66,6 @@ class GenerationResult:
                 "ratio": self.ratio}
 
 
-def completion_argv(peer: Peer, model: Path, rpc: str, n_predict: int) -> list[str]:
-    return [str(peer.llama_completion), "-m", str(model), "-p", PROMPT, "-n", str(n_predict), "-no-cnv",
-            "--temp", "0", "-s", "1", "-c", "256", "-t", "1", "--no-warmup", "--ignore-eos", "-ngl", "99",
-            "--rpc", rpc]
-
-
 def tokens_per_second(stderr: str) -> float | None:
     """The generation speed llama-completion printed last, or None if it printed none."""
     found = _EVAL.findall(stderr)
@@ -81,7 +75,8 @@ def tokens_per_second(stderr: str) -> float | None:
 def generate(peer: Peer, model: Path, rpc: str, n_predict: int) -> float:
     """Tokens/s of one generation through the server at ``rpc``."""
     with tempfile.TemporaryDirectory(prefix="ggml-rpc-llama-cache-") as cache:
-        done = run(completion_argv(peer, model, rpc, n_predict), env=peer.env({"LLAMA_CACHE": cache}),
+        argv = completion_argv(peer, model, rpc, prompt=PROMPT, n_predict=n_predict, ignore_eos=True)
+        done = run(argv, env=peer.env({"LLAMA_CACHE": cache}),
                    timeout=TIMEOUT)
     speed = tokens_per_second(done.stderr) if done.ok else None
     if speed is None:

@@ -105,36 +105,37 @@ def _role(row_id: str) -> str:
         return "OPS (test-backend-ops)"
     if parts[0] == "CROSS":
         return "CROSS"
-    keep = [p for p in parts[1:] if not p.startswith("v") and not p.startswith("tiny") and p not in ("f32", "f16",
-                                                                                                       "q8_0", "q4_0",
-                                                                                                       "big")]
-    return "-".join([parts[0], *keep])
+    from .models import STANDARD_MODELS
+
+    head = row_id
+    for model in sorted(STANDARD_MODELS, key=len, reverse=True):  # tiny-f32-big before tiny-f32
+        if head.endswith("-" + model):
+            head = head[: -len(model) - 1]
+            break
+    return "-".join(p for p in head.split("-") if not re.fullmatch(r"v\d+", p))
 
 
 def render_html(results: list[RowResult], meta: dict[str, Any], seconds: float) -> str:
     """``ggml-rpc interop --html``: the version x role matrix (rows passed per cell), then every row."""
-    from html import escape
-
-    def e(x: object) -> str:
-        return escape(str(x), quote=True)
+    from ..harness.html import escape, standalone_page
 
     cells: dict[tuple[str, str], list[RowResult]] = {}
     for r in results:
         cells.setdefault((_role(r.id), r.proto), []).append(r)
     roles = list(dict.fromkeys(_role(r.id) for r in results))
     protos = sorted({r.proto for r in results})
-    head = "".join(f"<th>{e(p)}</th>" for p in protos)
+    head = "".join(f"<th>{escape(p)}</th>" for p in protos)
     lines = ["<h1>ggml RPC interop matrix</h1>", "<table>"]
     for key in ("date", "commit", "machine"):
         if meta.get(key):
-            lines.append(f"<tr><th>{e(key)}</th><td>{e(meta[key])}</td></tr>")
+            lines.append(f"<tr><th>{escape(key)}</th><td>{escape(meta[key])}</td></tr>")
     for version, info in (meta.get("upstream") or {}).items():
-        lines.append(f"<tr><th>upstream {e(version)}</th><td>{e(info)}</td></tr>")
+        lines.append(f"<tr><th>upstream {escape(version)}</th><td>{escape(info)}</td></tr>")
     passed = sum(r.status == "pass" for r in results)
     lines.append(f"<tr><th>rows</th><td>{passed}/{len(results)} pass in {seconds:.0f} s</td></tr></table>")
     lines.append(f"<h2>Version × role</h2><table><tr><th>role</th>{head}</tr>")
     for role in roles:
-        row = [f"<td>{e(role)}</td>"]
+        row = [f"<td>{escape(role)}</td>"]
         for proto in protos:
             group = cells.get((role, proto), [])
             if not group:
@@ -148,11 +149,9 @@ def render_html(results: list[RowResult], meta: dict[str, Any], seconds: float) 
                  "<th>time</th><th>detail</th></tr>")
     for r in results:
         cls = {"pass": "pass", "fail": "fail"}.get(r.status, "skip")
-        lines.append(f'<tr id="{e(r.id)}"><td>{e(r.id)}</td><td>{e(r.title)}</td><td>{e(r.proto)}</td>'
-                     f'<td class="outcome {cls}">{e(r.status)}</td><td>{r.seconds:.1f} s</td>'
-                     f"<td>{e(r.detail)}</td></tr>")
+        lines.append(f'<tr id="{escape(r.id)}"><td>{escape(r.id)}</td><td>{escape(r.title)}</td>'
+                     f"<td>{escape(r.proto)}</td>"
+                     f'<td class="outcome {cls}">{escape(r.status)}</td><td>{r.seconds:.1f} s</td>'
+                     f"<td>{escape(r.detail)}</td></tr>")
     lines.append("</table>")
-    from ..harness.html import CSS
-
-    return ('<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>ggml RPC interop matrix'
-            f"</title>\n<style>\n{CSS}</style>\n</head>\n<body>\n" + "\n".join(lines) + "\n</body>\n</html>\n")
+    return standalone_page("ggml RPC interop matrix", "\n".join(lines))

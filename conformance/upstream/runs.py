@@ -77,10 +77,12 @@ def kit(*args: str, timeout: float = 900.0) -> Finished:
     return run([sys.executable, "-m", "ggml_rpc.conformance.cli", *args], timeout=timeout)
 
 
-def completion_argv(peer: Peer, model: Path, rpc: str | None) -> list[str]:
-    """Upstream ``llama-completion``: greedy and seeded, all layers on the RPC device when one is given."""
-    argv = [str(peer.llama_completion), "-m", str(model), "-p", PROMPT, "-n", str(N_PREDICT), "-no-cnv",
-            "--temp", "0", "-s", "1", "-c", "256", "-t", "1", "--no-warmup"]
+def completion_argv(peer: Peer, model: Path, rpc: str | None, *, prompt: str = PROMPT, n_predict: int = N_PREDICT,
+                    ignore_eos: bool = False) -> list[str]:
+    """Upstream ``llama-completion``: greedy and seeded, all layers on the RPC device when one is given
+    (``ignore_eos``: exactly ``n_predict`` tokens, as a speed figure needs)."""
+    argv = [str(peer.llama_completion), "-m", str(model), "-p", prompt, "-n", str(n_predict), "-no-cnv",
+            "--temp", "0", "-s", "1", "-c", "256", "-t", "1", "--no-warmup", *(["--ignore-eos"] if ignore_eos else [])]
     return [*argv, "-ngl", "99", "--rpc", rpc] if rpc else [*argv, "-ngl", "0"]
 
 
