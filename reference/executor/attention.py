@@ -150,22 +150,29 @@ def _online_steps(scores: np.ndarray, v: np.ndarray, live: np.ndarray,
         vs = np.where(new_max | ~use, np.float32(1), np.exp(s - before)).astype(np.float32)
     vs = np.where(use, vs, np.float32(0))
     rescale = new_max.any(axis=tuple(range(1, new_max.ndim))).tolist()
-    acc = np.zeros((*lead, v.shape[-1]), dtype=np.float16)
-    total = np.zeros(lead, dtype=np.float32)
-    rows = max(1, int(np.prod(lead)) * v.shape[-1])
-    chunk = max(1, _CHUNK_SCORES // rows)
+    dv = v.shape[-1]
+    n_rows = int(np.prod(lead))
+    # The steps work on flat rows: a numpy call on one flat array costs less than on its (seq, head, rows, dv) form,
+    # and there is one call per KV position.
+    acc = np.zeros(n_rows * dv, dtype=np.float16)
+    total = np.zeros(n_rows, dtype=np.float32)
+    ms_flat, vs_flat = ms.reshape(len(keep), n_rows), vs.reshape(len(keep), n_rows)
+    chunk = max(1, _CHUNK_SCORES // max(1, n_rows * dv))
     for lo in range(0, len(keep), chunk):
         hi = min(len(keep), lo + chunk)
         # Every step's weighted V row, (chunk, *lead, dv); a row not used at a step adds an exact zero.
         v_pos = np.moveaxis(v[..., keep[lo:hi], :], -2, 0)[:, :, :, None, :]  # (chunk, seq, head, 1, dv)
         with np.errstate(invalid="ignore"):
             weighted = np.where(use[lo:hi, ..., None], v_pos * vs[lo:hi, ..., None], np.float32(0))
+        weighted = weighted.reshape(hi - lo, n_rows * dv)
+        ms_wide = np.repeat(ms_flat[lo:hi], dv, axis=1)  # each row's factor over its dv values, every step at once
         for i in range(lo, hi):
             if rescale[i]:
-                scaled = (acc.astype(np.float32) * ms[i][..., None]).astype(np.float16)
-                acc = np.where(new_max[i][..., None], scaled, acc)
-                total *= ms[i]
+                # Rows without a new maximum have ms == 1, which leaves their F16 values exactly as they are, so
+                # one multiply (in float32, rounded to F16 on the way out) rescales just the rows that need it.
+                np.multiply(acc, ms_wide[i - lo], out=acc, casting="unsafe")
+                total *= ms_flat[i]
             # Added in float32 and rounded once to F16 on the way out, as ggml's F16 multiply-add does.
             np.add(acc, weighted[i - lo], out=acc, casting="unsafe")
-            total += vs[i]
-    return acc, total, running[-1]
+            total += vs_flat[i]
+    return acc.reshape(*lead, dv), total.reshape(lead), running[-1]

@@ -9,6 +9,9 @@ uint8.  Every view is bounds-checked against its buffer with the tensor's real e
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -83,51 +86,115 @@ def buffer_key(buffer: object) -> int:
     return id(getattr(buffer, "obj", buffer))
 
 
-#: Bytes of float32 copies one plan keeps of weights it converted (see :meth:`Memory.converted`).
+#: Bytes of float32 copies of weights the process keeps (see :meth:`Memory.converted`).
 CONVERTED_BUDGET = 512 << 20
+
+_ConversionKey = tuple[int, int, int, tuple[int, ...], tuple[int, ...]]
+
+
+class Conversions:
+    """float32 copies of weights, shared by every plan of the process, least recently used dropped first.
+
+    A copy is named by the buffer array it was read from (held weakly: when the buffer is freed, its copies go
+    with it, before its id can name another buffer) and the tensor's type, offset, ne and nb, so the plan of a new
+    graph (a decoding step after the prompt's) finds the weights the previous graph converted.  Each copy carries
+    the write epoch its buffer had; a copy is used only for the same epoch.
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._entries: OrderedDict[_ConversionKey, tuple[int, np.ndarray]] = OrderedDict()
+        self._owners: dict[int, weakref.ref] = {}
+        self._room = budget
+        # Re-entrant: a buffer freed by a collection that runs inside put() calls _forget() on the same thread.
+        self._lock = threading.RLock()
+
+    @staticmethod
+    def key(owner: object, t: GraphTensor) -> _ConversionKey:
+        return (id(owner), int(t.type), int(t.offset), tuple(t.ne), tuple(t.nb))
+
+    def get(self, key: _ConversionKey, epoch: int) -> np.ndarray | None:
+        with self._lock:
+            kept = self._entries.get(key)
+            if kept is None or kept[0] != epoch:
+                return None
+            self._entries.move_to_end(key)
+            return kept[1]
+
+    def put(self, owner: object, key: _ConversionKey, epoch: int, values: np.ndarray) -> None:
+        if values.nbytes > self.budget:
+            return
+        with self._lock:
+            if key[0] not in self._owners:
+                try:
+                    self._owners[key[0]] = weakref.ref(owner, lambda _ref, oid=key[0]: self._forget(oid))
+                except TypeError:  # memory that cannot be watched is never kept: its id could be reused
+                    return
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._room += old[1].nbytes
+            while self._room < values.nbytes and self._entries:
+                self._room += self._entries.popitem(last=False)[1][1].nbytes
+            values.flags.writeable = False  # shared between runs and plans: no kernel may write into it
+            self._entries[key] = (epoch, values)
+            self._room -= values.nbytes
+
+    def _forget(self, owner_id: int) -> None:
+        with self._lock:
+            self._owners.pop(owner_id, None)
+            for key in [k for k in self._entries if k[0] == owner_id]:
+                self._room += self._entries.pop(key)[1].nbytes
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held now."""
+        return self.budget - self._room
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+#: The process's weight conversions.
+CONVERSIONS = Conversions(CONVERTED_BUDGET)
 
 
 class Memory:
     """Views of the tensors of one graph run, built once per tensor (a source used by many nodes costs one view).
 
-    It also keeps float32 conversions of quantised or half-precision weights between runs of one plan, but only
-    when the run is told each buffer's write epoch (the server does: every write into a buffer outside a graph run
-    bumps it) and only for buffers no node of the graph writes; a conversion is used again only while its buffer's
-    epoch is unchanged, so a weight rewritten by SET_TENSOR, a hash hit, MEMSET, CLEAR or COPY is converted anew.
+    Its :meth:`converted` keeps float32 conversions of quantised or half-precision weights between runs and between
+    plans (in :data:`CONVERSIONS`), but only when the run is told each buffer's write epoch (the server does: every
+    write into a buffer outside a graph run bumps it) and only for buffers no node of the graph writes; a
+    conversion is used again only while its buffer's epoch is unchanged, so a weight rewritten by SET_TENSOR, a
+    hash hit, MEMSET, CLEAR or COPY is converted anew.
     """
 
-    __slots__ = ("_bases", "_converted", "_room", "_views", "epochs", "written")
+    __slots__ = ("_bases", "_views", "epochs", "written")
 
     def __init__(self) -> None:
         self._views: dict[GraphTensor, np.ndarray] = {}
         self._bases: dict[int, np.ndarray] = {}
-        #: Per tensor: (epoch of its buffer when converted, the float32 values, read-only).
-        self._converted: dict[GraphTensor, tuple[int, np.ndarray]] = {}
-        self._room = [CONVERTED_BUDGET]  # shared by forks: one budget per plan
         #: Write epochs of the buffers for this run, by :func:`buffer_key` (None: keep no conversions).
         self.epochs: Mapping[int, int] | None = None
         #: :func:`buffer_key` of the buffers the graph's nodes write (their contents change during a run).
         self.written: frozenset[int] = frozenset()
 
     def converted(self, t: GraphTensor, convert: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-        """``convert(self.raw(t))``, kept and reused while ``t``'s buffer is not written (see the class)."""
+        """``t``'s values as float32, ``convert(self.raw(t))``, kept in :data:`CONVERSIONS` and reused while ``t``'s
+        buffer is not written (see the class).  ``convert`` must give exactly that: the float32 values of ``t``."""
         raw = self.raw(t)
         epochs = self.epochs
-        key = buffer_key(t.buffer)
+        owner = getattr(t.buffer, "obj", t.buffer)
+        key = id(owner)
         epoch = epochs.get(key) if epochs is not None and key not in self.written else None
         if epoch is None:
             return convert(raw)
-        kept = self._converted.get(t)
+        name = Conversions.key(owner, t)
+        kept = CONVERSIONS.get(name, epoch)
         if kept is not None:
-            if kept[0] == epoch:
-                return kept[1]
-            self._room[0] += kept[1].nbytes
-            del self._converted[t]
+            return kept
         values = convert(raw)
-        if values.nbytes <= self._room[0] and values is not raw:
-            values.flags.writeable = False  # shared between runs: no kernel may write into it
-            self._room[0] -= values.nbytes
-            self._converted[t] = (epoch, values)
+        if values is not raw:
+            CONVERSIONS.put(owner, name, epoch, values)
         return values
 
     def _base(self, t: GraphTensor) -> np.ndarray:
@@ -146,8 +213,6 @@ class Memory:
         other = Memory.__new__(Memory)
         other._views = self._views.copy()
         other._bases = self._bases.copy()
-        other._converted = self._converted
-        other._room = self._room
         other.epochs = self.epochs
         other.written = self.written
         return other

@@ -54,11 +54,13 @@ def _thetas(node: GraphTensor, pos: np.ndarray, ne0: int, n_dims: int, mode: int
     freq_base = F(params_f32(node)[5])
     theta_scale = F(freq_base ** (F(-2.0) / F(n_dims)))
     if not mode & MODE_MROPE:
+        # The recurrence as one running product along the pairs: accumulate multiplies in order, so every angle is
+        # rounded exactly as the step-by-step float32 loop rounds it.
         out = np.empty((pos.shape[0], half), dtype=F)
-        theta = pos.astype(F)
-        for i in range(half):  # a loop over pair indices, each step vectorised over positions
-            out[:, i] = theta
-            theta = theta * theta_scale
+        if half:
+            out[:, 0] = pos
+            out[:, 1:] = theta_scale
+            np.multiply.accumulate(out, axis=1, out=out)
         return out
     s = [int(x) for x in params_i32(node)[11:15]]
     sect_dims = sum(s)

@@ -770,4 +770,14 @@ def through_type(type_id: int, x: np.ndarray) -> np.ndarray:
         return x.astype(np.float16).astype(np.float32)
     if type_id == BF16:
         return bf16_to_f32(f32_to_bf16(x))
+    if type_id in (Q8_0, Q8_1):
+        return _through_q8(x)
     return dequantize(type_id, quantize(type_id, x))
+
+
+def _through_q8(x: np.ndarray) -> np.ndarray:
+    """``x`` through Q8_0 (or Q8_1: the same codes and scale) without packing blocks: every activation row of a
+    quantised matmul goes this way, so the bytes are skipped; the values are those of quantize + dequantize."""
+    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, 32)
+    d, q = _q8_scale(flat)
+    return (q * d.astype(np.float16).astype(np.float32)).reshape(x.shape)

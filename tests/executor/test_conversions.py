@@ -1,0 +1,83 @@
+"""Weight conversions kept across runs and plans: reused only while the weight's buffer is unwritten, dropped with
+the buffer, bounded by their budget."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+from ggml_rpc.reference.executor.arena import Arena
+from ggml_rpc.reference.executor.memory import CONVERSIONS, Conversions
+from ggml_rpc.reference.executor.plan import prepare
+from ggml_rpc.reference.executor.types import Q8_0, through_type
+from ggml_rpc.spec import GgmlOp
+
+F32 = 0
+
+
+def _matmul(weights: Arena, compute: Arena, w_values: np.ndarray):
+    w = weights.tensor(Q8_0, (64, 8), name="w")
+    weights.set(w, w_values)
+    x = compute.tensor(F32, (64, 1), name="x")
+    compute.set(x, np.linspace(-1, 1, 64, dtype=np.float32))
+    out = compute.tensor(F32, (8, 1), op=GgmlOp.MUL_MAT, src=(w, x), name="out")
+    return w, x, out
+
+
+def _expected(weights: Arena, compute: Arena, w, x) -> np.ndarray:
+    xs = through_type(Q8_0, compute.get(x).reshape(1, 64))
+    return (weights.get(w).reshape(8, 64) @ xs.T).reshape(-1)
+
+
+def test_a_new_plan_reuses_a_conversion_until_the_buffer_is_written() -> None:
+    r = np.random.default_rng(3)
+    weights, compute = Arena(1 << 14), Arena(1 << 14)
+    w, x, out = _matmul(weights, compute, r.standard_normal((8, 64)).astype(np.float32))
+    epochs = {id(weights.memory): 0, id(compute.memory): 0}
+    prepare([out]).run(epochs)
+    first = compute.get(out).reshape(-1)
+    np.testing.assert_allclose(first, _expected(weights, compute, w, x), rtol=1e-6)
+    held = [k for k in CONVERSIONS._entries if k[0] == id(weights.memory)]
+    assert len(held) == 1
+
+    # New bytes under an unchanged epoch: the server promises that cannot happen, so a second plan of the same
+    # graph serving the first conversion shows the copy is shared between plans.
+    weights.set(w, r.standard_normal((8, 64)).astype(np.float32))
+    prepare([out]).run(epochs)
+    assert compute.get(out).reshape(-1).tobytes() == first.tobytes()
+
+    # A write bumps the epoch: the next run converts the new bytes.
+    epochs[id(weights.memory)] = 1
+    prepare([out]).run(epochs)
+    np.testing.assert_allclose(compute.get(out).reshape(-1), _expected(weights, compute, w, x), rtol=1e-6)
+    assert compute.get(out).reshape(-1).tobytes() != first.tobytes()
+
+    # Freeing the buffer (its last reference) drops its conversions.
+    owner = id(weights.memory)
+    del weights, w, x, out, epochs
+    gc.collect()
+    assert not [k for k in CONVERSIONS._entries if k[0] == owner]
+
+
+def test_without_epochs_nothing_is_kept() -> None:
+    weights, compute = Arena(1 << 14), Arena(1 << 14)
+    _w, _x, out = _matmul(weights, compute, np.ones((8, 64), dtype=np.float32))
+    prepare([out]).run()
+    assert not [k for k in CONVERSIONS._entries if k[0] == id(weights.memory)]
+
+
+def test_the_least_recently_used_copy_goes_first_and_the_budget_holds() -> None:
+    cache = Conversions(budget=3 * 400)
+    owners = [np.zeros(4) for _ in range(4)]
+    keys = [(id(o), 8, 0, (1,), (1,)) for o in owners]
+    for o, k in zip(owners[:3], keys[:3], strict=True):
+        cache.put(o, k, 0, np.zeros(100, dtype=np.float32))
+    assert cache.get(keys[0], 0) is not None  # touched: now the most recent
+    assert cache.get(keys[0], 1) is None  # another epoch is another content
+    cache.put(owners[3], keys[3], 0, np.zeros(100, dtype=np.float32))
+    assert cache.get(keys[1], 0) is None and cache.get(keys[0], 0) is not None
+    assert cache.nbytes <= cache.budget and len(cache) == 3
+    cache.put(owners[0], keys[0], 0, np.zeros(10_000, dtype=np.float32))  # larger than the budget: not kept
+    assert cache.nbytes <= cache.budget
+    kept = cache.get(keys[2], 0)
+    assert kept is not None and not kept.flags.writeable
