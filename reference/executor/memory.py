@@ -9,6 +9,7 @@ uint8.  Every view is bounds-checked against its buffer with the tensor's real e
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
 from collections import OrderedDict
@@ -168,11 +169,13 @@ class Memory:
     hash hit, MEMSET, CLEAR or COPY is converted anew.
     """
 
-    __slots__ = ("_bases", "_views", "epochs", "written")
+    __slots__ = ("_bases", "_sealed", "_views", "epochs", "written")
 
     def __init__(self) -> None:
         self._views: dict[GraphTensor, np.ndarray] = {}
         self._bases: dict[int, np.ndarray] = {}
+        #: How many views and bases a plan made while preparing (None: not a plan's memory).
+        self._sealed: tuple[int, int] | None = None
         #: Write epochs of the buffers for this run, by :func:`buffer_key` (None: keep no conversions).
         self.epochs: Mapping[int, int] | None = None
         #: :func:`buffer_key` of the buffers the graph's nodes write (their contents change during a run).
@@ -208,14 +211,19 @@ class Memory:
             self._bases[key] = base
         return base
 
-    def fork(self) -> Memory:
-        """A Memory that starts with this one's views; views it adds later are its own (dropped with it)."""
-        other = Memory.__new__(Memory)
-        other._views = self._views.copy()
-        other._bases = self._bases.copy()
-        other.epochs = self.epochs
-        other.written = self.written
-        return other
+    def seal(self) -> None:
+        """Mark the views made so far as the plan's own: :meth:`unseal_run` drops any made after this."""
+        self._sealed = (len(self._views), len(self._bases))
+
+    def unseal_run(self) -> None:
+        """Drop the views and bases made since :meth:`seal` (the newest ones: dicts keep insertion order)."""
+        if self._sealed is None:
+            return
+        for store, keep in ((self._views, self._sealed[0]), (self._bases, self._sealed[1])):
+            extra = len(store) - keep
+            if extra > 0:
+                for key in list(itertools.islice(reversed(store), extra)):
+                    del store[key]
 
     def raw(self, t: GraphTensor) -> np.ndarray:
         """The tensor's bytes as a strided array (plain types: typed; quantised: uint8 blocks)."""

@@ -29,8 +29,9 @@ FREE_OPS = frozenset(int(op) for op in (GgmlOp.NONE, GgmlOp.VIEW, GgmlOp.RESHAPE
 _COMPUTE = int(TensorFlag.COMPUTE)
 _CAUGHT = (ValueError, TypeError, IndexError, MemoryError, FloatingPointError)
 
-# One step: (function, arguments, node).  Arguments None: a kernel, called as fn(node, mem).
-Step = tuple[Callable[..., Any], tuple[Any, ...] | None, GraphTensor]
+# One step: (function, arguments); a kernel's arguments are (node, memory).  Every step is called alike, fn(*args):
+# one call per node and no test in the loop, which for a graph of thousands of tiny ops is most of its time.
+Step = tuple[Callable[..., Any], tuple[Any, ...]]
 
 
 def _refuse(message: str) -> None:
@@ -38,17 +39,23 @@ def _refuse(message: str) -> None:
 
 
 class Plan:
-    """The steps of one graph, ready to run any number of times."""
+    """The steps of one graph, ready to run any number of times (by one thread at a time)."""
 
-    __slots__ = ("_generic", "_memory", "steps", "written")
+    __slots__ = ("_memory", "_node_of", "kinds", "nodes", "steps", "written")
 
-    def __init__(self, steps: list[Step], memory: Memory, generic: bool, written: frozenset[int]) -> None:
+    def __init__(self, steps: list[Step], nodes: list[GraphTensor], kinds: list[str], memory: Memory,
+                 written: frozenset[int]) -> None:
         self.steps = steps
+        #: The node of each step, and how it runs: "prepared" (one numpy call made in advance), "kernel" or
+        #: "refused" (the refusal the run raises when it reaches the node).
+        self.nodes = nodes
+        self.kinds = kinds
+        self._node_of = {id(args): node for (_fn, args), node in zip(steps, nodes, strict=True)}
         self._memory = memory
-        self._generic = generic
         #: :func:`~.memory.buffer_key` of the buffers any node writes into.
         self.written = written
         memory.written = written
+        memory.seal()
 
     def run(self, epochs: Mapping[int, int] | None = None) -> None:
         """Run every step in order, writing each result into its node's memory.
@@ -56,24 +63,22 @@ class Plan:
         ``epochs`` (:func:`~.memory.buffer_key` -> write epoch, see :class:`~.memory.Memory`) lets kernels reuse
         the float32 conversions of weights made by earlier runs; without it every run converts afresh.
         """
-        self._memory.epochs = epochs
-        # Kernels may make views of tensors of their own (an expert's slice): those live for one run only.
-        mem = self._memory.fork() if self._generic else self._memory
-        node: GraphTensor | None = None
+        mem = self._memory
+        mem.epochs = epochs
+        args: tuple[Any, ...] | None = None
         try:
-            for fn, args, node in self.steps:
-                if args is None:
-                    fn(node, mem)
-                else:
-                    fn(*args)
+            for fn, args in self.steps:
+                fn(*args)
         except ExecutorError as exc:
-            assert node is not None
+            node = self._node_of[id(args)]
             if str(exc).startswith(op_name(node.op) + ":"):
                 raise
             raise node_error(node, str(exc)) from None  # name the op, its types and shapes in every refusal
         except _CAUGHT as exc:
-            assert node is not None
-            raise node_error(node, f"cannot compute: {exc}") from exc
+            raise node_error(self._node_of[id(args)], f"cannot compute: {exc}") from exc
+        finally:
+            # Kernels may make views of tensors of their own (an expert's slice): those live for one run only.
+            mem.unseal_run()
 
 
 def prepare(nodes: Sequence[GraphTensor]) -> Plan:
@@ -85,7 +90,14 @@ def prepare(nodes: Sequence[GraphTensor]) -> Plan:
 def _prepare(nodes: Sequence[GraphTensor]) -> Plan:
     mem = Memory()
     steps: list[Step] = []
-    generic = False
+    stepped: list[GraphTensor] = []
+    kinds: list[str] = []
+
+    def add(step: Step, node: GraphTensor, kind: str) -> None:
+        steps.append(step)
+        stepped.append(node)
+        kinds.append(kind)
+
     kernels, ready = KERNELS, PREPARED
     for node in nodes:
         op = node.op
@@ -93,7 +105,7 @@ def _prepare(nodes: Sequence[GraphTensor]) -> Plan:
             continue
         if op in NATIVE_CALLBACK_OPS:
             why = "ops carrying native function pointers are never executed"
-            steps.append((_refuse, (str(node_error(node, why)),), node))
+            add((_refuse, (str(node_error(node, why)),)), node, "refused")
             continue
         if not node.flags & _COMPUTE:
             continue
@@ -103,7 +115,7 @@ def _prepare(nodes: Sequence[GraphTensor]) -> Plan:
         fn = kernels.get(op)
         if fn is None:
             why = f"op {op_name(op)} is not supported by the reference executor"
-            steps.append((_refuse, (str(node_error(node, why)),), node))
+            add((_refuse, (str(node_error(node, why)),)), node, "refused")
             continue
         prep = ready.get(op)
         if prep is not None:
@@ -112,7 +124,7 @@ def _prepare(nodes: Sequence[GraphTensor]) -> Plan:
             except (ExecutorError, *_CAUGHT):
                 call = None
             if call is not None:
-                steps.append((call[0], call[1], node))
+                add((call[0], call[1]), node, "prepared")
                 continue
         # The kernel's views are made now, once; one that cannot be made is left for the kernel, which refuses it
         # in its turn.
@@ -122,11 +134,10 @@ def _prepare(nodes: Sequence[GraphTensor]) -> Plan:
                     mem.raw(t)
                 except ExecutorError:
                     pass
-        steps.append((fn, None, node))
-        generic = True
+        add((fn, (node, mem)), node, "kernel")
     # Only nodes that run write: a VIEW or RESHAPE of a weight (a node too) leaves the weight's buffer alone.
-    written = frozenset(buffer_key(node.buffer) for _fn, _args, node in steps if node.buffer is not None)
-    return Plan(steps, mem, generic, written)
+    written = frozenset(buffer_key(node.buffer) for node in stepped if node.buffer is not None)
+    return Plan(steps, stepped, kinds, mem, written)
 
 
 def execute(nodes: Sequence[GraphTensor]) -> None:
