@@ -155,7 +155,6 @@ def _online_steps(scores: np.ndarray, v: np.ndarray, live: np.ndarray,
     # The steps work on flat rows: a numpy call on one flat array costs less than on its (seq, head, rows, dv) form,
     # and there is one call per KV position.
     acc = np.zeros(n_rows * dv, dtype=np.float16)
-    total = np.zeros(n_rows, dtype=np.float32)
     ms_flat, vs_flat = ms.reshape(len(keep), n_rows), vs.reshape(len(keep), n_rows)
     chunk = max(1, _CHUNK_SCORES // max(1, n_rows * dv))
     for lo in range(0, len(keep), chunk):
@@ -171,8 +170,24 @@ def _online_steps(scores: np.ndarray, v: np.ndarray, live: np.ndarray,
                 # Rows without a new maximum have ms == 1, which leaves their F16 values exactly as they are, so
                 # one multiply (in float32, rounded to F16 on the way out) rescales just the rows that need it.
                 np.multiply(acc, ms_wide[i - lo], out=acc, casting="unsafe")
-                total *= ms_flat[i]
             # Added in float32 and rounded once to F16 on the way out, as ggml's F16 multiply-add does.
             np.add(acc, weighted[i - lo], out=acc, casting="unsafe")
-            total += vs_flat[i]
-    return acc.reshape(*lead, dv), total.reshape(lead), running[-1]
+    return acc.reshape(*lead, dv), _denominators(ms_flat, vs_flat, rescale).reshape(lead), running[-1]
+
+
+def _denominators(ms: np.ndarray, vs: np.ndarray, rescale: list[bool]) -> np.ndarray:
+    """Each row's ``total = total * ms + vs`` over the steps, in float32 and in order, as ggml sums it.
+
+    Between two rescaling steps every factor is 1, so the recurrence is a plain running sum: one ``accumulate``
+    (sequential, hence rounded step by step like the loop) per stretch instead of one call per step.
+    """
+    total = np.zeros(ms.shape[1], dtype=np.float32)
+    starts = [i for i, r in enumerate(rescale) if r]
+    if not starts or starts[0] != 0:
+        starts.insert(0, 0)
+    for a, b in zip(starts, [*starts[1:], len(rescale)], strict=True):
+        stretch = np.empty((b - a, ms.shape[1]), dtype=np.float32)
+        stretch[0] = total * ms[a] + vs[a]
+        stretch[1:] = vs[a + 1 : b]
+        total = np.add.accumulate(stretch, axis=0)[-1]
+    return total
