@@ -16,10 +16,9 @@ from itertools import repeat
 from typing import Any, Protocol
 
 import numpy as np
-from ggml_rpc.spec import GGML_TYPE_COUNT, NATIVE_CALLBACK_OPS, TYPES, ggml_nbytes, op_name, type_name
+from ggml_rpc.spec import GGML_TYPE_COUNT, NATIVE_CALLBACK_OPS, op_name, type_name
+from ggml_rpc.spec.facts import BLOCK_ELEMENTS, ggml_nbytes_many
 from ggml_rpc.spec.tensor import GGML_MAX_SRC
-
-from .devices import U64_MASK
 
 
 @dataclass(slots=True, eq=False)
@@ -83,37 +82,6 @@ class BuiltGraph:
     plan: Any = None
     #: The GRAPH_COMPUTE payload the server built this graph from (to recognise the same graph sent again).
     source: Any = None
-
-
-# Per-type geometry as arrays, so a whole graph's byte sizes are computed in one vectorised pass.
-_BLCK = np.array([TYPES[t].blck for t in range(GGML_TYPE_COUNT)], dtype=np.uint64)
-_TSIZE = np.array([TYPES[t].size for t in range(GGML_TYPE_COUNT)], dtype=np.uint64)
-# Above this the exact (Python integer) size is computed instead of the uint64 one, which could wrap.
-_EXACT_ABOVE = float(1 << 62)
-
-
-def _nbytes(types: np.ndarray, ne32: np.ndarray, nb32: np.ndarray) -> tuple[list[int], np.ndarray]:
-    """ggml_nbytes of many tensors (valid types only): exact Python integers, and the same as uint64 saturated at
-    2^64 - 1 (sizes that do not fit can never fit a buffer either)."""
-    if len(types) == 0:
-        return [], np.zeros(0, dtype=np.uint64)
-    ne = ne32.astype(np.uint64)
-    nb = nb32.astype(np.uint64)
-    blck = _BLCK[types]
-    tsize = _TSIZE[types]
-    empty = (ne == 0).any(axis=1)
-    ne_m1 = np.where(empty[:, None], np.uint64(0), ne - np.uint64(1))
-    tail = (ne_m1[:, 1:] * nb[:, 1:]).sum(axis=1)
-    blocked = blck > 1
-    head = np.where(blocked, ne[:, 0] * nb[:, 0] // np.maximum(blck, np.uint64(1)), tsize + ne_m1[:, 0] * nb[:, 0])
-    total = head + tail
-    total[empty] = 0
-    out = total.tolist()
-    estimate = ne_m1.astype(np.float64) * nb.astype(np.float64)
-    for k in np.flatnonzero(estimate.sum(axis=1) + ne[:, 0].astype(np.float64) * nb[:, 0] > _EXACT_ABOVE).tolist():
-        out[k] = ggml_nbytes(int(types[k]), ne32[k].tolist(), nb32[k].tolist())
-        total[k] = min(out[k], U64_MASK)
-    return out, total
 
 
 def _inner_nul(raw: np.ndarray) -> bool:
@@ -235,11 +203,11 @@ def _check(rows: np.ndarray, buffers: Mapping[int, BufferLike]) -> _Checked:
     if len(bad):
         k = int(bad[0])
         raise GraphError(f"tensor {int(rows['id'][k]):#x} has type {int(types[k])}, not a ggml type")
-    removed = np.flatnonzero(_BLCK[types] == 0)
+    removed = np.flatnonzero(BLOCK_ELEMENTS[types] == 0)
     if len(removed):
         k = int(removed[0])
         raise GraphError(f"tensor {int(rows['id'][k]):#x} has removed type {type_name(int(types[k]))}")
-    nbytes, nbytes_u = _nbytes(types, rows["ne"], rows["nb"])
+    nbytes, nbytes_u = ggml_nbytes_many(types, rows["ne"], rows["nb"])
     handles = rows["buffer"]
     data = rows["data"]
     data_l = data.tolist()

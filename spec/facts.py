@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .enums import TYPES
+import numpy as np
+
+from .enums import GGML_TYPE_COUNT, TYPES
 
 #: SET_TENSOR payloads strictly larger than this go through the hash path (and, in v6, into the cache).
 HASH_THRESHOLD = 10 * 1024 * 1024
@@ -66,6 +68,41 @@ def ggml_nbytes(type_id: int, ne: Sequence[int], nb: Sequence[int]) -> int:
     for n, stride in zip(ne[1:], nb[1:], strict=True):
         total += (n - 1) * stride
     return total
+
+
+# Per-type geometry as arrays, so a whole graph's byte sizes are computed in one vectorised pass.
+#: Elements per block of every type id (0 for removed types), as an array indexable by a column of type ids.
+BLOCK_ELEMENTS = np.array([TYPES[t].blck for t in range(GGML_TYPE_COUNT)], dtype=np.uint64)
+_TSIZE = np.array([TYPES[t].size for t in range(GGML_TYPE_COUNT)], dtype=np.uint64)
+# Above this the exact (Python integer) size is computed instead of the uint64 one, which could wrap.
+_EXACT_ABOVE = float(1 << 62)
+_U64_MAX = (1 << 64) - 1
+
+
+def ggml_nbytes_many(types: np.ndarray, ne: np.ndarray, nb: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """:func:`ggml_nbytes` of many tensors at once (a graph's): ``types`` (n,), ``ne`` and ``nb`` (n, 4), types
+    inside the table and not removed.  Returns the exact sizes as Python integers and the same as uint64 saturated
+    at 2^64 - 1 (a size that does not fit can never fit a buffer either).  The same rule as the scalar form: sizes
+    large enough to wrap in uint64 are computed by it."""
+    if len(types) == 0:
+        return [], np.zeros(0, dtype=np.uint64)
+    ne64, nb64 = ne.astype(np.uint64), nb.astype(np.uint64)
+    blck, tsize = BLOCK_ELEMENTS[types], _TSIZE[types]
+    empty = (ne64 == 0).any(axis=1)
+    ne_m1 = np.where(empty[:, None], np.uint64(0), ne64 - np.uint64(1))
+    tail = (ne_m1[:, 1:] * nb64[:, 1:]).sum(axis=1)
+    blocked = blck > 1
+    head = np.where(blocked, ne64[:, 0] * nb64[:, 0] // np.maximum(blck, np.uint64(1)),
+                    tsize + ne_m1[:, 0] * nb64[:, 0])
+    total = head + tail
+    total[empty] = 0
+    out = total.tolist()
+    estimate = ne_m1.astype(np.float64) * nb64.astype(np.float64)
+    big = estimate.sum(axis=1) + ne64[:, 0].astype(np.float64) * nb64[:, 0] > _EXACT_ABOVE
+    for k in np.flatnonzero(big).tolist():
+        out[k] = ggml_nbytes(int(types[k]), ne[k].tolist(), nb[k].tolist())
+        total[k] = min(out[k], _U64_MAX)
+    return out, total
 
 
 def tensor_nbytes(tensor: Mapping) -> int:

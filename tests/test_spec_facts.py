@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
-from ggml_rpc.spec import HASH_THRESHOLD, TYPES, cache_file_name, contiguous_strides, fnv1a64, ggml_nbytes
+from ggml_rpc.spec import (
+    HASH_THRESHOLD,
+    TENSOR_DTYPE,
+    TYPES,
+    GgmlType,
+    cache_file_name,
+    contiguous_strides,
+    fnv1a64,
+    ggml_nbytes,
+)
+from ggml_rpc.spec.facts import ggml_nbytes_many
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -87,3 +98,18 @@ def test_nbytes_of_contiguous_tensors_is_their_size(info, dims, blocks):
     ne = [blocks * info.blck, *dims[1:]]
     nb = contiguous_strides(info.id, ne)
     assert ggml_nbytes(info.id, ne, nb) == math.prod(ne) // info.blck * info.size
+
+
+@pytest.mark.parametrize("type_id", [GgmlType.F32, GgmlType.F16, GgmlType.Q4_0, GgmlType.Q6_K, GgmlType.I8])
+def test_the_vectorised_nbytes_is_the_scalar_rule(type_id) -> None:
+    rng = np.random.default_rng(int(type_id))
+    arr = np.zeros(50, dtype=TENSOR_DTYPE)
+    arr["id"] = np.arange(1, 51)
+    arr["type"] = type_id
+    arr["ne"] = rng.integers(0, 1 << 32, (50, 4), dtype=np.uint64).astype(np.uint32)
+    arr["ne"][:10] = rng.integers(0, 4, (10, 4))
+    arr["nb"] = rng.integers(0, 1 << 32, (50, 4), dtype=np.uint64).astype(np.uint32)
+    got, saturated = ggml_nbytes_many(arr["type"], arr["ne"], arr["nb"])
+    want = [ggml_nbytes(int(type_id), r["ne"].tolist(), r["nb"].tolist()) for r in arr]
+    assert got == want
+    assert saturated.tolist() == [min(x, 2**64 - 1) for x in want]
