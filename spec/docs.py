@@ -7,8 +7,8 @@ tables field by field.  Only the framing field names and the section prose live 
 
 Anchor scheme (stable: conformance checks link to ``spec/PROTOCOL.md#<anchor>``):
 
-* ``framing``, ``rpc_tensor``, ``enum-commands``, ``enum-types``, ``enum-ops``, ``enum-unary``, ``enum-glu``,
-  ``enum-flags``;
+* ``framing``, ``rpc_tensor``, ``enum-commands``, ``enum-types``, ``blocks`` (and ``block-<type>``, e.g.
+  ``block-q4_0``), ``enum-ops``, ``enum-unary``, ``enum-glu``, ``enum-flags``;
 * one per version: ``v6``, ``v7``, ``v7-0-1`` (:func:`version_slug`: the major alone when minor and patch are 0,
   otherwise the dotted version with dashes);
 * one per command of a version: ``<version slug>-<command name in lower case>``, e.g. ``v7-set_tensor``,
@@ -30,12 +30,11 @@ from dataclasses import dataclass
 from construct import Struct
 
 from . import codec
+from .docs_tables import anchor as _anchor
+from .docs_tables import blocks_section, ops_table, simple_table, types_table
 from .enums import (
-    NATIVE_CALLBACK_OPS,
     NEVER_ON_WIRE,
-    TYPES,
     Command,
-    GgmlOp,
     GluOp,
     TensorFlag,
     UnaryOp,
@@ -76,10 +75,6 @@ def changes_anchor(protocol: Protocol) -> str:
     if protocol.parent is None:
         raise ValueError(f"{protocol.label} has no parent version")
     return f"changes-{version_slug(protocol.parent)}-{version_slug(protocol)}"
-
-
-def _anchor(name: str) -> str:
-    return f'<a id="{name}"></a>\n'
 
 
 # ---- field rows --------------------------------------------------------------------------------------------------
@@ -462,34 +457,6 @@ def _commands_enum(versions: Sequence[Protocol]) -> str:
     return "".join(out)
 
 
-def _types_enum() -> str:
-    out = [_anchor("enum-types"), f"## ggml types (GGML_TYPE_COUNT = {len(TYPES)})\n\n"]
-    out.append(
-        "`blck`: elements per block, `size`: bytes per block. Removed types (block size 0) are refused by every "
-        "server, as are ids ≥ GGML_TYPE_COUNT.\n\n| id | name | blck | size | status |\n|---|---|---|---|---|\n"
-    )
-    for t in TYPES.values():
-        status = "removed" if t.removed else ("quantized" if t.quantized else "")
-        out.append(f"| {t.id} | {t.name} | {t.blck} | {t.size} | {status} |\n")
-    return "".join(out) + "\n"
-
-
-def _ops_enum() -> str:
-    out = [_anchor("enum-ops"), f"## ggml ops (GGML_OP_COUNT = {len(GgmlOp)})\n\n| id | name | note |\n|---|---|---|\n"]
-    for op in GgmlOp:
-        note = "op_params hold a native function pointer" if op in NATIVE_CALLBACK_OPS else ""
-        if op.name in ("UNARY", "GLU"):
-            note = f"sub-op in op_params[0] (see [{op.name.lower()}](#enum-{op.name.lower()}))"
-        out.append(f"| {int(op)} | {op.name} | {note} |\n")
-    return "".join(out) + "\n"
-
-
-def _simple_enum(anchor: str, title: str, enum_cls: Iterable) -> str:
-    out = [_anchor(anchor), f"## {title}\n\n| value | name |\n|---|---|\n"]
-    out += [f"| {int(v)} | {v.name} |\n" for v in enum_cls]
-    return "".join(out) + "\n"
-
-
 # ---- document ----------------------------------------------------------------------------------------------------
 
 
@@ -513,7 +480,7 @@ def render_markdown(versions: Sequence[Protocol] | None = None) -> str:
         if p.parent is not None:
             out.append(f"- [Changes {p.parent.label} → {p.label}](#{changes_anchor(p)})\n")
     out.append(
-        "- [Commands](#enum-commands) · [ggml types](#enum-types) · [ggml ops](#enum-ops) · "
+        "- [Commands](#enum-commands) · [ggml types](#enum-types) · [block layouts](#blocks) · [ggml ops](#enum-ops) · "
         "[unary ops](#enum-unary) · [GLU ops](#enum-glu) · [tensor flags](#enum-flags)\n\n"
     )
     out.append(_framing())
@@ -524,9 +491,10 @@ def render_markdown(versions: Sequence[Protocol] | None = None) -> str:
         if p.parent is not None:
             out.append(_changes_section(p))
     out.append(_commands_enum(versions))
-    out.append(_types_enum())
-    out.append(_ops_enum())
-    out.append(_simple_enum("enum-unary", "Unary ops (op_params[0] of UNARY)", UnaryOp))
-    out.append(_simple_enum("enum-glu", "GLU ops (op_params[0] of GLU)", GluOp))
-    out.append(_simple_enum("enum-flags", "Tensor flags (rpc_tensor.flags, bit mask)", TensorFlag))
+    out.append(types_table())
+    out.append(blocks_section())
+    out.append(ops_table())
+    out.append(simple_table("enum-unary", "Unary ops (op_params[0] of UNARY)", UnaryOp))
+    out.append(simple_table("enum-glu", "GLU ops (op_params[0] of GLU)", GluOp))
+    out.append(simple_table("enum-flags", "Tensor flags (rpc_tensor.flags, bit mask)", TensorFlag))
     return "".join(out).rstrip("\n") + "\n"

@@ -11,6 +11,8 @@ tensor at once; the only Python loops are over candidate scales, refinement pass
 from __future__ import annotations
 
 import numpy as np
+from ggml_rpc.spec import GgmlType
+from ggml_rpc.spec.blocks import pack_blocks
 
 F = np.float32
 _EPS = F(1e-15)  # GROUP_MAX_EPS: a sub-block whose largest magnitude is below this is all zero
@@ -180,12 +182,8 @@ def quantize_q2_k(x: np.ndarray) -> np.ndarray:
     dl = _half_round(d)[:, None] * (sc & 0x0F).astype(F)
     ml = _half_round(dmin)[:, None] * (sc >> 4).astype(F)
     codes = _requant(x.reshape(n, 16, 16), dl, ml, 3, codes)
-    out = np.empty((n, 84), dtype=np.uint8)
-    out[:, 0:16] = sc
-    out[:, 16:80] = _pack_2bit(codes.reshape(n, 256))
-    out[:, 80:82] = _half_bytes(d)
-    out[:, 82:84] = _half_bytes(dmin)
-    return out
+    return pack_blocks(GgmlType.Q2_K, n, scales=sc, qs=_pack_2bit(codes.reshape(n, 256)), d=_half_bytes(d),
+                       dmin=_half_bytes(dmin))
 
 
 def quantize_q3_k(x: np.ndarray) -> np.ndarray:
@@ -208,12 +206,8 @@ def quantize_q3_k(x: np.ndarray) -> np.ndarray:
     lv = np.where((dl != 0)[:, :, None], new, codes.astype(F)).astype(np.uint8).reshape(n, 256)
     # High bit of element j goes to bit j // 32 of hmask byte j % 32; the low two bits pack like Q2_K's.
     hbit = (lv > 3).astype(np.uint8).reshape(n, 8, 32) << np.arange(8, dtype=np.uint8)[None, :, None]
-    out = np.empty((n, 110), dtype=np.uint8)
-    out[:, 0:32] = np.bitwise_or.reduce(hbit, axis=1)
-    out[:, 32:96] = _pack_2bit(np.where(lv > 3, lv - 4, lv))
-    out[:, 96:108] = packed
-    out[:, 108:110] = _half_bytes(d)
-    return out
+    return pack_blocks(GgmlType.Q3_K, n, hmask=np.bitwise_or.reduce(hbit, axis=1),
+                       qs=_pack_2bit(np.where(lv > 3, lv - 4, lv)), scales=packed, d=_half_bytes(d))
 
 
 def _pack_scale_min_k4(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
@@ -225,9 +219,9 @@ def _pack_scale_min_k4(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
     return out
 
 
-def _q45_k(x: np.ndarray, nmax: int, rmin: float, nstep: int) -> tuple[np.ndarray, np.ndarray]:
+def _q45_k(x: np.ndarray, nmax: int, rmin: float, nstep: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Q4_K / Q5_K: 8 sub-blocks of 32 fitted with weights rms + |x|, 6-bit scales and mins under two half
-    super-scales; returns the 16 header bytes (d, dmin, scales) and the 256 re-picked codes."""
+    super-scales; returns the header fields (d, dmin, scales) and the 256 re-picked codes."""
     n = x.shape[0]
     sub = x.reshape(n * 8, 32)
     av = np.sqrt(_seq(sub * sub) / F(32))
@@ -239,10 +233,7 @@ def _q45_k(x: np.ndarray, nmax: int, rmin: float, nstep: int) -> tuple[np.ndarra
     ls = np.minimum(np.rint(inv_s[:, None] * scales).astype(np.int32) & 0xFF, 63).astype(np.uint8)
     lm = np.minimum(np.rint(inv_m[:, None] * mins).astype(np.int32) & 0xFF, 63).astype(np.uint8)
     d, dmin = max_scale / F(63), max_min / F(63)
-    head = np.empty((n, 16), dtype=np.uint8)
-    head[:, 0:2] = _half_bytes(d)
-    head[:, 2:4] = _half_bytes(dmin)
-    head[:, 4:16] = _pack_scale_min_k4(ls, lm)
+    head = {"d": _half_bytes(d), "dmin": _half_bytes(dmin), "scales": _pack_scale_min_k4(ls, lm)}
     dl = _half_round(d)[:, None] * ls.astype(F)
     ml = _half_round(dmin)[:, None] * lm.astype(F)
     return head, _requant(x.reshape(n, 8, 32), dl, ml, nmax, codes).reshape(n, 256)
@@ -251,25 +242,19 @@ def _q45_k(x: np.ndarray, nmax: int, rmin: float, nstep: int) -> tuple[np.ndarra
 def quantize_q4_k(x: np.ndarray) -> np.ndarray:
     n = x.shape[0]
     head, q = _q45_k(x, 15, -1.0, 20)
-    out = np.empty((n, 144), dtype=np.uint8)
-    out[:, 0:16] = head
     g = q.reshape(n, 4, 2, 32)
-    out[:, 16:144] = (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(n, 128)
-    return out
+    return pack_blocks(GgmlType.Q4_K, n, **head, qs=(g[:, :, 0] | (g[:, :, 1] << 4)).reshape(n, 128))
 
 
 def quantize_q5_k(x: np.ndarray) -> np.ndarray:
     n = x.shape[0]
     head, q = _q45_k(x, 31, -0.5, 15)
     g = q.reshape(n, 4, 2, 32)
-    out = np.empty((n, 176), dtype=np.uint8)
-    out[:, 0:16] = head
     # The fifth bit of sub-block 2 c (+1) goes to bit 2 c (+1) of qh byte j.
     hi = (g >> 4).reshape(n, 8, 32) << np.arange(8, dtype=np.uint8)[None, :, None]
-    out[:, 16:48] = np.bitwise_or.reduce(hi, axis=1)
     low = g & 0x0F
-    out[:, 48:176] = (low[:, :, 0] | (low[:, :, 1] << 4)).reshape(n, 128)
-    return out
+    return pack_blocks(GgmlType.Q5_K, n, **head, qh=np.bitwise_or.reduce(hi, axis=1),
+                       qs=(low[:, :, 0] | (low[:, :, 1] << 4)).reshape(n, 128))
 
 
 def quantize_q6_k(x: np.ndarray) -> np.ndarray:
@@ -284,13 +269,11 @@ def quantize_q6_k(x: np.ndarray) -> np.ndarray:
     dl = _half_round(d)[:, None] * sc.astype(F)
     new = np.clip(np.rint(_div(x.reshape(n, 16, 16), dl[:, :, None])), -32, 31) + 32
     lv = np.where((dl != 0)[:, :, None], new, codes.astype(F)).astype(np.uint8).reshape(n, 2, 4, 32)
-    out = np.zeros((n, 210), dtype=np.uint8)
     low = lv & 0x0F
     # Per half h: ql[64 h + l] = q[l] | q[l + 64] << 4, ql[64 h + 32 + l] = q[l + 32] | q[l + 96] << 4.
-    out[:, 0:128] = np.concatenate((low[:, :, 0] | (low[:, :, 2] << 4), low[:, :, 1] | (low[:, :, 3] << 4)),
-                                   axis=2).reshape(n, 128)
+    ql = np.concatenate((low[:, :, 0] | (low[:, :, 2] << 4), low[:, :, 1] | (low[:, :, 3] << 4)),
+                        axis=2).reshape(n, 128)
     hi = (lv >> 4) << (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]
-    out[:, 128:192] = np.bitwise_or.reduce(hi, axis=2).reshape(n, 64)
-    out[:, 192:208] = sc.view(np.uint8)
-    out[:, 208:210] = _half_bytes(d)
+    out = pack_blocks(GgmlType.Q6_K, n, ql=ql, qh=np.bitwise_or.reduce(hi, axis=2).reshape(n, 64),
+                      scales=sc.view(np.uint8), d=_half_bytes(d))
     return np.where(live[:, None], out, np.uint8(0))

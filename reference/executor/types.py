@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 from ggml_rpc.spec import TYPES, GgmlType, type_name
+from ggml_rpc.spec.blocks import BLOCK_FIELDS, pack_blocks
 
 from ..graph import ExecutorError
 from .kquant import quantize_q2_k, quantize_q3_k, quantize_q4_k, quantize_q5_k, quantize_q6_k
@@ -48,9 +49,12 @@ E2M1_DOUBLED = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12
 # ---- small helpers ---------------------------------------------------------------------------------------------
 
 
-def _half(b: np.ndarray, at: int) -> np.ndarray:
-    """The little-endian f16 at byte ``at`` of every block, as float32 of shape (n, 1)."""
-    return np.ascontiguousarray(b[:, at : at + 2]).view("<f2").astype(np.float32)
+def _half(b: np.ndarray, field: slice) -> np.ndarray:
+    """The little-endian f16 field of every block, as float32 of shape (n, 1)."""
+    return np.ascontiguousarray(b[:, field]).view("<f2").astype(np.float32)
+
+
+_L = BLOCK_FIELDS
 
 
 def _low_high(qs: np.ndarray) -> np.ndarray:
@@ -100,13 +104,15 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
 
 
 def _dq_q4_0(b: np.ndarray) -> np.ndarray:
-    q = _low_high(b[:, 2:18]).view(np.int8)
+    f = _L[Q4_0]
+    q = _low_high(b[:, f["qs"]]).view(np.int8)
     q -= 8
-    return np.multiply(q, _half(b, 0), dtype=np.float32)
+    return np.multiply(q, _half(b, f["d"]), dtype=np.float32)
 
 
 def _dq_q4_1(b: np.ndarray) -> np.ndarray:
-    return _low_high(b[:, 4:20]) * _half(b, 0) + _half(b, 2)
+    f = _L[Q4_1]
+    return _low_high(b[:, f["qs"]]) * _half(b, f["d"]) + _half(b, f["m"])
 
 
 def _q5_values(qh_bytes: np.ndarray, qs: np.ndarray) -> np.ndarray:
@@ -116,29 +122,35 @@ def _q5_values(qh_bytes: np.ndarray, qs: np.ndarray) -> np.ndarray:
 
 
 def _dq_q5_0(b: np.ndarray) -> np.ndarray:
-    q = _q5_values(b[:, 2:6], b[:, 6:22]).astype(np.int8) - np.int8(16)
-    return q * _half(b, 0)
+    f = _L[Q5_0]
+    q = _q5_values(b[:, f["qh"]], b[:, f["qs"]]).astype(np.int8) - np.int8(16)
+    return q * _half(b, f["d"])
 
 
 def _dq_q5_1(b: np.ndarray) -> np.ndarray:
-    return _q5_values(b[:, 4:8], b[:, 8:24]) * _half(b, 0) + _half(b, 2)
+    f = _L[Q5_1]
+    return _q5_values(b[:, f["qh"]], b[:, f["qs"]]) * _half(b, f["d"]) + _half(b, f["m"])
 
 
 def _dq_q8_0(b: np.ndarray) -> np.ndarray:
-    return b[:, 2:34].view(np.int8) * _half(b, 0)
+    f = _L[Q8_0]
+    return b[:, f["qs"]].view(np.int8) * _half(b, f["d"])
 
 
 def _dq_q8_1(b: np.ndarray) -> np.ndarray:
-    return b[:, 4:36].view(np.int8) * _half(b, 0)
+    f = _L[Q8_1]
+    return b[:, f["qs"]].view(np.int8) * _half(b, f["d"])
 
 
 def _dq_iq4_nl(b: np.ndarray) -> np.ndarray:
-    return IQ4NL_LEVELS[_low_high(b[:, 2:18])] * _half(b, 0)
+    f = _L[IQ4_NL]
+    return IQ4NL_LEVELS[_low_high(b[:, f["qs"]])] * _half(b, f["d"])
 
 
 def _dq_q8_k(b: np.ndarray) -> np.ndarray:
-    d = np.ascontiguousarray(b[:, 0:4]).view("<f4")
-    return b[:, 4:260].view(np.int8) * d
+    f = _L[Q8_K]
+    d = np.ascontiguousarray(b[:, f["d"]]).view("<f4")
+    return b[:, f["qs"]].view(np.int8) * d
 
 
 # K-quants: 256 elements per super-block; element e uses scale e // 16 (Q2_K, Q3_K, Q6_K) or e // 32 (Q4_K, Q5_K).
@@ -152,7 +164,7 @@ _Q3_HBYTE = _E % 32
 _Q6_N, _Q6_G, _Q6_L = _E // 128, (_E % 128) // 32, _E % 32
 _Q6_LBYTE = 64 * _Q6_N + _Q6_L + 32 * (_Q6_G % 2)
 _Q6_LSHIFT = (4 * (_Q6_G // 2)).astype(np.uint8)
-_Q6_HBYTE = 128 + 32 * _Q6_N + _Q6_L
+_Q6_HBYTE = 32 * _Q6_N + _Q6_L
 _Q6_HSHIFT = (2 * _Q6_G).astype(np.uint8)
 
 
@@ -168,24 +180,26 @@ def _k_scales_6bit(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _dq_q2_k(b: np.ndarray) -> np.ndarray:
-    sc = b[:, 0:16]
-    q = ((b[:, 16:80][:, _Q23_BYTE] >> _Q23_SHIFT) & 3).astype(np.float32)
-    d, dmin = _half(b, 80), _half(b, 82)
+    f = _L[Q2_K]
+    sc = b[:, f["scales"]]
+    q = ((b[:, f["qs"]][:, _Q23_BYTE] >> _Q23_SHIFT) & 3).astype(np.float32)
+    d, dmin = _half(b, f["d"]), _half(b, f["dmin"])
     mul = np.repeat((sc & 0x0F) * d, 16, axis=1)
     sub = np.repeat((sc >> 4) * dmin, 16, axis=1)
     return q * mul - sub
 
 
 def _dq_q3_k(b: np.ndarray) -> np.ndarray:
-    s = b[:, 96:108]
+    f = _L[Q3_K]
+    s = b[:, f["scales"]]
     k = np.arange(16)
     low = np.where(k < 8, s[:, k % 8] & 0x0F, s[:, k % 8] >> 4)
     high = (s[:, 8 + k % 4] >> (2 * (k // 4)).astype(np.uint8)) & 3
     scales = (low | (high << 4)).astype(np.int16) - 32
-    q = ((b[:, 32:96][:, _Q23_BYTE] >> _Q23_SHIFT) & 3).astype(np.int8)
-    hbit = (b[:, 0:32][:, _Q3_HBYTE] >> _Q3_HBIT) & 1
+    q = ((b[:, f["qs"]][:, _Q23_BYTE] >> _Q23_SHIFT) & 3).astype(np.int8)
+    hbit = (b[:, f["hmask"]][:, _Q3_HBYTE] >> _Q3_HBIT) & 1
     q = q - np.where(hbit == 0, np.int8(4), np.int8(0))
-    return q * np.repeat(scales * _half(b, 108), 16, axis=1)
+    return q * np.repeat(scales * _half(b, f["d"]), 16, axis=1)
 
 
 def _nibble_chunks(qs: np.ndarray) -> np.ndarray:
@@ -198,33 +212,36 @@ def _nibble_chunks(qs: np.ndarray) -> np.ndarray:
     return q.reshape(n, 8, 32)
 
 
-def _scaled_sub_blocks(q: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _scaled_sub_blocks(q: np.ndarray, b: np.ndarray, f: dict[str, slice]) -> np.ndarray:
     """Q4_K/Q5_K: ``d * scale_j * q - dmin * min_j`` over the 8 sub-blocks of 32: (n, 256) float32."""
-    sc, mn = _k_scales_6bit(b[:, 4:16])
-    scale = (sc * _half(b, 0))[:, :, None]
-    offset = (mn * _half(b, 2))[:, :, None]
+    sc, mn = _k_scales_6bit(b[:, f["scales"]])
+    scale = (sc * _half(b, f["d"]))[:, :, None]
+    offset = (mn * _half(b, f["dmin"]))[:, :, None]
     out = np.multiply(q, scale, dtype=np.float32)
     out -= offset
     return out.reshape(q.shape[0], 256)
 
 
 def _dq_q4_k(b: np.ndarray) -> np.ndarray:
-    return _scaled_sub_blocks(_nibble_chunks(np.ascontiguousarray(b[:, 16:144])), b)
+    f = _L[Q4_K]
+    return _scaled_sub_blocks(_nibble_chunks(np.ascontiguousarray(b[:, f["qs"]])), b, f)
 
 
 def _dq_q5_k(b: np.ndarray) -> np.ndarray:
-    q = _nibble_chunks(np.ascontiguousarray(b[:, 48:176]))
+    f = _L[Q5_K]
+    q = _nibble_chunks(np.ascontiguousarray(b[:, f["qs"]]))
     # Sub-block j takes bit j of each of the 32 qh bytes as its fifth bit.
-    high = (b[:, 16:48][:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
+    high = (b[:, f["qh"]][:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
     q |= high << 4
-    return _scaled_sub_blocks(q, b)
+    return _scaled_sub_blocks(q, b, f)
 
 
 def _dq_q6_k(b: np.ndarray) -> np.ndarray:
-    low = (b[:, _Q6_LBYTE] >> _Q6_LSHIFT) & 0x0F
-    high = (b[:, _Q6_HBYTE] >> _Q6_HSHIFT) & 3
+    f = _L[Q6_K]
+    low = (b[:, f["ql"]][:, _Q6_LBYTE] >> _Q6_LSHIFT) & 0x0F
+    high = (b[:, f["qh"]][:, _Q6_HBYTE] >> _Q6_HSHIFT) & 3
     q = (low | (high << 4)).astype(np.int8) - np.int8(32)
-    scales = b[:, 192:208].view(np.int8) * _half(b, 208)
+    scales = b[:, f["scales"]].view(np.int8) * _half(b, f["d"])
     return q * np.repeat(scales, 16, axis=1)
 
 
@@ -246,13 +263,15 @@ def _crumbs_lsb_first(qs: np.ndarray) -> np.ndarray:
 
 def _dq_q1_0(b: np.ndarray) -> np.ndarray:
     # A set bit is +d, a clear one -d.
-    d = _half(b, 0)
-    return np.where(_bits_lsb_first(b[:, 2:18]) != 0, d, -d)
+    f = _L[Q1_0]
+    d = _half(b, f["d"])
+    return np.where(_bits_lsb_first(b[:, f["qs"]]) != 0, d, -d)
 
 
 def _dq_q2_0(b: np.ndarray) -> np.ndarray:
     # Codes 0..3 are -1, 0, +1, +2 times d (the quantiser only emits the first three for ternary weights).
-    return (_crumbs_lsb_first(b[:, 2:18]).astype(np.int8) - np.int8(1)) * _half(b, 0)
+    f = _L[Q2_0]
+    return (_crumbs_lsb_first(b[:, f["qs"]]).astype(np.int8) - np.int8(1)) * _half(b, f["d"])
 
 
 def e8m0_half(e: np.ndarray) -> np.ndarray:
@@ -280,13 +299,15 @@ def _fp4_nibbles(qs: np.ndarray, group: int) -> np.ndarray:
 
 
 def _dq_mxfp4(b: np.ndarray) -> np.ndarray:
-    return E2M1_DOUBLED[_fp4_nibbles(b[:, 1:17], 32)] * e8m0_half(b[:, 0:1])
+    f = _L[MXFP4]
+    return E2M1_DOUBLED[_fp4_nibbles(b[:, f["qs"]], 32)] * e8m0_half(b[:, f["e"]])
 
 
 def _dq_nvfp4(b: np.ndarray) -> np.ndarray:
     # Four sub-blocks of 16, each with its own UE4M3 scale.
-    vals = E2M1_DOUBLED[_fp4_nibbles(b[:, 4:36], 16)].reshape(-1, 4, 16)
-    return (vals * UE4M3_HALF[b[:, 0:4]][:, :, None]).reshape(-1, 64)
+    f = _L[NVFP4]
+    vals = E2M1_DOUBLED[_fp4_nibbles(b[:, f["qs"]], 16)].reshape(-1, 4, 16)
+    return (vals * UE4M3_HALF[b[:, f["d"]]][:, :, None]).reshape(-1, 64)
 
 
 _POW3 = np.array([1, 3, 9, 27, 81], dtype=np.uint8)
@@ -301,32 +322,34 @@ def _trits(packed: np.ndarray, count: int) -> np.ndarray:
 
 def _dq_tq1_0(b: np.ndarray) -> np.ndarray:
     # 32 bytes of 5 trits (160 values, digit-major), 16 bytes of 5 (80), then 4 bytes of 4 (16).
-    n = b.shape[0]
-    parts = (_trits(b[:, 0:32], 5), _trits(b[:, 32:48], 5), _trits(b[:, 48:52], 4))
+    n, f = b.shape[0], _L[TQ1_0]
+    qs = b[:, f["qs"]]
+    parts = (_trits(qs[:, 0:32], 5), _trits(qs[:, 32:48], 5), _trits(b[:, f["qh"]], 4))
     t = np.concatenate([p.reshape(n, -1) for p in parts], axis=1)
-    return (t.astype(np.int8) - np.int8(1)) * _half(b, 52)
+    return (t.astype(np.int8) - np.int8(1)) * _half(b, f["d"])
 
 
 def _dq_tq2_0(b: np.ndarray) -> np.ndarray:
     # Two halves of 32 bytes; within each, field l of byte m is element 32 * l + m.
-    n = b.shape[0]
-    q = (b[:, 0:64].reshape(n, 2, 1, 32) >> _SHIFT2[None, None, :, None]) & 3
-    return (q.reshape(n, 256).astype(np.int8) - np.int8(1)) * _half(b, 64)
+    n, f = b.shape[0], _L[TQ2_0]
+    q = (b[:, f["qs"]].reshape(n, 2, 1, 32) >> _SHIFT2[None, None, :, None]) & 3
+    return (q.reshape(n, 256).astype(np.int8) - np.int8(1)) * _half(b, f["d"])
 
 
 def _iq4_xs_scales(b: np.ndarray) -> np.ndarray:
     """The 8 six-bit sub-block scales minus 32: low nibbles from scales_l, high 2 bits from scales_h: (n, 8)."""
+    f = _L[IQ4_XS]
     ib = np.arange(8)
-    low = (b[:, 4 + ib // 2] >> (4 * (ib % 2)).astype(np.uint8)) & 0x0F
-    sh = np.ascontiguousarray(b[:, 2:4]).view("<u2")  # (n, 1)
+    low = (b[:, f["scales_l"]][:, ib // 2] >> (4 * (ib % 2)).astype(np.uint8)) & 0x0F
+    sh = np.ascontiguousarray(b[:, f["scales_h"]]).view("<u2")  # (n, 1)
     high = (sh >> (2 * ib).astype(np.uint16)) & 3
     return (low.astype(np.int16) | (high.astype(np.int16) << 4)) - 32
 
 
 def _dq_iq4_xs(b: np.ndarray) -> np.ndarray:
-    n = b.shape[0]
-    dl = _half(b, 0) * _iq4_xs_scales(b).astype(np.float32)  # d * (ls - 32), exact in float32
-    q = _low_high(b[:, 8:136].reshape(n * 8, 16)).reshape(n, 8, 32)
+    n, f = b.shape[0], _L[IQ4_XS]
+    dl = _half(b, f["d"]) * _iq4_xs_scales(b).astype(np.float32)  # d * (ls - 32), exact in float32
+    q = _low_high(np.ascontiguousarray(b[:, f["qs"]]).reshape(n * 8, 16)).reshape(n, 8, 32)
     return (IQ4NL_LEVELS[q] * dl[:, :, None]).reshape(n, 256)
 
 
@@ -382,20 +405,13 @@ def _q8_scale(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _q_q8_0(x: np.ndarray) -> np.ndarray:
     d, q = _q8_scale(x)
-    out = np.empty((x.shape[0], 34), dtype=np.uint8)
-    out[:, 0:2] = _to_half_bytes(d)
-    out[:, 2:34] = q.view(np.uint8)
-    return out
+    return pack_blocks(Q8_0, x.shape[0], d=_to_half_bytes(d), qs=q.view(np.uint8))
 
 
 def _q_q8_1(x: np.ndarray) -> np.ndarray:
     d, q = _q8_scale(x)
     s = q.astype(np.int32).sum(axis=1, keepdims=True).astype(np.float32) * d
-    out = np.empty((x.shape[0], 36), dtype=np.uint8)
-    out[:, 0:2] = _to_half_bytes(d)
-    out[:, 2:4] = _to_half_bytes(s)
-    out[:, 4:36] = q.view(np.uint8)
-    return out
+    return pack_blocks(Q8_1, x.shape[0], d=_to_half_bytes(d), s=_to_half_bytes(s), qs=q.view(np.uint8))
 
 
 def _pack_nibbles(q: np.ndarray) -> np.ndarray:
@@ -429,38 +445,23 @@ def _qh_bits(q: np.ndarray) -> np.ndarray:
 
 def _q_q4_0(x: np.ndarray) -> np.ndarray:
     d, q = _symmetric(x, 8)
-    out = np.empty((x.shape[0], 18), dtype=np.uint8)
-    out[:, 0:2] = _to_half_bytes(d)
-    out[:, 2:18] = _pack_nibbles(q)
-    return out
+    return pack_blocks(Q4_0, x.shape[0], d=_to_half_bytes(d), qs=_pack_nibbles(q))
 
 
 def _q_q4_1(x: np.ndarray) -> np.ndarray:
     d, m, q = _affine(x, 15)
-    out = np.empty((x.shape[0], 20), dtype=np.uint8)
-    out[:, 0:2] = _to_half_bytes(d)
-    out[:, 2:4] = _to_half_bytes(m)
-    out[:, 4:20] = _pack_nibbles(q)
-    return out
+    return pack_blocks(Q4_1, x.shape[0], d=_to_half_bytes(d), m=_to_half_bytes(m), qs=_pack_nibbles(q))
 
 
 def _q_q5_0(x: np.ndarray) -> np.ndarray:
     d, q = _symmetric(x, 16)
-    out = np.empty((x.shape[0], 22), dtype=np.uint8)
-    out[:, 0:2] = _to_half_bytes(d)
-    out[:, 2:6] = _qh_bits(q)
-    out[:, 6:22] = _pack_nibbles(q & 0x0F)
-    return out
+    return pack_blocks(Q5_0, x.shape[0], d=_to_half_bytes(d), qh=_qh_bits(q), qs=_pack_nibbles(q & 0x0F))
 
 
 def _q_q5_1(x: np.ndarray) -> np.ndarray:
     d, m, q = _affine(x, 31)
-    out = np.empty((x.shape[0], 24), dtype=np.uint8)
-    out[:, 0:2] = _to_half_bytes(d)
-    out[:, 2:4] = _to_half_bytes(m)
-    out[:, 4:8] = _qh_bits(q)
-    out[:, 8:24] = _pack_nibbles(q & 0x0F)
-    return out
+    return pack_blocks(Q5_1, x.shape[0], d=_to_half_bytes(d), m=_to_half_bytes(m), qh=_qh_bits(q),
+                       qs=_pack_nibbles(q & 0x0F))
 
 
 def _q_q8_k(x: np.ndarray) -> np.ndarray:
@@ -468,11 +469,9 @@ def _q_q8_k(x: np.ndarray) -> np.ndarray:
     iscale = np.divide(np.float32(-127), mx, out=np.zeros_like(mx), where=mx != 0)
     q = np.minimum(np.rint(x * iscale), 127).astype(np.int8)  # nearest, ties to even
     d = np.divide(np.float32(1), iscale, out=np.zeros_like(iscale), where=iscale != 0)
-    out = np.empty((x.shape[0], 292), dtype=np.uint8)
-    out[:, 0:4] = d.astype("<f4").view(np.uint8)
-    out[:, 4:260] = q.view(np.uint8)
-    out[:, 260:292] = q.reshape(-1, 16, 16).astype(np.int16).sum(axis=2).astype("<i2").view(np.uint8)
-    return out
+    bsums = q.reshape(-1, 16, 16).astype(np.int16).sum(axis=2).astype("<i2")
+    return pack_blocks(Q8_K, x.shape[0], d=d.astype("<f4").view(np.uint8), qs=q.view(np.uint8),
+                       bsums=bsums.view(np.uint8))
 
 
 _IQ4NL_F = IQ4NL_LEVELS.astype(np.float32)
@@ -500,10 +499,7 @@ def _q_iq4_nl(x: np.ndarray) -> np.ndarray:
     sumq2 = np.cumsum(w * q * q, axis=1, dtype=np.float32)[:, -1:]
     d = np.where(live, sumqx / np.where(sumq2 == 0, np.float32(1), sumq2), np.float32(0))
     levels = np.where(live, levels, 0).astype(np.uint8)
-    out = np.empty((x.shape[0], 18), dtype=np.uint8)
-    out[:, 0:2] = _to_half_bytes(d.astype(np.float32))
-    out[:, 2:18] = _pack_nibbles(levels)
-    return out
+    return pack_blocks(IQ4_NL, x.shape[0], d=_to_half_bytes(d.astype(np.float32)), qs=_pack_nibbles(levels))
 
 
 def _seq_sum(v: np.ndarray) -> np.ndarray:
@@ -514,10 +510,7 @@ def _seq_sum(v: np.ndarray) -> np.ndarray:
 def _q_q1_0(x: np.ndarray) -> np.ndarray:
     # d = mean |x|; each bit is the sign (set for x >= 0).
     d = _seq_sum(np.abs(x)) / np.float32(128)
-    out = np.empty((x.shape[0], 18), dtype=np.uint8)
-    out[:, 0:2] = _to_half_bytes(d)
-    out[:, 2:18] = np.packbits(x >= 0, axis=1, bitorder="little")
-    return out
+    return pack_blocks(Q1_0, x.shape[0], d=_to_half_bytes(d), qs=np.packbits(x >= 0, axis=1, bitorder="little"))
 
 
 def _pack_crumbs(q: np.ndarray) -> np.ndarray:
@@ -531,10 +524,7 @@ def _q_q2_0(x: np.ndarray) -> np.ndarray:
     d = np.abs(x).max(axis=1, keepdims=True)
     inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
     q = np.clip(round_away(x * inv) + 1, 0, 3)
-    out = np.empty((x.shape[0], 18), dtype=np.uint8)
-    out[:, 0:2] = _to_half_bytes(d)
-    out[:, 2:18] = _pack_crumbs(q)
-    return out
+    return pack_blocks(Q2_0, x.shape[0], d=_to_half_bytes(d), qs=_pack_crumbs(q))
 
 
 _E2M1_F = E2M1_DOUBLED.astype(np.float32)
@@ -560,10 +550,7 @@ def _q_mxfp4(x: np.ndarray) -> np.ndarray:
         lg = np.floor(np.log2(amax, dtype=np.float32))
     e = np.where(amax > 0, lg - 2 + 127, 0).astype(np.int32).astype(np.uint8)
     codes = _nearest_e2m1(x, e8m0_half(e))
-    out = np.empty((x.shape[0], 17), dtype=np.uint8)
-    out[:, 0:1] = e
-    out[:, 1:17] = _pack_fp4(codes, 32)
-    return out
+    return pack_blocks(MXFP4, x.shape[0], e=e, qs=_pack_fp4(codes, 32))
 
 
 def f32_to_ue4m3(x: np.ndarray) -> np.ndarray:
@@ -593,10 +580,7 @@ def _q_nvfp4(x: np.ndarray) -> np.ndarray:
     amax = np.abs(sub).max(axis=2)
     ue = f32_to_ue4m3(amax / np.float32(6))
     codes = _nearest_e2m1(sub, UE4M3_HALF[ue][:, :, None]).reshape(n, 64)
-    out = np.empty((n, 36), dtype=np.uint8)
-    out[:, 0:4] = ue
-    out[:, 4:36] = _pack_fp4(codes, 16)
-    return out
+    return pack_blocks(NVFP4, n, d=ue, qs=_pack_fp4(codes, 16))
 
 
 def _ternary(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -618,22 +602,16 @@ def _pack_trits(t: np.ndarray) -> np.ndarray:
 def _q_tq1_0(x: np.ndarray) -> np.ndarray:
     n = x.shape[0]
     d, t = _ternary(x)
-    out = np.empty((n, 54), dtype=np.uint8)
-    out[:, 0:32] = _pack_trits(t[:, 0:160].reshape(n, 5, 32))
-    out[:, 32:48] = _pack_trits(t[:, 160:240].reshape(n, 5, 16))
-    out[:, 48:52] = _pack_trits(t[:, 240:256].reshape(n, 4, 4))
-    out[:, 52:54] = _to_half_bytes(d)
-    return out
+    qs = np.concatenate((_pack_trits(t[:, 0:160].reshape(n, 5, 32)), _pack_trits(t[:, 160:240].reshape(n, 5, 16))),
+                        axis=1)
+    return pack_blocks(TQ1_0, n, qs=qs, qh=_pack_trits(t[:, 240:256].reshape(n, 4, 4)), d=_to_half_bytes(d))
 
 
 def _q_tq2_0(x: np.ndarray) -> np.ndarray:
     n = x.shape[0]
     d, t = _ternary(x)
     q = (t & 3).astype(np.uint8).reshape(n, 2, 4, 32) << _SHIFT2[None, None, :, None]
-    out = np.empty((n, 66), dtype=np.uint8)
-    out[:, 0:64] = np.bitwise_or.reduce(q, axis=2).reshape(n, 64)
-    out[:, 64:66] = _to_half_bytes(d)
-    return out
+    return pack_blocks(TQ2_0, n, qs=np.bitwise_or.reduce(q, axis=2).reshape(n, 64), d=_to_half_bytes(d))
 
 
 #: Twice the midpoints between neighbouring IQ4_NL levels: a value x takes level k once 2x reaches the k-th.
@@ -685,14 +663,12 @@ def _q_iq4_xs(x: np.ndarray) -> np.ndarray:
     idl = np.divide(np.float32(1), dl, out=np.zeros_like(dl), where=dl != 0)
     codes = iq4_index(idl[:, :, None] * xb)  # (n, 8, 32)
     ls = (ls + 32).astype(np.uint8)
-    out = np.empty((n, 136), dtype=np.uint8)
-    out[:, 0:2] = _to_half_bytes(dsup)
     high = (ls >> 4).astype(np.uint16) << (2 * np.arange(8)).astype(np.uint16)
-    out[:, 2:4] = np.bitwise_or.reduce(high, axis=1).astype("<u2").view(np.uint8).reshape(n, 2)
     low = ls & 0x0F
-    out[:, 4:8] = low[:, 0::2] | (low[:, 1::2] << 4)
-    out[:, 8:136] = _pack_nibbles(codes.reshape(n * 8, 32)).reshape(n, 128)
-    return out
+    return pack_blocks(IQ4_XS, n, d=_to_half_bytes(dsup),
+                       scales_h=np.bitwise_or.reduce(high, axis=1).astype("<u2").view(np.uint8).reshape(n, 2),
+                       scales_l=low[:, 0::2] | (low[:, 1::2] << 4),
+                       qs=_pack_nibbles(codes.reshape(n * 8, 32)).reshape(n, 128))
 
 
 QUANT: dict[int, Callable[[np.ndarray], np.ndarray]] = {
