@@ -16,6 +16,7 @@ from __future__ import annotations
 import ggml_rpc.conformance.checks.cache
 import ggml_rpc.conformance.checks.compute
 import ggml_rpc.conformance.checks.data
+import ggml_rpc.conformance.checks.deaths
 import ggml_rpc.conformance.checks.framing
 import ggml_rpc.conformance.checks.handshake
 import ggml_rpc.conformance.checks.isolation

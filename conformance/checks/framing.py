@@ -7,30 +7,23 @@ buffer).  SHOULD (checked by the runner after each of these): the server still a
 
 from __future__ import annotations
 
-import socket
 import struct
 
-import numpy as np
 from ggml_rpc.conformance.checks._support import (
-    PROBE,
-    PROBE_REPLY_SIZE,
     Buf,
     bad_on_fresh,
     expect_close,
     expect_open,
-    fail,
     raw_request,
-    recv_upto,
     send_and_expect_close,
     session,
     u64,
 )
 from ggml_rpc.conformance.checks._support import check as _check
-from ggml_rpc.conformance.client import ConnectionClosed, RpcClient
-from ggml_rpc.conformance.harness import Category, Context, Level, hexdump
-from ggml_rpc.spec import V6, V7, V7_0_1, GgmlOp, GgmlType, TensorFlag, encode_request, make_tensor, null_tensor
+from ggml_rpc.conformance.harness import Category, Context, Level
+from ggml_rpc.spec import V6, V7_0_1, GgmlOp, TensorFlag, encode_request, make_tensor, null_tensor
 from ggml_rpc.spec import Command as C
-from ggml_rpc.spec.codec import REPLY_HEADER, REQUEST_HEADER_SIZE, TENSOR_DTYPE, TENSOR_LAYOUT
+from ggml_rpc.spec.codec import REQUEST_HEADER_SIZE, TENSOR_LAYOUT
 from ggml_rpc.spec.tensor import GGML_MAX_SRC
 
 FR = Category.FRAMING
@@ -187,7 +180,7 @@ def data_wraps(ctx: Context) -> None:
     bad_on_fresh(ctx, get, "GET_TENSOR of a tensor wrapping the address space")
 
 
-def _set_tensor(ctx: Context, t: dict, offset: int, data: bytes) -> bytes:
+def set_tensor_request(ctx: Context, t: dict, offset: int, data: bytes) -> bytes:
     fields = {"tensor": t, "offset": offset}
     if ctx.protocol.cache_rule.flag_field:
         fields[ctx.protocol.cache_rule.flag_field] = 0
@@ -203,20 +196,20 @@ def set_tensor_short(ctx: Context) -> None:
 @_check("FRAME-013", "SET_TENSOR to a tensor without a known buffer closes the connection", FR, section=C.SET_TENSOR)
 def set_tensor_no_buffer(ctx: Context) -> None:
     for handle in (0, 0x5EED_0000_0000_4321):
-        bad_on_fresh(ctx, lambda buf, h=handle: _set_tensor(ctx, buf.tensor(0, 16, buffer=h), 0, b"\x41" * 16),
+        bad_on_fresh(ctx, lambda buf, h=handle: set_tensor_request(ctx, buf.tensor(0, 16, buffer=h), 0, b"\x41" * 16),
                      f"SET_TENSOR with buffer {handle:#x}")
 
 
 @_check("FRAME-014", "SET_TENSOR whose region leaves the buffer closes the connection", FR, section=C.SET_TENSOR)
 def set_tensor_outside(ctx: Context) -> None:
     def at_end(buf: Buf) -> bytes:
-        return _set_tensor(ctx, buf.tensor(0, buf.size), buf.size, b"\x41")
+        return set_tensor_request(ctx, buf.tensor(0, buf.size), buf.size, b"\x41")
 
     def overlong(buf: Buf) -> bytes:
-        return _set_tensor(ctx, buf.tensor(buf.size - 16, 16), 0, b"\x41" * 32)
+        return set_tensor_request(ctx, buf.tensor(buf.size - 16, 16), 0, b"\x41" * 32)
 
     def empty_at_end(buf: Buf) -> bytes:
-        return _set_tensor(ctx, buf.tensor(0, buf.size), buf.size, b"")
+        return set_tensor_request(ctx, buf.tensor(0, buf.size), buf.size, b"")
 
     bad_on_fresh(ctx, at_end, "SET_TENSOR at offset == buffer size")
     bad_on_fresh(ctx, empty_at_end, "SET_TENSOR of 0 bytes at offset == buffer size")
@@ -226,31 +219,32 @@ def set_tensor_outside(ctx: Context) -> None:
 @_check("FRAME-015", "SET_TENSOR inside the buffer but past the tensor's nbytes closes the connection", FR,
         section=C.SET_TENSOR)
 def set_tensor_past_nbytes(ctx: Context) -> None:
-    bad_on_fresh(ctx, lambda buf: _set_tensor(ctx, buf.tensor(0, 16), 8, b"\x41" * 16),
+    bad_on_fresh(ctx, lambda buf: set_tensor_request(ctx, buf.tensor(0, 16), 8, b"\x41" * 16),
                  "SET_TENSOR of 16 bytes at offset 8 of a 16-byte tensor")
 
 
-def _get(ctx: Context, t: dict, offset: int, size: int) -> bytes:
+def get_tensor_request(ctx: Context, t: dict, offset: int, size: int) -> bytes:
     return encode_request(ctx.protocol, C.GET_TENSOR, {"tensor": t, "offset": offset, "size": size})
 
 
 @_check("FRAME-016", "GET_TENSOR of a tensor without a known buffer closes the connection", FR, section=C.GET_TENSOR)
 def get_tensor_no_buffer(ctx: Context) -> None:
-    bad_on_fresh(ctx, lambda buf: _get(ctx, buf.tensor(0, 16, buffer=0), 0, 16), "GET_TENSOR with buffer 0")
+    bad_on_fresh(ctx, lambda buf: get_tensor_request(ctx, buf.tensor(0, 16, buffer=0), 0, 16),
+                 "GET_TENSOR with buffer 0")
 
 
 @_check("FRAME-017", "GET_TENSOR whose region leaves the buffer closes without a byte", FR, section=C.GET_TENSOR)
 def get_tensor_outside(ctx: Context) -> None:
-    bad_on_fresh(ctx, lambda buf: _get(ctx, buf.tensor(buf.size - 16, 16), 0, 64),
+    bad_on_fresh(ctx, lambda buf: get_tensor_request(ctx, buf.tensor(buf.size - 16, 16), 0, 64),
                  "GET_TENSOR of 64 bytes from 16 bytes before the buffer end")
-    bad_on_fresh(ctx, lambda buf: _get(ctx, buf.tensor(0, buf.size), buf.size, 1),
+    bad_on_fresh(ctx, lambda buf: get_tensor_request(ctx, buf.tensor(0, buf.size), buf.size, 1),
                  "GET_TENSOR at offset == buffer size")
 
 
 @_check("FRAME-018", "GET_TENSOR inside the buffer but past the tensor's nbytes gets no reply bytes", FR,
         section=C.GET_TENSOR)
 def get_tensor_past_nbytes(ctx: Context) -> None:
-    bad_on_fresh(ctx, lambda buf: _get(ctx, buf.tensor(0, 16), 8, 16),
+    bad_on_fresh(ctx, lambda buf: get_tensor_request(ctx, buf.tensor(0, 16), 8, 16),
                  "GET_TENSOR of 16 bytes at offset 8 of a 16-byte tensor")
 
 
@@ -382,7 +376,7 @@ def recompute_without_graph(ctx: Context) -> None:
         level=Level.SHOULD, section="framing")
 def huge_claim(ctx: Context) -> None:
     buf = session(ctx)
-    head = _set_tensor(ctx, buf.tensor(0, 16), 0, b"")[9:]
+    head = set_tensor_request(ctx, buf.tensor(0, 16), 0, b"")[9:]
     sent = raw_request(C.SET_TENSOR, head, size=1 << 62)
     buf.client.send_raw(sent)
     expect_close(ctx, buf.client, sent, "SET_TENSOR header claiming 2^62 payload bytes", probe=False)
@@ -391,155 +385,3 @@ def huge_claim(ctx: Context) -> None:
     sent = raw_request(C.GRAPH_COMPUTE, b"", size=1 << 62)
     client.send_raw(sent)
     expect_close(ctx, client, sent, "GRAPH_COMPUTE claiming 2^62 payload bytes", probe=False)
-
-
-# ---- what upstream 6.0/7.0 dies of (protocol.md §10, §12): the server must refuse, never die ---------------------
-
-#: The smallest size header no container can hold (upstream: an uncaught length error, SIGABRT).
-HUGE_SIZES = (1 << 63, (1 << 64) - 1)
-
-
-def _claim(ctx: Context, cmd: C, head: bytes, size: int, rule: str) -> None:
-    """A fresh connection sends ``head`` under a header claiming ``size`` payload bytes: it must be closed."""
-    client = ctx.connect()
-    sent = raw_request(cmd, head, size=size)
-    client.send_raw(sent)
-    expect_close(ctx, client, sent, rule, probe=False)
-    client.close()
-
-
-@_check("FRAME-036", "a SET_TENSOR size header of 2^63 or more closes the connection (the server survives)", FR,
-        level=Level.SHOULD, section=C.SET_TENSOR)
-def set_tensor_claim_2_63(ctx: Context) -> None:
-    for size in HUGE_SIZES:
-        buf = session(ctx)
-        head = _set_tensor(ctx, buf.tensor(0, 16), 0, b"")[REQUEST_HEADER_SIZE:]
-        sent = raw_request(C.SET_TENSOR, head, size=size)
-        buf.client.send_raw(sent)
-        expect_close(ctx, buf.client, sent, f"SET_TENSOR header claiming {size:#x} payload bytes", probe=False)
-        buf.client.close()
-
-
-@_check("FRAME-037", "a GRAPH_COMPUTE size header of 2^63 or more closes the connection (the server survives)", FR,
-        level=Level.SHOULD, section=C.GRAPH_COMPUTE)
-def graph_claim_2_63(ctx: Context) -> None:
-    for size in HUGE_SIZES:
-        # A plausible start (device 0, one node) so that only the size is wrong.
-        _claim(ctx, C.GRAPH_COMPUTE, struct.pack("<II", 0, 1), size,
-               f"GRAPH_COMPUTE header claiming {size:#x} payload bytes")
-
-
-#: Upstream's recursive graph rebuild overflows its stack here (§12: 100,000 computes, 300,000 dies).
-DEEP_CHAIN = 300_000
-
-
-def chain_graph(depth: int, device: int = 0) -> bytes:
-    """A GRAPH_COMPUTE whose one node ends a ``depth``-long src chain (ids 1..depth, each the src of the next).
-
-    No tensor has a buffer or data, and none has the COMPUTE flag: a server that rebuilds the graph has nothing to
-    run, so the only cost is the rebuild itself.  Built as one numpy array: 300,000 dicts would take longer to
-    encode than the server takes to die.
-    """
-    tensors = np.zeros(depth, dtype=TENSOR_DTYPE)
-    ids = np.arange(1, depth + 1, dtype=np.uint64)
-    tensors["id"] = ids
-    tensors["type"] = int(GgmlType.F32)
-    tensors["ne"] = (4, 1, 1, 1)
-    tensors["nb"] = (4, 16, 16, 16)
-    tensors["src"][1:, 0] = ids[:-1]
-    body = struct.pack("<II", device, 1) + struct.pack("<Q", depth) + struct.pack("<I", depth) + tensors.tobytes()
-    return raw_request(C.GRAPH_COMPUTE, body)
-
-
-def expect_open_or_closed(ctx: Context, client: RpcClient, sent: bytes, rule: str) -> str:
-    """After ``sent`` the server either goes on (the probe is answered, nothing before it) or closes without a
-    byte; which one it did is returned (and noted)."""
-    try:
-        client.send_raw(PROBE)
-    except (ConnectionClosed, OSError):
-        pass
-    want = REPLY_HEADER.pack(PROBE_REPLY_SIZE)
-    got = recv_upto(client.sock, len(want) + PROBE_REPLY_SIZE, ctx.timeout)
-    short = hexdump(sent, 48)
-    if not got:
-        if not client.expect_closed(timeout=ctx.timeout):
-            raise fail(f"{rule}: neither an answer to the next command nor a close within {ctx.timeout:g} s",
-                       sent=short, expected="the next command answered, or the connection closed",
-                       got="connection open, silent")
-        ctx.note(rule, sent=short, expected="processed or closed", got="closed, no reply bytes")
-        return "refused"
-    if len(got) != len(want) + PROBE_REPLY_SIZE or got[: len(want)] != want:
-        raise fail(f"{rule}: bytes arrived that answer no command", sent=short,
-                   expected=f"only the DEVICE_COUNT reply: {hexdump(want)} + {PROBE_REPLY_SIZE} bytes",
-                   got=hexdump(got))
-    ctx.note(rule, sent=short, expected="processed or closed", got="processed, connection open")
-    return "processed"
-
-
-@_check("FRAME-038", "a GRAPH_COMPUTE whose src chain is 300,000 deep is computed or refused, never a crash", FR,
-        section=C.GRAPH_COMPUTE)
-def graph_deep_chain(ctx: Context) -> str:
-    client = ctx.connect(timeout=max(ctx.timeout, 30.0))  # 89 MB of tensors on the way
-    sent = chain_graph(DEEP_CHAIN)
-    client.send_raw(sent)
-    how = expect_open_or_closed(ctx, client, sent, f"GRAPH_COMPUTE with a {DEEP_CHAIN:,}-deep src chain")
-    return f"{DEEP_CHAIN:,}-deep chain {how}"
-
-
-#: Rounds of FRAME-039 (each: HELLO, GET_TENSOR of 1 MiB, GET_ALIGNMENT, DEVICE_COUNT, each left unread).
-CLOSE_ROUNDS = 3
-
-
-def _close_unread(ctx: Context, client: RpcClient, sent: bytes, what: str) -> None:
-    """Send ``sent`` and close at once, reading nothing; then a new connection must be served."""
-    ctx.note(f"{what}, then close before the reply is read", sent=hexdump(sent, 48))
-    client.send_raw(sent)
-    client.close()
-    # A server serving one connection at a time takes this one only once it is done with the closed one, so a
-    # server that dies writing its reply is found dead here, in this step.
-    after = ctx.connect()
-    after.device_count()
-    after.close()
-
-
-@_check("FRAME-039", "a client that closes before reading its reply does not take the server down", FR,
-        level=Level.SHOULD, section="framing")
-def close_before_reply(ctx: Context) -> None:
-    # Whether a server dies of this is a race (its second write must meet the reset the first one provoked), so
-    # each way of leaving early is tried a few times; a server that survives once survives every round.
-    for round_ in range(1, CLOSE_ROUNDS + 1):
-        # HELLO first: its reply goes out as two writes upstream (size, then body).
-        sock = socket.create_connection((ctx.target.host, ctx.target.port), timeout=ctx.timeout)
-        hello = raw_request(C.HELLO, bytes(ctx.protocol.spec(C.HELLO).request.header_size))
-        ctx.note(f"HELLO, then close before the reply is read (round {round_})", sent=hexdump(hello))
-        sock.sendall(hello)
-        sock.close()
-        after = ctx.connect()
-        after.device_count()
-        after.close()
-        buf = session(ctx, 1 << 20)
-        _close_unread(ctx, buf.client, _get(ctx, buf.tensor(0, buf.size), 0, buf.size),
-                      f"GET_TENSOR of 1 MiB (round {round_})")
-        for cmd, fields in ((C.GET_ALIGNMENT, {"device": 0}), (C.DEVICE_COUNT, {})):
-            _close_unread(ctx, ctx.connect(), encode_request(ctx.protocol, cmd, fields),
-                          f"{cmd.name} (round {round_})")
-
-
-@_check("FRAME-040", "a SET_TENSOR in the other major's layout (cache_flag byte present or missing) is refused", FR,
-        section=C.SET_TENSOR)
-def set_tensor_other_layout(ctx: Context) -> str:
-    buf = session(ctx)
-    t = buf.tensor(0, 16)  # room after the tensor: the shifted bytes stay inside the buffer
-    data = b"\x41" * 16  # exactly the tensor: the normal client case
-    if ctx.protocol.cache_rule.flag_field:
-        # v6 layout to a v7 server: the offset's low byte reads as cache_flag, the first data byte as the offset's
-        # top byte, so the offset lands far outside the buffer.
-        other = V6
-        sent = encode_request(V6, C.SET_TENSOR, {"tensor": t, "offset": 0}, data)
-    else:
-        # v7 layout to a v6 server: cache_flag and 7 offset bytes read as the offset (0), the offset's last byte as
-        # one extra leading data byte: 17 bytes into a 16-byte tensor (upstream v6 asserts and dies).
-        other = V7
-        sent = encode_request(V7, C.SET_TENSOR, {"tensor": t, "cache_flag": 0, "offset": 0}, data)
-    send_and_expect_close(ctx, buf.client, sent, f"SET_TENSOR in the {other.label} layout")
-    return f"{other.label}-layout SET_TENSOR refused"
