@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-
-from construct import Struct
+from collections.abc import Sequence
 
 from . import codec
+from .docs_rows import Offset, Row, cell, hex_bytes, markdown_table, payload_rows, payload_size, sentence, struct_rows
 from .docs_tables import anchor as _anchor
 from .docs_tables import blocks_section, ops_table, simple_table, types_table
 from .enums import (
@@ -41,12 +39,9 @@ from .enums import (
 )
 from .facts import hello_reply
 from .messages import NO_REPLY, Payload, Shape
-from .schema_walk import FieldInfo, element_size, fields, int_label
+from .schema_walk import fields, int_label
 from .tensor import RpcTensor
 from .versions import PROTOCOLS, CommandSpec, Protocol
-
-#: Named Structs get their own table and are linked, not expanded, where they appear inside a payload.
-NAMED_STRUCTS: dict[int, tuple[str, str]] = {id(RpcTensor): ("rpc_tensor", "rpc_tensor")}
 
 #: Framing: the field names and meanings of the codec's header formats (sizes and types come from the codec).
 _REQUEST_FRAMING = (
@@ -77,129 +72,6 @@ def changes_anchor(protocol: Protocol) -> str:
     return f"changes-{version_slug(protocol.parent)}-{version_slug(protocol)}"
 
 
-# ---- field rows --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Offset:
-    """A byte offset that may depend on counts: ``const + sum(coef * count_field)``."""
-
-    const: int = 0
-    terms: tuple[tuple[str, int], ...] = ()
-
-    def plus(self, const: int = 0, term: tuple[str, int] | None = None) -> _Offset:
-        terms = dict(self.terms)
-        if term is not None:
-            terms[term[0]] = terms.get(term[0], 0) + term[1]
-        return _Offset(self.const + const, tuple(terms.items()))
-
-    def __str__(self) -> str:
-        parts = [str(self.const)] if self.const or not self.terms else []
-        parts += [f"{coef}·{name}" for name, coef in self.terms]
-        return " + ".join(parts)
-
-
-@dataclass(frozen=True)
-class Row:
-    """One line of a field table."""
-
-    offset: str
-    size: str
-    type: str
-    name: str
-    doc: str
-
-
-def _struct_label(schema: Struct) -> str | None:
-    named = NAMED_STRUCTS.get(id(schema))
-    return f"[{named[0]}](#{named[1]})" if named else None
-
-
-def _rows(schema: Struct, start: _Offset, prefix: str = "") -> tuple[list[Row], _Offset]:
-    rows: list[Row] = []
-    off = start
-    for info in fields(schema):
-        name = prefix + info.name
-        size, typ, nxt = _field_geometry(info, off)
-        if info.kind == "struct" and _struct_label(info.struct) is None:  # anonymous nested Struct: expand it
-            assert info.struct is not None
-            inner, off = _rows(info.struct, off, prefix=name + ".")
-            rows += inner
-            continue
-        rows.append(Row(str(off), size, typ, f"`{name}`", info.doc))
-        off = nxt
-    return rows, off
-
-
-def _field_geometry(info: FieldInfo, off: _Offset) -> tuple[str, str, _Offset]:
-    """(size text, type text, next offset) of one field at ``off``."""
-    if info.kind == "int":
-        return str(info.length), int_label(info.fmt), off.plus(info.length)
-    if info.kind == "bytes":
-        return str(info.length), f"u8[{info.length}]", off.plus(info.length)
-    if info.kind == "struct":
-        assert info.struct is not None
-        label = _struct_label(info.struct) or "struct"
-        return str(info.length), label, off.plus(info.length)
-    elem = element_size(info)
-    if info.kind == "array":
-        elem_label = int_label(info.fmt)
-    else:
-        assert info.struct is not None
-        elem_label = _struct_label(info.struct) or "struct"
-    typ = f"{elem_label}[{info.count}]"
-    if isinstance(info.count, int):
-        return str(info.length), typ, off.plus(info.length)
-    return f"{elem}·{info.count}", typ, off.plus(term=(info.count, elem))
-
-
-def payload_rows(payload: Payload, request: Payload | None = None) -> list[Row]:
-    """Every field of a payload with its offset, size, type and doc (bulk data included as a last row)."""
-    if payload.shape is Shape.RAW:
-        src = payload.length_from or "size"
-        return [Row("0", f"request.{src}", "bytes", "`data`", payload.doc)]
-    rows, end = _rows(payload.schema, _Offset())
-    if payload.shape is Shape.HEADER_DATA:
-        rows.append(Row(str(end), "n", "bytes", "`data`", f"{payload.doc} (n = size − {end})"))
-    return rows
-
-
-def payload_size(payload: Payload, *, reply: bool = False) -> str:
-    """The size rule of a payload in words (``reply``: it is checked by the client, not the server)."""
-    if payload.shape is Shape.FIXED:
-        n = payload.schema.sizeof()
-        who = "the client aborts" if reply else "the server closes"
-        return f"fixed, exactly {n} bytes (any other size header: {who})"
-    if payload.shape is Shape.HEADER_DATA:
-        n = payload.schema.sizeof()
-        return f"variable, {n}-byte header + n data bytes (size ≥ {n}; every byte after the header is data)"
-    if payload.shape is Shape.RAW:
-        return f"variable, exactly the request's `{payload.length_from}` bytes"
-    _, end = _rows(payload.schema, _Offset())
-    return f"variable, {end} bytes (size ≥ {payload.header_size}; trailing bytes are ignored)"
-
-
-def _table(rows: Iterable[Row]) -> str:
-    rows = list(rows)
-    if not rows:
-        return "Empty payload: no fields.\n"
-    lines = ["| off | size | type | field | description |", "|---|---|---|---|---|"]
-    lines += [f"| {r.offset} | {r.size} | {r.type} | {r.name} | {_cell(r.doc)} |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _sentence(text: str) -> str:
-    return f"{text[:1].upper()}{text[1:]}."
-
-
-def _hex(data: bytes) -> str:
-    return " ".join(f"{b:02x}" for b in data)
-
-
 # ---- sections ----------------------------------------------------------------------------------------------------
 
 
@@ -224,17 +96,17 @@ def _framing() -> str:
             rows.append(Row(str(off), str(size), int_label(ch), f"`{name}`", doc))
             off += size
         rows.append(Row(str(off), "size", "bytes", "`payload`", "the command's request or reply payload"))
-        out.append(f"**{title}** ({fmt.size}-byte header):\n\n{_table(rows)}\n")
+        out.append(f"**{title}** ({fmt.size}-byte header):\n\n{markdown_table(rows)}\n")
     return "".join(out)
 
 
 def _rpc_tensor() -> str:
-    rows, end = _rows(RpcTensor, _Offset())
+    rows, end = struct_rows(RpcTensor, Offset())
     return (
         _anchor("rpc_tensor")
         + f"## rpc_tensor ({end} bytes)\n\n"
         + f"{RpcTensor.__doc__ or ''} Identical in every covered version.\n\n"
-        + _table(rows)
+        + markdown_table(rows)
         + "\n"
     )
 
@@ -252,7 +124,7 @@ def _request_text(spec: CommandSpec) -> str:
         return str(req.schema.sizeof())
     if req.shape is Shape.HEADER_DATA:
         return f"{req.schema.sizeof()} + n"
-    _, end = _rows(req.schema, _Offset())
+    _, end = struct_rows(req.schema, Offset())
     return str(end)
 
 
@@ -269,7 +141,7 @@ def _first_defined(protocol: Protocol, command: Command) -> Protocol:
 def _command_section(protocol: Protocol, spec: CommandSpec, rendered: frozenset[str]) -> str:
     cmd = spec.command
     out = [_anchor(command_anchor(protocol, cmd)), f"### {cmd.name} ({int(cmd)}) — {protocol.label}\n\n"]
-    out.append(_sentence(spec.doc))
+    out.append(sentence(spec.doc))
     origin = _first_defined(protocol, cmd)
     parent = protocol.parent
     if parent is not None:
@@ -284,7 +156,7 @@ def _command_section(protocol: Protocol, spec: CommandSpec, rendered: frozenset[
             )
     out.append("\n\n")
     req = spec.request
-    out.append(f"**Request** — {req.doc}; {payload_size(req)}:\n\n{_table(payload_rows(req))}\n")
+    out.append(f"**Request** — {req.doc}; {payload_size(req)}:\n\n{markdown_table(payload_rows(req))}\n")
     if spec.reply is NO_REPLY:
         out.append(
             "**No reply**: the server sends nothing back, not even a size header; a client or decoder must not "
@@ -293,7 +165,7 @@ def _command_section(protocol: Protocol, spec: CommandSpec, rendered: frozenset[
     else:
         assert isinstance(spec.reply, Payload)
         rep = spec.reply
-        out.append(f"**Reply** — {rep.doc}; {payload_size(rep, reply=True)}:\n\n{_table(payload_rows(rep))}\n")
+        out.append(f"**Reply** — {rep.doc}; {payload_size(rep, reply=True)}:\n\n{markdown_table(payload_rows(rep))}\n")
     return "".join(out)
 
 
@@ -316,8 +188,8 @@ def _version_section(protocol: Protocol, rendered: frozenset[str]) -> str:
     ver = hdr + sum(f.length for f in itertools.takewhile(lambda f: f.name != "conn_caps",
                                                          fields(protocol.commands[Command.HELLO].reply.schema)))
     out.append(
-        f"HELLO reply of a {protocol.label} server (plain TCP), size header then payload: `{_hex(hello[:hdr])}` "
-        f"`{_hex(hello[hdr:ver])}` + {len(hello) - ver} zero bytes. "
+        f"HELLO reply of a {protocol.label} server (plain TCP), size header then payload: `{hex_bytes(hello[:hdr])}` "
+        f"`{hex_bytes(hello[hdr:ver])}` + {len(hello) - ver} zero bytes. "
         f"RPC_CMD_COUNT = {protocol.command_count}; a server closes the connection on any command id not listed "
         "below and on the never-sent sentinel "
         + ", ".join(f"{c.name} = {int(c)}" for c in sorted(NEVER_ON_WIRE))
@@ -336,7 +208,7 @@ def _version_section(protocol: Protocol, rendered: frozenset[str]) -> str:
         )
     out.append("\n")
     out.append(_anchor(f"{slug}-cache-rule"))
-    out.append(f"### Cache rule — {protocol.label}\n\n{_sentence(protocol.cache_rule.doc)}\n\n")
+    out.append(f"### Cache rule — {protocol.label}\n\n{sentence(protocol.cache_rule.doc)}\n\n")
     out.append("| property | value |\n|---|---|\n")
     out += [f"| `{name}` | `{value}` |\n" for name, value in _cache_rule_rows(protocol)]
     out.append("\n")
@@ -426,7 +298,7 @@ def _changes_section(protocol: Protocol) -> str:
         out.append("No difference on the wire.\n\n")
         return "".join(out)
     out.append(f"| what | {parent.label} | {protocol.label} |\n|---|---|---|\n")
-    out += [f"| {w} | {_cell(o)} | {_cell(n)} |\n" for w, o, n in rows]
+    out += [f"| {w} | {cell(o)} | {cell(n)} |\n" for w, o, n in rows]
     out.append("\n")
     return "".join(out)
 
