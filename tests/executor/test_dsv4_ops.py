@@ -96,3 +96,15 @@ def test_hc_pre_refuses_a_gate_of_the_wrong_shape(arena):
     out = arena.tensor(F32, (4, 3), op=GgmlOp.DSV4_HC_PRE, src=(xt, wt), params=params(1.0, 1))
     with pytest.raises(Exception, match="DSV4_HC_PRE: shapes"):
         execute([out])
+
+
+def test_sum_of_a_source_permuted_in_dims_0_1_reads_rows_from_their_start(arena):
+    # ggml's CPU SUM adds ne0 consecutive elements from each row's first element, whatever nb0 is: for a view
+    # [33, 4] with nb0 = 16 and nb1 = 4 bytes over memory m, that is sum over rows r of m[r : r + 33].
+    view = permuted(arena, rand(1, 1, 4, 33))
+    m = arena.get(arena.view_of(view, (4 * 33,), (4, 528, 528, 528))).reshape(-1).astype(np.float64)
+    out = arena.tensor(F32, (1,), op=GgmlOp.SUM, src=(view,))
+    execute([out])
+    want = sum(m[r : r + 33].sum() for r in range(4))
+    assert want != pytest.approx(m.sum(), rel=1e-3)  # the case tells the two readings apart
+    assert arena.get(out).item() == pytest.approx(want, rel=1e-5)
