@@ -1,5 +1,5 @@
-"""DSV4_HC_COMB / PRE / POST against element-by-element formulations of ggml.h's definitions, on small cases
-with non-contiguous sources."""
+"""DSV4_HC_COMB / PRE / POST, SUM of a permuted source and antialiased UPSCALE against element-by-element
+formulations, on small cases with non-contiguous sources."""
 
 from __future__ import annotations
 
@@ -108,3 +108,31 @@ def test_sum_of_a_source_permuted_in_dims_0_1_reads_rows_from_their_start(arena)
     want = sum(m[r : r + 33].sum() for r in range(4))
     assert want != pytest.approx(m.sum(), rel=1e-3)  # the case tells the two readings apart
     assert arena.get(out).item() == pytest.approx(want, rel=1e-5)
+
+
+def aa_weights_1d(n_in: int, n_out: int) -> np.ndarray:
+    """Antialiased bilinear weights, one output at a time: the triangle widened by the shrink factor, and the
+    weights that fall inside the source divided by their sum."""
+    ratio = n_in / n_out
+    support = max(ratio, 1.0)
+    w = np.zeros((n_out, n_in))
+    for o in range(n_out):
+        centre = (o + 0.5) * ratio
+        for j in range(n_in):
+            w[o, j] = max(0.0, 1.0 - abs(j + 0.5 - centre) / support)
+        w[o] /= w[o].sum()
+    return w
+
+
+@pytest.mark.parametrize("src_ne, dst_ne", [((6, 5, 2, 1), (3, 2, 2, 1)), ((2, 3, 1, 2), (5, 4, 1, 2))])
+def test_upscale_antialiased_bilinear(arena, src_ne, dst_ne):
+    x = rand(src_ne[3], src_ne[2], src_ne[1], src_ne[0])
+    xt = permuted(arena, x)
+    out = arena.tensor(F32, dst_ne, op=GgmlOp.UPSCALE, src=(xt,), params=params(1 | (1 << 9)))
+    execute([out])
+    w0, w1 = aa_weights_1d(src_ne[0], dst_ne[0]), aa_weights_1d(src_ne[1], dst_ne[1])
+    want = np.zeros((dst_ne[3], dst_ne[2], dst_ne[1], dst_ne[0]))
+    for i3, i2, i1, i0 in np.ndindex(*want.shape):
+        want[i3, i2, i1, i0] = sum(w1[i1, j1] * w0[i0, j0] * x[i3, i2, j1, j0]
+                                   for j1 in range(src_ne[1]) for j0 in range(src_ne[0]))
+    np.testing.assert_allclose(arena.get(out), want, rtol=1e-5, atol=1e-6)
