@@ -93,4 +93,4 @@ def _cumsum(node: GraphTensor, mem: Memory) -> None:
 
 # The backward/training kernels and the lightning indexer live in their own modules; importing them here
 # registers them with the executor.
-from . import dsv4, indexer, recurrent, training  # noqa: E402, F401
+from . import deconv, dsv4, indexer, recurrent, training  # noqa: E402, F401
