@@ -14,6 +14,8 @@ from ..graph import GraphTensor
 from .core import kernel, need_types, params_f32, params_i32, read, src, write
 from .memory import F32, Memory, node_error
 
+_MAX_ITER = 1024
+
 
 @kernel(GgmlOp.DSV4_HC_COMB, src=(F32,), dst=(F32,), note="mixes [(2+hc)*hc, T], scale [3], base; params eps, n_iter")
 def _hc_comb(node: GraphTensor, mem: Memory) -> None:
@@ -27,8 +29,9 @@ def _hc_comb(node: GraphTensor, mem: Memory) -> None:
         raise node_error(node, "shapes must be mixes [(2+hc)*hc, T], scale [3], base [(2+hc)*hc], result [hc, hc, T]")
     eps = np.float32(params_f32(node)[0])
     n_iter = int(params_i32(node)[1])
-    if n_iter < 1:
-        raise node_error(node, f"n_iter {n_iter} must be at least 1")
+    # Each round is a pass over every token: a peer's n_iter must not buy unbounded work (ggml's models use 20).
+    if not 1 <= n_iter <= _MAX_ITER:
+        raise node_error(node, f"n_iter {n_iter} must be in [1, {_MAX_ITER}]")
     scale = read(mem, scale_t).reshape(-1)[2]
     base = read(mem, base_t).reshape(-1)[2 * hc : width].reshape(hc, hc)
     # Logit (dst, src) sits at 2*hc + dst + hc*src: as (T, src, dst), dst varies fastest, like the result.

@@ -136,3 +136,12 @@ def test_upscale_antialiased_bilinear(arena, src_ne, dst_ne):
         want[i3, i2, i1, i0] = sum(w1[i1, j1] * w0[i0, j0] * x[i3, i2, j1, j0]
                                    for j1 in range(src_ne[1]) for j0 in range(src_ne[0]))
     np.testing.assert_allclose(arena.get(out), want, rtol=1e-5, atol=1e-6)
+
+
+def test_hc_comb_bounds_the_sinkhorn_rounds_a_peer_asks_for(arena):
+    hc, width = 2, 8
+    mt, st, bt = (filled(arena, F32, (width,), rand(1, 1, 1, width)), filled(arena, F32, (3,), rand(1, 1, 1, 3)),
+                  filled(arena, F32, (width,), rand(1, 1, 1, width, seed=1)))
+    out = arena.tensor(F32, (hc, hc, 1), op=GgmlOp.DSV4_HC_COMB, src=(mt, st, bt), params=params(1e-6, 1 << 30))
+    with pytest.raises(Exception, match="n_iter 1073741824 must be in"):
+        execute([out])
