@@ -107,7 +107,7 @@ def _pool_2d(node: GraphTensor, mem: Memory) -> None:
     write(mem, node, out)
 
 
-@kernel(GgmlOp.UPSCALE, src=FLOATS, dst=(F32,), note="nearest (all dims), bilinear (dims 0, 1)")
+@kernel(GgmlOp.UPSCALE, src=FLOATS, dst=(F32,), note="nearest (all dims); bilinear, bicubic, antialiased (dims 0, 1)")
 def _upscale(node: GraphTensor, mem: Memory) -> None:
     x_t = src(node, 0)
     need_types(node, x_t, FLOATS, "input")
@@ -125,8 +125,10 @@ def _upscale(node: GraphTensor, mem: Memory) -> None:
     if mode not in (1, 2):
         raise node_error(node, f"upscale mode {mode} is not supported (nearest 0, bilinear 1, bicubic 2)")
     if flags & (1 << 9):
-        # A clear refusal rather than a plain bilinear result that differs from ggml's filtered one.
-        raise node_error(node, "antialiased bilinear upscale is not implemented")
+        if mode != 1 or align_corners:
+            raise node_error(node, "antialias applies to bilinear upscale without aligned corners only")
+        write(mem, node, _antialiased(x, src_shape, dst_shape))
+        return
     # Dims 2 and 3 are resampled by nearest neighbour (ggml interpolates dims 0 and 1 only): index
     # trunc(i / (out / in)) in float32, as ggml computes it.
     for axis in (0, 1):
@@ -161,6 +163,31 @@ def _upscale(node: GraphTensor, mem: Memory) -> None:
             acc = acc + np.take(out, np.clip(i0 + off, 0, n_in - 1), axis=axis) * w
         out = acc
     write(mem, node, out)
+
+
+def _antialiased(x: np.ndarray, src_shape: tuple[int, ...], dst_shape: tuple[int, ...]) -> np.ndarray:
+    """Antialiased bilinear resampling of dims 0 and 1 (dims 2 and 3 by nearest neighbour).
+
+    Along each axis, output o is centred on source position c = (o + 0.5) * in / out; source j (centre j + 0.5)
+    weighs max(0, 1 - |j + 0.5 - c| / s) with the triangle widened to s = max(in / out, 1) when shrinking, and
+    each output's weights are divided by their sum (so edges are not darkened). One matrix per axis, applied with
+    a matmul over the whole tensor.
+    """
+    for axis in (2, 3):  # numpy axes 2 and 3: ggml dims 1 and 0
+        n_in, n_out = src_shape[axis], dst_shape[axis]
+        ratio = np.float32(n_in) / np.float32(n_out)
+        support = max(ratio, np.float32(1))
+        centre = (np.arange(n_out, dtype=np.float32) + np.float32(0.5)) * ratio
+        dist = np.abs(np.arange(n_in, dtype=np.float32)[None, :] + np.float32(0.5) - centre[:, None]) / support
+        w = np.maximum(np.float32(0), np.float32(1) - dist)
+        w = (w / w.sum(axis=1, keepdims=True)).astype(np.float32)  # (out, in)
+        x = np.moveaxis(np.moveaxis(x, axis, -1) @ w.T, -1, axis)
+    for axis in (0, 1):
+        n_in, n_out = src_shape[axis], dst_shape[axis]
+        if n_in != n_out:
+            sf = np.float32(n_out) / np.float32(n_in)
+            x = np.take(x, np.minimum((np.arange(n_out, dtype=np.float32) / sf).astype(np.int64), n_in - 1), axis=axis)
+    return x
 
 
 def _cubic_weights(t: np.ndarray) -> tuple[np.ndarray, ...]:

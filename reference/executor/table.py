@@ -6,6 +6,7 @@ from typing import Any
 
 from ggml_rpc.spec import NATIVE_CALLBACK_OPS, GgmlOp, type_name
 
+from . import counts as op_counts
 from .core import KERNELS, READABLE, SUPPORT, WRITABLE
 from .memory import I32, I64
 
@@ -33,8 +34,19 @@ def unsupported_ops() -> list[str]:
     return [op.name for op in GgmlOp if (int(op) not in KERNELS and int(op) not in free) or op in NATIVE_CALLBACK_OPS]
 
 
-def render_ops_table() -> str:
-    """The table as Markdown: ``r`` = read as a source, ``w`` = written as a result."""
+def _counts_cell(counts: dict[str, Any], label: str) -> str:
+    if label in ("UNARY", "GLU"):
+        return "see the sub-op rows"
+    if label in _FREE:
+        return ""
+    # test-backend-ops names the UNARY and GLU sub-ops by themselves (SILU, SWIGLU).
+    return op_counts.cell(counts, label.split("/", 1)[-1])
+
+
+def render_ops_table(counts: dict[str, Any] | None = None) -> str:
+    """The table as Markdown: ``r`` = read as a source, ``w`` = written as a result; beside each op the
+    recorded test-backend-ops counts (``reference/op_counts.json`` unless ``counts`` is given)."""
+    counts = op_counts.load() if counts is None else counts
     names = [type_name(t) for t in COLUMNS]
     lines = [
         "# Ops supported by the reference executor",
@@ -42,19 +54,26 @@ def render_ops_table() -> str:
         "Generated from the executor's kernel registrations (`ggml-rpc serve --list-ops` prints the same table).",
         "`r`: the op reads source 0 of this type; `w`: the op writes a result of this type.",
         "",
-        "| op | " + " | ".join(names) + " | note |",
-        "|---|" + "---|" * len(names) + "---|",
+        *op_counts.header(counts),
+        "",
+        "| op | " + " | ".join(names) + " | test-backend-ops: reference; upstream | note |",
+        "|---|" + "---|" * len(names) + "---|---|",
     ]
     for row in supported_ops():
         cells = []
         for name in names:
             mark = ("r" if name in row["src"] else "") + ("w" if name in row["dst"] else "")
             cells.append(mark)
-        lines.append(f"| {row['op']} | " + " | ".join(cells) + f" | {row['note']} |")
+        tbo = _counts_cell(counts, row["op"])
+        lines.append(f"| {row['op']} | " + " | ".join(cells) + f" | {tbo} | {row['note']} |")
+    refused = unsupported_ops()
     lines += [
         "",
-        "Refused (the connection is closed with a message naming the op): " + ", ".join(unsupported_ops()) + ".",
+        "Refused (the connection is closed with a message naming the op): " + ", ".join(refused) + ".",
         "MAP_CUSTOM1/2/3 and CUSTOM carry native function pointers and are never executed.",
-        "",
     ]
+    measured = [f"{op} {op_counts.cell(counts, op)}" for op in refused if op in counts.get("ops", {})]
+    if measured:
+        lines.append("Refused ops in the recorded runs: " + "; ".join(measured) + ".")
+    lines.append("")
     return "\n".join(lines)

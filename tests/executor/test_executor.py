@@ -129,7 +129,7 @@ def test_supports_op_follows_the_registrations(arena):
     assert supports_op(arena.tensor(F32, (4,), op=GgmlOp.GLU, src=(a,), params=params(int(GluOp.SWIGLU))))
     assert supports_op(arena.tensor(Q8_0, (32,), op=GgmlOp.CPY, src=(arena.tensor(F32, (32,)),)))
     assert not supports_op(arena.tensor(F32, (8,), op=GgmlOp.UNARY, src=(a,), params=params(99)))
-    assert not supports_op(arena.tensor(F32, (8,), op=GgmlOp.SSM_SCAN, src=(a,)))
+    assert not supports_op(arena.tensor(F32, (8,), op=GgmlOp.FLASH_ATTN_BACK, src=(a,)))
     assert not supports_op(arena.tensor(F32, (8,), op=GgmlOp.CUSTOM))
     assert supports_op(arena.tensor(int(GgmlType.Q2_K), (256,), op=GgmlOp.CPY, src=(q,)))
     assert not supports_op(arena.tensor(int(GgmlType.IQ2_XXS), (256,), op=GgmlOp.CPY, src=(q,)))
