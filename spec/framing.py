@@ -67,10 +67,14 @@ class Head:
     request: Any = None
     _fields: dict | None = None
     _trailing: memoryview | None = None
+    #: Why the fixed part was not collected (larger than the framer's ``max_fixed``): it streams as bulk instead.
+    error: ProtocolError | None = None
 
     @property
     def fields(self) -> dict:
         """The fixed part decoded (once); raises ProtocolError for a fixed part its layout refuses."""
+        if self.error is not None:
+            raise self.error
         if self._fields is None:
             header = REQUEST_HEADER_SIZE if self.request is None else REPLY_HEADER_SIZE
             self._fields, self._trailing = decode_payload(self.payload, self.fixed, command=self.command.name,
@@ -270,11 +274,15 @@ class _Framer:
         raise NotImplementedError
 
     def _open(self, command: Command, size: int, payload: Payload, fixed: int, request: Any) -> Head:
-        """A Head for a checked header: ``fixed`` payload bytes are collected, the rest streams as bulk."""
+        """A Head for a checked header: ``fixed`` payload bytes are collected, the rest streams as bulk.  A fixed
+        part above ``max_fixed`` is not collected: the whole payload streams as bulk and the Head carries the error
+        (the framing is intact, only this message cannot be decoded)."""
+        error = None
         if fixed > self.max_fixed:
-            raise SizeLimitExceeded(f"a {fixed}-byte {command.name} fixed part exceeds the limit {self.max_fixed}",
-                                    command=command.name, field="size", offset=self._start)
-        head = Head(command, size, self._start, self._index, payload, _EMPTY, size - fixed, request)
+            error = SizeLimitExceeded(f"a {fixed}-byte fixed part exceeds the limit {self.max_fixed}",
+                                      command=command.name, field="size", offset=self._start)
+            fixed = 0
+        head = Head(command, size, self._start, self._index, payload, _EMPTY, size - fixed, request, error=error)
         self._index += 1
         self._need_fixed = fixed
         self._bulk_left = size - fixed
@@ -403,6 +411,11 @@ class ReplyFramer(_Framer):
     def awaiting(self) -> int:
         """Number of sent requests still waiting for their reply."""
         return len(self._pending)
+
+    @property
+    def next_request(self) -> Any:
+        """The request the next reply answers (None if none awaits one)."""
+        return self._pending[0][0] if self._pending else None
 
     def expect(self, request: Any) -> bool:
         """Register a sent request (anything with ``command`` and ``fields``); returns whether a reply comes."""
