@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .enums import NEVER_ON_WIRE, Command, command_name
 from .errors import (
@@ -299,7 +299,7 @@ class RequestFramer(_Framer):
                  max_fixed: int = DEFAULT_MAX_PAYLOAD, expect_hello: bool = True) -> None:
         super().__init__(protocol, max_payload, max_fixed)
         self.hello_seen = not expect_hello
-        self._known: dict[int, _Entry] = {}
+        self._known: dict[int, RequestFrame] = {}
         self._known_for: Protocol | None = None
 
     def finish(self) -> None:
@@ -316,7 +316,7 @@ class RequestFramer(_Framer):
     def _begin(self, header: memoryview) -> Head:
         cmd, size = REQUEST_HEADER.unpack(header)
         if self._known_for is not self.protocol:
-            self._known = _request_table(self.protocol)
+            self._known = request_frames(self.protocol)
             self._known_for = self.protocol
         entry = self._known.get(cmd) if self.hello_seen else None
         if entry is not None and size <= self.max_payload:
@@ -337,13 +337,24 @@ class RequestFramer(_Framer):
         return self._open(Command(cmd), size, payload, fixed, None)
 
 
-#: Per command id after the handshake: (command, payload, exact size or -1, minimum size, fixed bytes or -1 for
-#: "the whole payload").
-_Entry = tuple[Command, Payload, int, int, int]
+class RequestFrame(NamedTuple):
+    """How one command's requests are framed after the handshake."""
+
+    command: Command
+    payload: Payload
+    #: The only valid size (FIXED), or -1 when the size varies.
+    exact: int
+    #: The smallest valid size.
+    minimum: int
+    #: Bytes of the fixed part (SET_TENSOR's header), or -1 for "the whole payload" (FIXED, GRAPH_COMPUTE); the
+    #: rest of a payload is bulk data.
+    fixed: int
 
 
-def _request_table(protocol: Protocol | None) -> dict[int, _Entry]:
-    table: dict[int, _Entry] = {}
+def request_frames(protocol: Protocol | None) -> dict[int, RequestFrame]:
+    """Per command id of a version (HELLO and client-side sentinels excepted): how its requests are framed.  The
+    framers use it, and so does the reference server's receive path, which reads the bytes itself."""
+    table: dict[int, RequestFrame] = {}
     if protocol is None:
         return table
     for cmd, spec in protocol.commands.items():
@@ -351,11 +362,11 @@ def _request_table(protocol: Protocol | None) -> dict[int, _Entry]:
             continue
         req = spec.request
         if req.shape is Shape.FIXED:
-            table[int(cmd)] = (cmd, req, req.header_size, 0, -1)
+            table[int(cmd)] = RequestFrame(cmd, req, req.header_size, req.header_size, -1)
         elif req.shape is Shape.HEADER_DATA:
-            table[int(cmd)] = (cmd, req, -1, req.header_size, req.header_size)
+            table[int(cmd)] = RequestFrame(cmd, req, -1, req.header_size, req.header_size)
         elif req.shape is Shape.GRAPH:
-            table[int(cmd)] = (cmd, req, -1, req.header_size, -1)
+            table[int(cmd)] = RequestFrame(cmd, req, -1, req.header_size, -1)
     return table
 
 
