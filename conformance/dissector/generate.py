@@ -19,13 +19,14 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Sequence
 
-from ggml_rpc.spec import codec
 from ggml_rpc.spec.enums import NEVER_ON_WIRE, TYPES, Command, GgmlOp, GluOp, TensorFlag, UnaryOp
 from ggml_rpc.spec.facts import DEFAULT_PORT
+from ggml_rpc.spec.framing import ReplyFramer, RequestFramer
 from ggml_rpc.spec.messages import GRAPH_MIN_SIZE, Payload
+from ggml_rpc.spec.payloads import DEFAULT_MAX_PAYLOAD
 from ggml_rpc.spec.versions import PROTOCOLS, Protocol
 
-from .layout import PROTO_NAME, GeneratorError, LayoutBuilder, LuaField, offset_of
+from .layout import PROTO_NAME, GeneratorError, LayoutBuilder, LuaField, offset_of, width_of
 from .runtime import RUNTIME
 
 #: GRAPH_COMPUTE payloads up to this size are reassembled and decoded in full; larger ones show their header.
@@ -195,8 +196,9 @@ def generate(protocols: Sequence[Protocol] = PROTOCOLS, *, port: int = DEFAULT_P
     add("local PAYLOADS = {}")
     for index, p in enumerate(b.payloads, 1):
         length = "nil" if p.length_from_off is None else str(p.length_from_off)
+        width = "nil" if p.length_from_len is None else str(p.length_from_len)
         add(f"PAYLOADS[{index}] = {{ shape = {lua_str(p.shape)}, layout = LAYOUTS[{p.layout}], size = {p.size}, "
-            f"length_from_off = {length} }}")
+            f"length_from_off = {length}, length_from_len = {width} }}")
     add("")
     add("-- one table per protocol version, oldest first")
     add("local PROTOCOLS = {}")
@@ -209,12 +211,14 @@ def generate(protocols: Sequence[Protocol] = PROTOCOLS, *, port: int = DEFAULT_P
     add(f"  HELLO_MAJOR_OFF = {offset_of(hello_reply.schema, 'major')},")
     add(f"  HELLO_MINOR_OFF = {offset_of(hello_reply.schema, 'minor')},")
     add(f"  HELLO_PATCH_OFF = {offset_of(hello_reply.schema, 'patch')},")
-    add(f"  REQ_HDR = {codec.REQUEST_HEADER_SIZE},")
-    add(f"  REP_HDR = {codec.REPLY_HEADER_SIZE},")
+    add(f"  HELLO_VER_LEN = {width_of(hello_reply.schema, 'major')},")
+    # Header widths are the framer's (the codec's streaming mode), which every other part of the kit frames with.
+    add(f"  REQ_HDR = {RequestFramer.header_size},")
+    add(f"  REP_HDR = {ReplyFramer.header_size},")
     # A request header is the command byte then the same size field a reply header is made of.
-    add(f"  SIZE_LEN = {codec.REPLY_HEADER_SIZE},")
-    add(f"  CMD_LEN = {codec.REQUEST_HEADER_SIZE - codec.REPLY_HEADER_SIZE},")
-    add(f"  MAX_PAYLOAD = {codec.DEFAULT_MAX_PAYLOAD},")
+    add(f"  SIZE_LEN = {ReplyFramer.header_size},")
+    add(f"  CMD_LEN = {RequestFramer.header_size - ReplyFramer.header_size},")
+    add(f"  MAX_PAYLOAD = {DEFAULT_MAX_PAYLOAD},")
     add(f"  GRAPH_MIN = {GRAPH_MIN_SIZE},")
     add(f"  REASSEMBLE_BULK = {str(reassemble_bulk).lower()},")
     add(f"  GRAPH_REASSEMBLE_MAX = {GRAPH_REASSEMBLE_MAX},")

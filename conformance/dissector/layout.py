@@ -78,12 +78,14 @@ class LayoutBuilder:
         """Index of the PAYLOADS entry for one payload (built once per Payload object)."""
         key = id(p)
         if key not in self._payload_of:
-            length_off = None
+            length_off = length_len = None
             if p.shape is Shape.RAW:
                 if request is None or p.length_from is None:
                     raise GeneratorError("a RAW reply needs the request field that gives its length")
                 length_off = offset_of(request.schema, p.length_from)
-            self.payloads.append(PayloadEntry(p.shape.name, self.layout(p.schema, ""), p.header_size, length_off))
+                length_len = width_of(request.schema, p.length_from)
+            self.payloads.append(PayloadEntry(p.shape.name, self.layout(p.schema, ""), p.header_size, length_off,
+                                              length_len))
             self._payload_of[key] = len(self.payloads)
         return self._payload_of[key]
 
@@ -175,9 +177,19 @@ def offset_of(schema: Struct, name: str) -> int:
     raise GeneratorError(f"no field {name} in the Struct")
 
 
+def width_of(schema: Struct, name: str) -> int:
+    """Byte width of a top-level fixed-size field."""
+    for sub in schema.subcons:
+        if sub.name == name:
+            return sub.sizeof()
+    raise GeneratorError(f"no field {name} in the Struct")
+
+
 @dataclass(frozen=True)
 class PayloadEntry:
     shape: str
     layout: int
     size: int
     length_from_off: int | None = None
+    #: Width of the request field a RAW reply's length is read from.
+    length_from_len: int | None = None

@@ -230,7 +230,7 @@ local function analyse_request(c, d, tvb, off, pinfo)
   if spec.reply ~= nil then
     local expected = spec.reply.size
     if spec.reply.shape == "RAW" then
-      expected = tvb(off + C.REQ_HDR + spec.reply.length_from_off, 8):le_uint64()
+      expected = tvb(off + C.REQ_HDR + spec.reply.length_from_off, spec.reply.length_from_len):le_uint64()
     else
       expected = UInt64(expected)
     end
@@ -289,9 +289,9 @@ local function analyse_reply(c, d, tvb, off, pinfo)
   c.rep_frames[head.index] = pinfo.number
   if head.cmd == C.HELLO then
     local base = off + C.REP_HDR
-    local major = tvb(base + C.HELLO_MAJOR_OFF, 1):uint()
-    local minor = tvb(base + C.HELLO_MINOR_OFF, 1):uint()
-    local patch = tvb(base + C.HELLO_PATCH_OFF, 1):uint()
+    local major = tvb(base + C.HELLO_MAJOR_OFF, C.HELLO_VER_LEN):le_uint()
+    local minor = tvb(base + C.HELLO_MINOR_OFF, C.HELLO_VER_LEN):le_uint()
+    local patch = tvb(base + C.HELLO_PATCH_OFF, C.HELLO_VER_LEN):le_uint()
     local proto = protocol_for(major, minor, patch)
     it.announced = major .. "." .. minor .. "." .. patch
     if c.forced ~= nil then

@@ -103,10 +103,10 @@ class ModelConnection:
             # Fuzzed numbers through the executor (NaN, inf, overflowing casts) are expected, not worth a warning.
             with np.errstate(all="ignore"):
                 if not self._greeted:
-                    self.conn._handshake()
+                    self.conn.handshake()
                     self._greeted = True
                 else:
-                    self.conn._one_command()
+                    self.conn.step()
         except (Close, PeerGone) as exc:
             self._finish(str(exc))
         except TimeoutError:
@@ -119,7 +119,7 @@ class ModelConnection:
         if end and not self.closed:
             # Everything the client will ever send is in: one more step sees the end of the stream.
             try:
-                self.conn._one_command()
+                self.conn.step()
             except (Close, PeerGone) as exc:
                 self._finish(str(exc))
         return ModelOutcome(self._drain(), self.closed, self.reason)
@@ -139,7 +139,7 @@ class ModelConnection:
     def _finish(self, reason: str) -> None:
         self.closed = True
         self.reason = reason
-        self.conn._release()
+        self.conn.release()
         try:
             self._server.close()
         except OSError:
