@@ -243,7 +243,7 @@ class Example:
             self.untracked = True
             return None
         mbytes, end = msg.encode(self.protocol)
-        tbytes, _ = msg.encode(self.protocol, self._relocate)
+        tbytes = msg.encode(self.protocol, self._relocate)[0] if msg.relocatable else mbytes
         # The target first: it works on the message (another process, another core) while the model does.
         tconn.send(tbytes)
         if end:
