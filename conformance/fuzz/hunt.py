@@ -75,6 +75,8 @@ class Hunt(Campaign):
         self._classes: dict[tuple, SavedFinding] = {}
         #: Every hit, per class id (the first is shrunk; the count says how often the class came back).
         self.hits: dict[str, int] = {}
+        #: Src-chain depths the target outlived (see :func:`.strategies.deep_chain`).
+        self.survived_deep: set[int] = set()
 
     # ---- the run -----------------------------------------------------------------------------------------------
 
