@@ -16,7 +16,14 @@
 from .campaign import BudgetSpent, Campaign, Options, Stats, TargetGone
 from .findings import Finding, SavedFinding
 from .setup import TargetFacts, embedded_campaign, learn_target, target_campaign
-from .targets import FUZZ_DEVICE_MEMORY, CachedSpawnedTarget, EmbeddedFuzzTarget, fuzz_config, spawned_target
+from .targets import (
+    FUZZ_DEVICE_MEMORY,
+    CachedSpawnedTarget,
+    EmbeddedFuzzTarget,
+    FuzzSpawnedTarget,
+    fuzz_config,
+    spawned_target,
+)
 
 __all__ = [
     "FUZZ_DEVICE_MEMORY",
@@ -25,6 +32,7 @@ __all__ = [
     "Campaign",
     "EmbeddedFuzzTarget",
     "Finding",
+    "FuzzSpawnedTarget",
     "Options",
     "SavedFinding",
     "Stats",

@@ -152,7 +152,33 @@ def _words(command: str) -> list[str]:
         return command.split()
 
 
-class CachedSpawnedTarget(SpawnedTarget):
+class FuzzSpawnedTarget(SpawnedTarget):
+    """A server the fuzzer starts (and restarts after every death) with a few environment variables of its own.
+
+    ``GGML_NO_BACKTRACE=1`` (unless the user set it): upstream otherwise attaches gdb to print a backtrace at every
+    abort, which costs seconds per death and pushes the assertion's ``file:line`` (part of a finding's class) out
+    of the log tail the fuzzer keeps.
+    """
+
+    def __init__(self, command: str, env: dict[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(command, **kwargs)
+        self.env = {"GGML_NO_BACKTRACE": os.environ.get("GGML_NO_BACKTRACE", "1"), **(env or {})}
+
+    def start(self) -> None:
+        # The child inherits the environment at spawn time: set for the spawn only, the fuzzer's own is restored.
+        previous = {k: os.environ.get(k) for k in self.env}
+        os.environ.update(self.env)
+        try:
+            super().start()
+        finally:
+            for k, v in previous.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+class CachedSpawnedTarget(FuzzSpawnedTarget):
     """An upstream ``rpc-server -c`` started with ``LLAMA_CACHE`` set to a directory of the fuzzer's own.
 
     Upstream keeps its cache files in ``$LLAMA_CACHE/rpc/`` (protocol.md §7); the directory outlives restarts
@@ -164,31 +190,22 @@ class CachedSpawnedTarget(SpawnedTarget):
     def __init__(self, command: str, **kwargs: Any) -> None:
         # Not removed by stop(), which every restart calls: the directory goes with this object (or at exit).
         self._base = tempfile.TemporaryDirectory(prefix="ggml-rpc-fuzz-llama-cache-")
-        super().__init__(command, cache_dir=Path(self._base.name) / "rpc", **kwargs)
+        super().__init__(command, {"LLAMA_CACHE": self._base.name}, cache_dir=Path(self._base.name) / "rpc",
+                         **kwargs)
         self.description = f"spawned: {command} (LLAMA_CACHE={self._base.name})"
 
     def start(self) -> None:
-        # The child inherits the environment at spawn time: set for the spawn only, the fuzzer's own is restored.
-        previous = os.environ.get("LLAMA_CACHE")
-        os.environ["LLAMA_CACHE"] = self._base.name
-        try:
-            super().start()
-        finally:
-            if previous is None:
-                os.environ.pop("LLAMA_CACHE", None)
-            else:
-                os.environ["LLAMA_CACHE"] = previous
+        super().start()
         if self.cache_dir is not None:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
 
 
-
-def spawned_target(command: str) -> SpawnedTarget:
+def spawned_target(command: str) -> FuzzSpawnedTarget:
     """The target for ``--spawn CMD``: an upstream server started with ``-c`` gets a cache the fuzzer can follow."""
     words = _words(command)
     if any(w in _UPSTREAM_CACHE_FLAGS for w in words[1:]) and _CACHE_DIR_FLAG not in words:
         return CachedSpawnedTarget(command)
-    return SpawnedTarget(command)
+    return FuzzSpawnedTarget(command)
 
 
 def cache_unknown(target: Target) -> bool:

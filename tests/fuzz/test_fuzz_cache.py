@@ -9,6 +9,7 @@ from ggml_rpc.conformance.fuzz.message import FuzzMessage
 from ggml_rpc.conformance.fuzz.targets import (
     CachedSpawnedTarget,
     EmbeddedFuzzTarget,
+    FuzzSpawnedTarget,
     cache_unknown,
     fuzz_config,
     spawned_target,
@@ -22,12 +23,15 @@ DATA = bytes(range(256)) * 4
 
 def test_what_the_model_can_know_of_a_target_cache():
     plain = spawned_target("rpc-server -H 127.0.0.1 -p {port}")
-    assert type(plain) is SpawnedTarget and not cache_unknown(plain)
+    assert type(plain) is FuzzSpawnedTarget and not cache_unknown(plain)
+    assert plain.env["GGML_NO_BACKTRACE"]  # no gdb backtrace per death: the assertion line stays in the log tail
     cached = spawned_target("rpc-server -H 127.0.0.1 -p {port} -c")
     assert isinstance(cached, CachedSpawnedTarget) and cached.use_cache and not cache_unknown(cached)
     assert cached.cache_dir is not None and cached.cache_dir.name == "rpc"
     chosen = spawned_target("ggml-rpc serve --port {port} --cache-dir /somewhere")
-    assert type(chosen) is SpawnedTarget and cache_unknown(chosen)
+    assert type(chosen) is FuzzSpawnedTarget and cache_unknown(chosen)
+    assert cache_unknown(SpawnedTarget("ggml-rpc serve --port {port} --cache-dir=/somewhere"))
+    assert not cache_unknown(SpawnedTarget("rpc-server -p {port}"))
     assert cache_unknown(ExternalTarget("127.0.0.1", 1))
     assert not cache_unknown(EmbeddedFuzzTarget(fuzz_config(V7)))
 
