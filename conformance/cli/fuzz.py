@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..harness import ExternalTarget, SpawnedTarget, Target, TargetError, parse_address
+from ..harness import ExternalTarget, Target, TargetError, parse_address
 from .options import UsageError
 
 DEFAULT_OUT = "fuzz-findings"
@@ -95,7 +95,10 @@ def _target(args: argparse.Namespace) -> Target:
     if args.spawn:
         if "{port}" not in args.spawn:
             raise UsageError("--spawn needs a {port} placeholder in CMD (the fuzzer picks a free port)")
-        return SpawnedTarget(args.spawn)
+        from ..fuzz.targets import spawned_target
+
+        # An upstream server started with -c gets a cache directory the fuzzer owns, so the model can follow it.
+        return spawned_target(args.spawn)
     try:
         host, port = parse_address(args.server)
     except ValueError as exc:

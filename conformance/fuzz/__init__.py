@@ -4,21 +4,35 @@
   towards the server's state, and near-valid ones that break exactly one rule;
 * :mod:`.model`: the oracle, the reference server's per-connection dispatcher run in-process;
 * :mod:`.machine`: the hypothesis state machine (bundles of connections, buffers, tensors; a rule per command);
-* :mod:`.example` and :mod:`.campaign`: invariants, findings, shrinking rounds, budgets, target restarts;
+* :mod:`.example` (with :mod:`.steps` and :mod:`.replies`) and :mod:`.campaign` (with :mod:`.saving`):
+  invariants, findings, shrinking rounds, budgets, target restarts;
+* :mod:`.hunt` (with :mod:`.strategies`, :mod:`.transcripts`, :mod:`.reports`): the campaign for a target that
+  dies often, its strategies aimed at known classes, delta debugging, findings.json and SARIF;
+* :mod:`.targets`: the embedded target, spawned targets (with a hash cache the model can follow), what the model
+  can know of a target's cache;
 * :mod:`.findings`: reproducers (pcap + one-line summary) that ``ggml-rpc replay`` re-runs.
 """
 
 from .campaign import BudgetSpent, Campaign, Options, Stats, TargetGone
 from .findings import Finding, SavedFinding
 from .setup import TargetFacts, embedded_campaign, learn_target, target_campaign
-from .targets import FUZZ_DEVICE_MEMORY, EmbeddedFuzzTarget, fuzz_config
+from .targets import (
+    FUZZ_DEVICE_MEMORY,
+    CachedSpawnedTarget,
+    EmbeddedFuzzTarget,
+    FuzzSpawnedTarget,
+    fuzz_config,
+    spawned_target,
+)
 
 __all__ = [
     "FUZZ_DEVICE_MEMORY",
     "BudgetSpent",
+    "CachedSpawnedTarget",
     "Campaign",
     "EmbeddedFuzzTarget",
     "Finding",
+    "FuzzSpawnedTarget",
     "Options",
     "SavedFinding",
     "Stats",
@@ -27,5 +41,6 @@ __all__ = [
     "embedded_campaign",
     "fuzz_config",
     "learn_target",
+    "spawned_target",
     "target_campaign",
 ]

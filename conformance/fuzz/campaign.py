@@ -9,9 +9,6 @@ it already has (same kind on the same command).  A target that died is restarted
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import sys
 import tempfile
 import time
 import warnings
@@ -31,10 +28,14 @@ from hypothesis.errors import Flaky
 from hypothesis.stateful import get_state_machine_test
 
 from .example import Example
-from .findings import Finding, SavedFinding, save
+from .findings import Finding, SavedFinding
 from .machine import build_machine
+from .memory import return_free_memory as _return_free_memory
+from .memory import rss_kib
 from .message import FuzzMessage
-from .model import ModelCache
+from .model import ModelCache, clear_directory
+from .saving import FindingSaver
+from .targets import cache_unknown
 from .wire import Refused, TargetConnection
 
 #: Examples per hypothesis run (one round).
@@ -74,18 +75,6 @@ class Stats:
         return self.messages / s if s > 0 else 0.0
 
 
-def rss_kib(pid: int | str = "self") -> int:
-    """Resident set size of a process in KiB (0 where /proc is not available)."""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 @dataclass
 class Options:
     examples: int | None = None
@@ -104,7 +93,7 @@ class Options:
     round_examples: int = ROUND_EXAMPLES
 
 
-class Campaign:
+class Campaign(FindingSaver):
     """Fuzz one target with one protocol's state machine."""
 
     def __init__(self, target: Target, protocol: Protocol, model_config: ServerConfig, options: Options, *,
@@ -119,9 +108,12 @@ class Campaign:
         self.alignment = alignment
         self.timeout = options.timeout
         self.exact = options.exact
-        # The model has a hash cache only when the target's can be seen and emptied between examples (the
-        # embedded target with a cache); any other target is assumed to run without one (upstream: without -c).
+        # The model has a hash cache when the target's can be seen and emptied between examples (the embedded
+        # target with a cache, an upstream -c the fuzzer spawned with its own LLAMA_CACHE).  A target whose cache
+        # the model cannot know may answer SET_TENSOR_HASH with a hit where the model misses: accepted, see
+        # :func:`.targets.cache_unknown`.
         self.model_cache = ModelCache() if getattr(target, "use_cache", False) else None
+        self.cache_unknown = self.model_cache is None and cache_unknown(target)
         self.stats = Stats()
         self.findings: list[SavedFinding] = []
         self.stopped_because = ""
@@ -210,17 +202,19 @@ class Campaign:
                 # Raising through hypothesis would look like a flaky test: later examples are inert instead.
                 self.gone = str(exc)
         self._dead = False
-        if self.model_cache is not None:
-            self.model_cache.clear()
-        cache_dir = self.target.cache_dir
-        if cache_dir is not None and cache_dir.exists():
-            from .model import clear_directory
-
-            clear_directory(cache_dir)
+        self.clear_caches()
         self._example = Example(self)
         if not self._example.inert:
             self.stats.examples += 1
         return self._example
+
+    def clear_caches(self) -> None:
+        """Empty the model's cache and the target's (when the fuzzer owns it): before an example or a replay."""
+        if self.model_cache is not None:
+            self.model_cache.clear()
+        cache_dir = self.target.cache_dir if self.model_cache is not None else None
+        if cache_dir is not None and cache_dir.exists():
+            clear_directory(cache_dir)
 
     def count_message(self, msg: FuzzMessage) -> None:
         st = self.stats
@@ -336,27 +330,6 @@ class Campaign:
         finally:
             self._close_example()
 
-    def _replay_fails(self, pcap: Path | None, kind: str) -> bool:
-        """Does ``ggml-rpc replay``'s engine, re-running ``pcap`` against the target, fail (the target dies again
-        after a crash -- on a restarted target --, or its replies differ)?"""
-        from ggml_rpc.conformance.sessions.replay import ReplayError, replay
-
-        if pcap is None:
-            return False
-        try:
-            if kind == "crash":
-                self.target.restart()
-                self.stats.restarts += 1
-            report = replay([pcap], self.target.host, self.target.port, timeout=self.timeout)
-            failed = not report.ok
-        except ReplayError:
-            failed = True
-        except Exception:  # a reproducer that does not even replay is simply not kept
-            return False
-        finally:
-            self._dead = True  # make the next example check (and bring back) the target
-        return not self.alive() if kind == "crash" else failed
-
     def _close_example(self) -> None:
         ex = self._example
         if ex is not None:
@@ -365,76 +338,6 @@ class Campaign:
                     ex.tconn.close()
                 for m in ex.models.values():
                     m.close()
-
-    def _record_unshrunk(self, why: str) -> None:
-        if self._first_failure is None:
-            return
-        finding, transcript = self._first_failure
-        self._first_failure = None
-        saved = self._save(finding, transcript, shrunk=False)
-        if saved is not None:
-            saved.notes.append(f"not shrunk: {why}")
-
-    def _save(self, finding: Finding, transcript: list, *, shrunk: bool) -> SavedFinding | None:
-        if finding.signature in self._seen:
-            return None
-        self._seen.add(finding.signature)
-        transcript = [conn for conn in transcript if conn]
-        saved = SavedFinding(finding.kind, finding.message, finding.command, finding.broken, messages=0,
-                             connections=0, death=finding.death, shrunk=shrunk)
-        if self.options.out_dir is not None:
-            probe = [(True, encode_request(self.protocol, Command.HELLO, {"conn_caps": bytes(CONN_CAPS_SIZE)})),
-                     (False, _hello_reply(self.protocol))]
-            number = len(self.findings) + 1
-            # The connection that crashed the server: the last one that sent more than its opening message
-            # (a connection opened after the fatal message may still have been accepted by the dying process).
-            culprit = next((conn for conn in reversed(transcript) if sum(1 for c, _ in conn if c) > 1), None)
-            if len(transcript) > 1 and culprit is not None and (finding.kind != "crash" or self.target.can_restart):
-                # Connections share nothing but the hash cache: the one that failed is usually enough.  Keep it
-                # alone if a replay of it alone still fails against the target (a fresh one after a crash).
-                save(saved, [culprit, probe], self.options.out_dir, number)
-                if self._replay_fails(saved.pcap, finding.kind):
-                    transcript = [culprit]
-                    saved.notes.append("earlier connections dropped: replayed alone, the last one fails the same "
-                                       "way")
-                else:
-                    _forget(self.options.out_dir, saved)
-            if saved.pcap is None or not saved.pcap.exists():
-                save(saved, [*transcript, probe], self.options.out_dir, number)
-        saved.messages = sum(sum(1 for c, _ in conn if c) for conn in transcript)
-        saved.connections = len(transcript)
-        if saved.summary_file is not None:
-            _rewrite_line(self.options.out_dir, saved)
-        self.findings.append(saved)
-        if self._on_finding is not None:
-            self._on_finding(saved)
-        return saved
-
-
-def _forget(out_dir: Path, saved: SavedFinding) -> None:
-    """Remove a reproducer written on trial (and its line in findings.txt)."""
-    for path in (saved.pcap, saved.summary_file):
-        if path is not None:
-            path.unlink(missing_ok=True)
-    index = out_dir / "findings.txt"
-    if index.exists():
-        lines = index.read_text().splitlines(keepends=True)
-        index.write_text("".join(lines[:-1]))
-    saved.pcap = saved.summary_file = None
-
-
-def _rewrite_line(out_dir: Path | None, saved: SavedFinding) -> None:
-    """The summary files carry the final message/connection counts."""
-    if out_dir is None or saved.summary_file is None:
-        return
-    lines = saved.summary_file.read_text().splitlines()
-    lines[0] = saved.line()
-    lines += [n for n in saved.notes if n not in lines]
-    saved.summary_file.write_text("\n".join(lines) + "\n")
-    index = out_dir / "findings.txt"
-    rows = index.read_text().splitlines()
-    rows[-1] = f"{saved.summary_file.stem}: {saved.line()}"
-    index.write_text("\n".join(rows) + "\n")
 
 
 @contextlib.contextmanager
@@ -448,33 +351,6 @@ def _scratch_hypothesis_home() -> Iterator[None]:
             yield
         finally:
             set_hypothesis_home_dir(previous)
-
-
-def _libc_trim() -> Callable[[int], int] | None:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc.malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-_MALLOC_TRIM = _libc_trim() if sys.platform.startswith("linux") else None
-
-
-def _return_free_memory() -> None:
-    """Hand freed heap pages back to the system between rounds.
-
-    Buffers of every size come and go all campaign long; glibc keeps the freed ones in its heap (its mmap threshold
-    rises after the first large free), which shows as a resident size creeping up although nothing is alive.
-    """
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
-
-
-def _hello_reply(protocol: Protocol) -> bytes:
-    from ggml_rpc.spec import encode_reply, hello_reply
-
-    return encode_reply(protocol, Command.HELLO, hello_reply(protocol.version))
 
 
 def _find_finding(exc: BaseException) -> Finding | None:

@@ -16,46 +16,31 @@ target with the target's handles and addresses (learnt from ALLOC_BUFFER / BUFFE
   answer HELLO (otherwise: a crash).
 """
 
+
 from __future__ import annotations
 
-import random
 from typing import TYPE_CHECKING
 
 import numpy as np
-from ggml_rpc.conformance.checks._leaks import classify
-from ggml_rpc.conformance.sessions.compare import RECORDED_ONLY
 from ggml_rpc.conformance.sessions.relocate import Relocator
 from ggml_rpc.spec import CONN_CAPS_SIZE, Command, fnv1a64
 from ggml_rpc.spec.codec import REPLY_HEADER_SIZE
-from ggml_rpc.spec.layout import flat_layout
 
-from .draws import Draw, RandomDraw
 from .findings import Finding, Writes
-from .generate import BufferRef, ConnRef, Scope, alloc_size, needs_state, placed_tensor, valid_request
+from .generate import ConnRef, Scope
 from .message import FuzzMessage
 from .model import ModelConnection
-from .nearvalid import break_one, unknown_commands
+from .replies import ReplyChecks
+from .steps import BROKEN_PER_TEN, MAX_READ, PREREQUISITES, WRITES, ExampleSteps
 from .wire import Refused, TargetConnection
 
 if TYPE_CHECKING:
     from .campaign import Campaign
 
-#: Out of ten requests, how many break one rule (the rest are valid).
-BROKEN_PER_TEN = 1
-#: Commands that change tensor data: the written tensor is read back after each (data must equal the model's).
-WRITES = frozenset({Command.SET_TENSOR, Command.MEMSET_TENSOR, Command.COPY_TENSOR, Command.SET_TENSOR_HASH,
-                    Command.GRAPH_COMPUTE, Command.GRAPH_RECOMPUTE, Command.BUFFER_CLEAR})
-#: A command that only makes sense after another one on the same connection (state, not layout).
-PREREQUISITES = {Command.GRAPH_RECOMPUTE: Command.GRAPH_COMPUTE}
 #: Seconds a target that keeps a connection open where the reference closes gets to close after all.
 SLOW_CLOSE = 15.0
-#: Largest read-back of a written tensor.
-MAX_READ = 4096
-#: What places a tensor: a read-back uses the known tensor when these fields of the written one match.
-_PLACE = ("buffer", "data", "type", "ne", "nb")
 
 HELLO = FuzzMessage(Command.HELLO, {"conn_caps": bytes(CONN_CAPS_SIZE)})
-
 
 def _handles(fields: dict) -> list[int]:
     """Every buffer handle a request names (``remote_ptr``, and the ``buffer`` of each tensor it carries)."""
@@ -75,7 +60,7 @@ def _handles(fields: dict) -> list[int]:
     return out
 
 
-class Example:
+class Example(ExampleSteps, ReplyChecks):
     """State of one hypothesis example (a program of connections and messages)."""
 
     def __init__(self, campaign: Campaign) -> None:
@@ -243,7 +228,7 @@ class Example:
             self.untracked = True
             return None
         mbytes, end = msg.encode(self.protocol)
-        tbytes, _ = msg.encode(self.protocol, self._relocate)
+        tbytes = msg.encode(self.protocol, self._relocate)[0] if msg.relocatable else mbytes
         # The target first: it works on the message (another process, another core) while the model does.
         tconn.send(tbytes)
         if end:
@@ -324,8 +309,8 @@ class Example:
 
     def leave_early(self, ref: ConnRef, msg: FuzzMessage) -> None:
         """Send ``msg`` and close the connection at once, reading nothing: the server must outlive a client that
-        leaves before its reply (upstream 6/7 die of SIGPIPE writing it).  No reply is recorded: the client never
-        read one."""
+        leaves before its reply (upstream 6/7 die of SIGPIPE writing it).  The model's reply is recorded as what
+        the server writes into the closed socket: a reproducer puts it after the client's FIN."""
         if self.inert:
             return
         self.prepare(ref)
@@ -335,8 +320,10 @@ class Example:
         tbytes, _ = msg.encode(self.protocol, self._relocate)
         tconn.send(tbytes)
         tconn.close()
-        model.exchange(mbytes, end=True)
+        out = model.exchange(mbytes, end=True)
         self._writes.append((True, mbytes))
+        if out.reply:
+            self._writes.append((False, out.reply))
         self._sent.append(msg)
         self.messages += 1
         self.last = msg
@@ -361,83 +348,6 @@ class Example:
             self._fail("crash", f"the target died on {msg.describe()} (it no longer accepts connections)", msg)
         self._fail("wrong-reply", f"the target closed the connection where the reference {model_did}", msg)
 
-    def _check_reply(self, msg: FuzzMessage, want: bytes, tconn: TargetConnection) -> None:
-        head = tconn.read(REPLY_HEADER_SIZE)
-        if head.timed_out:
-            self._fail("hang", f"no reply within {self.c.timeout:g} s", msg)
-        if len(head.data) < REPLY_HEADER_SIZE:
-            self._closed_unexpectedly(msg, "replies")
-        want_head, want_body = want[:REPLY_HEADER_SIZE], want[REPLY_HEADER_SIZE:]
-        if head.data != want_head:
-            got = int.from_bytes(head.data, "little")
-            self._end_target()
-            self._fail("wrong-reply", f"reply size {got}, the reference replies {len(want_body)} bytes", msg)
-        body = tconn.read(len(want_body))
-        if body.timed_out:
-            self._fail("hang", f"reply body incomplete after {self.c.timeout:g} s", msg)
-        if len(body.data) < len(want_body):
-            self._closed_unexpectedly(msg, "replies")
-        self._compare(msg, want_body, body.data)
-
-    def _compare(self, msg: FuzzMessage, want: bytes, got: bytes) -> None:
-        cmd = msg.command
-        spec = self.protocol.commands[cmd]
-        schema = spec.reply.schema  # type: ignore[union-attr]
-        if cmd is Command.GET_TENSOR:
-            if want != got and (self.c.exact or not self.computed):
-                w, g = np.frombuffer(want, np.uint8), np.frombuffer(got, np.uint8)
-                differ = w != g
-                if not w[differ].any():
-                    # Every differing byte is one the reference holds as zero (never written: fresh buffers are
-                    # zeroed): the target handed out memory of its own.
-                    report = classify(got)
-                    self._fail("info-leak", f"GET_TENSOR returned {int(differ.sum())} of {len(want)} byte(s) the "
-                               f"server was never given ({report.describe()})", msg,
-                               symptom=report.symptom if report.leaked else "stale-bytes")
-                at = int(np.flatnonzero(differ)[0])
-                self._fail("wrong-reply", f"data read back differs from the reference at byte {at} of {len(want)} "
-                           f"({got[at:at + 8].hex(' ')} instead of {want[at:at + 8].hex(' ')})", msg)
-            return
-        w = flat_layout(schema).unpack(want)
-        g = flat_layout(schema).unpack(got)
-        if cmd is Command.ALLOC_BUFFER:
-            self._compare_alloc(msg, w, g)
-            self.reloc.buffer(w["remote_ptr"], g["remote_ptr"])
-            if g["remote_ptr"]:
-                self._target_live.add(g["remote_ptr"])
-            return
-        if cmd is Command.BUFFER_GET_BASE:
-            if bool(w["base_ptr"]) != bool(g["base_ptr"]):
-                self._fail("wrong-reply", f"base {g['base_ptr']:#x}, the reference {w['base_ptr']:#x}", msg)
-            self.reloc.base(msg.fields["remote_ptr"], w["base_ptr"], g["base_ptr"])
-            return
-        if cmd in RECORDED_ONLY and not self.c.exact:
-            return
-        if w != g:
-            self._fail("wrong-reply", f"reply {g}, the reference replies {w}", msg)
-
-    def _compare_alloc(self, msg: FuzzMessage, want: dict, got: dict) -> None:
-        """Same success and size as the model's, unless the model cannot know the target's memory.
-
-        The model's budget is the target's announced total (or, against the embedded reference, its very
-        configuration).  A server other than the embedded reference may still grant more than the model does (it
-        need not enforce what it announces): that is its own business, but from then on it holds memory the
-        model never granted, so a later refusal is no finding and the rest of the example is not judged.
-        """
-        granted, model_granted = bool(got["remote_ptr"]), bool(want["remote_ptr"])
-        if granted == model_granted:
-            if granted and want["remote_size"] != got["remote_size"]:
-                self._fail("wrong-reply", f"allocation {got}, the reference {want}", msg)
-            return
-        if not self.c.exact:
-            if granted and msg.fields.get("size", 0) > self.c.model_config.device.memory:
-                self.memory_diverged = True
-                return
-            if not granted and self.memory_diverged:
-                self.untracked = True
-                return
-        self._fail("wrong-reply", f"allocation {got}, the reference {want}", msg)
-
     def _fail(self, kind: str, message: str, msg: FuzzMessage | None, symptom: str = "") -> None:
         if kind == "hang" and self.c.target.process_exited():
             kind = "crash"
@@ -451,129 +361,5 @@ class Example:
         self.c.found(self, finding)
         raise finding
 
-    # ---- composite steps ---------------------------------------------------------------------------------------
 
-    def command_step(self, d: Draw, command: Command) -> None:
-        """One request of ``command`` on the active connection: valid, or (one time in ten) with one rule broken.
-
-        A request that needs a buffer or a tensor gets them first; GRAPH_RECOMPUTE gets a graph first; what a valid
-        request wrote is read back.
-        """
-        if self.inert:
-            return
-        conn = self.active()
-        payload = self.protocol.commands[command].request
-        if needs_state(payload) and not self.scope.tensors:
-            self.setup(d, conn)
-        before = PREREQUISITES.get(command)
-        if before is not None and not self.has_graph(conn):
-            self.send(conn, valid_request(d, self.scope, before))
-            if not self.has_graph(conn):
-                return  # the prerequisite was refused: the connection is gone, its state with it
-        msg = valid_request(d, self.scope, command)
-        if d.integer(0, 9) >= 10 - BROKEN_PER_TEN:
-            msg = break_one(d, self.scope, msg, self.protocol)
-        self.send(conn, msg)
-        if msg.broken is None and command in WRITES:
-            self.read_back(conn, msg)
-
-    def setup(self, d: Draw, conn: ConnRef) -> None:
-        """A buffer and two tensors of one type and shape on ``conn`` (so that graphs can combine them)."""
-        buf = self.alloc(conn, d.integer(64, 4096), d.integer(0, max(0, self.c.devices - 1)))
-        if buf is not None:
-            first = placed_tensor(d, self.scope, buf)
-            self.scope.all_tensors.append(first)
-            self.scope.all_tensors.append(placed_tensor(d, self.scope, buf, like=first))
-        self.prepare(conn)
-
-    def burst(self, rng: random.Random, n: int) -> None:
-        """``n`` steps chosen and made from a PRNG: commands of the table, allocations, tensor placements.
-
-        (Connection-level breakage -- handshakes, unknown ids, a second HELLO -- is left to the hypothesis rule: each
-        one costs a reconnection, and one rule among the machine's is already their share.)
-        """
-        d = RandomDraw(rng)
-        commands = [c for c in self.protocol.commands if c is not Command.HELLO]
-        for _ in range(n):
-            if self.inert:
-                return
-            pick = d.integer(0, len(commands) + 1)
-            if pick < len(commands):
-                self.command_step(d, commands[pick])
-            elif pick == len(commands):
-                conn = self.active()
-                self.alloc(conn, alloc_size(d), d.integer(0, max(0, self.c.devices - 1)))
-            else:
-                conn = self.active()
-                if self.scope.buffers:
-                    self.scope.all_tensors.append(placed_tensor(d, self.scope, d.choice(self.scope.buffers)))
-                    self.prepare(conn)
-
-    def break_connection(self, d: Draw, how: str) -> None:
-        """A bad first message, a command id the version lacks, or a second HELLO."""
-        if self.inert:
-            return
-        reqs = [c for c in self.protocol.commands if c is not Command.HELLO]
-        hello = FuzzMessage(Command.HELLO, {"conn_caps": bytes(CONN_CAPS_SIZE)})
-        if how == "handshake":
-            conn = self.current or self.new_ref()
-            first = break_one(d, self.scope, hello, self.protocol) if d.integer(0, 1) else \
-                valid_request(d, self.scope, d.choice(reqs))
-            if first.command is not Command.HELLO:
-                first.broken = f"id: {first.command.name} before HELLO"
-            self.open(conn, first)
-            return
-        conn = self.active()
-        if how == "hello again":
-            hello.broken = "id: HELLO after the handshake"
-            self.send(conn, hello)
-            return
-        msg = valid_request(d, self.scope, d.choice(reqs))
-        msg.wire_command = d.choice(unknown_commands(self.protocol))
-        msg.broken = f"id: command byte {msg.wire_command}"
-        self.send(conn, msg)
-
-    def read_back(self, ref: ConnRef, msg: FuzzMessage) -> None:
-        """GET_TENSOR of what ``msg`` wrote (its whole tensor, at most MAX_READ bytes), when it is still there."""
-        model = self.models.get(ref)
-        if self.inert or model is None or model.closed or ref is not self.current:
-            return
-        f = msg.fields
-        if "dst" in f:
-            tensors = [f["dst"]]
-        elif "tensor" in f:
-            tensors = [f["tensor"]]
-        elif "tensors" in f:
-            tensors = [t for t in f["tensors"] if t["id"] in set(int(n) for n in f["nodes"])]
-        else:  # a whole buffer: every live tensor in it
-            tensors = [t.fields for t in self.scope.tensors if t.buffer.handle == f.get("remote_ptr")]
-        live = {t.fields["id"]: t for t in self.scope.tensors}
-        for t in tensors[:2]:
-            ref_t = live.get(t["id"])
-            if ref_t is None or not ref_t.nbytes or any(ref_t.fields[k] != t[k] for k in _PLACE):
-                continue
-            size = min(ref_t.nbytes, MAX_READ)
-            self.send(ref, FuzzMessage(Command.GET_TENSOR, {"tensor": ref_t.fields, "offset": 0, "size": size},
-                                       tags=("read-back",)))
-            if model.closed:
-                return
-
-    def _reply_fields(self, command: Command, payload: bytes) -> dict:
-        """A fixed-size reply payload decoded through its derived layout."""
-        return flat_layout(self.protocol.commands[command].reply.schema).unpack(payload)  # type: ignore[union-attr]
-
-    def alloc(self, ref: ConnRef, size: int, device: int) -> BufferRef | None:
-        """ALLOC_BUFFER then BUFFER_GET_BASE, as a client does; the buffer (model handle and base) or None."""
-        reply = self.send(ref, FuzzMessage(Command.ALLOC_BUFFER, {"device": device, "size": size}))
-        if not reply:
-            return None
-        f = self._reply_fields(Command.ALLOC_BUFFER, reply)
-        if not f["remote_ptr"]:
-            return None
-        base_reply = self.send(ref, FuzzMessage(Command.BUFFER_GET_BASE, {"remote_ptr": f["remote_ptr"]}))
-        if not base_reply:
-            return None
-        base = self._reply_fields(Command.BUFFER_GET_BASE, base_reply)["base_ptr"]
-        buf = BufferRef(ref, ref.incarnation, f["remote_ptr"], base, f["remote_size"], device)
-        self.scope.all_buffers.append(buf)
-        return buf
+__all__ = ["BROKEN_PER_TEN", "HELLO", "MAX_READ", "PREREQUISITES", "SLOW_CLOSE", "WRITES", "Example"]

@@ -9,6 +9,7 @@ against the one that produced the finding (a crash shows as a refused connection
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,13 +124,16 @@ class SavedFinding:
                 f"{death}{checked})")
 
 
-def save(finding: SavedFinding, transcript: list[Writes], out_dir: Path, number: int) -> SavedFinding:
-    """Write ``finding-NNN-<kind>.pcap`` and ``.txt`` into ``out_dir`` and append the line to findings.txt."""
+def save(finding: SavedFinding, transcript: list[Writes], out_dir: Path, number: int, *,
+         early: Collection[int] = ()) -> SavedFinding:
+    """Write ``finding-NNN-<kind>.pcap`` and ``.txt`` into ``out_dir`` and append the line to findings.txt
+    (``early``: connections whose client leaves before its last reply, see ``write_session``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"finding-{number:03d}-{finding.kind}"
     finding.pcap = out_dir / f"{stem}.pcap"
     finding.summary_file = out_dir / f"{stem}.txt"
-    write_session(finding.pcap, [w for w in transcript if w])
+    kept = [(i, w) for i, w in enumerate(transcript) if w]
+    write_session(finding.pcap, [w for _, w in kept], early=[n for n, (i, _) in enumerate(kept) if i in early])
     text = finding.line()
     details = [text, f"reproduce: ggml-rpc replay {finding.pcap.name} --server HOST:PORT"]
     if finding.death:

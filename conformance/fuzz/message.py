@@ -18,6 +18,9 @@ from ggml_rpc.spec.codec import REQUEST_HEADER, encode_payload
 #: a larger claim is sent as is and the connection is then ended (the server must not wait for the rest).
 PAD_LIMIT = 4096
 
+#: Request fields that carry server-assigned values (handles, addresses): see :class:`~..sessions.relocate.Relocator`.
+_RELOCATED = ("remote_ptr", "tensor", "src", "dst", "op", "srcs", "tensors")
+
 Relocate = Callable[[dict[str, Any]], dict[str, Any]]
 
 
@@ -59,7 +62,13 @@ class FuzzMessage:
         if spec is None:
             raise KeyError(f"{self.command.name} is not a command of protocol {protocol.label}")
         fields = relocate(self.fields) if relocate is not None else self.fields
-        payload = bytearray(b"".join(bytes(p) for p in encode_payload(spec.request, fields, self.data)))
+        parts = encode_payload(spec.request, fields, self.data)
+        cmd = int(self.command) if self.wire_command is None else self.wire_command
+        if self.patch is None and self.size is None and self.cut is None:
+            # The common case (nothing broken at the wire level): header and parts joined in one copy.
+            n = sum(memoryview(p).nbytes for p in parts)
+            return b"".join((REQUEST_HEADER.pack(cmd, n), *parts)), False
+        payload = bytearray(b"".join(parts))
         if self.patch is not None:
             at, raw = self.patch
             payload[at : at + len(raw)] = raw
@@ -72,9 +81,13 @@ class FuzzMessage:
         else:
             body = bytes(payload)
             end = True
-        cmd = int(self.command) if self.wire_command is None else self.wire_command
         wire = REQUEST_HEADER.pack(cmd, claim) + body
         if self.cut is not None and self.cut < len(wire):
             wire = wire[: self.cut]
             end = True
         return wire, end
+
+    @property
+    def relocatable(self) -> bool:
+        """Does the message name a buffer handle or a tensor (its bytes differ between the model and the target)?"""
+        return any(key in self.fields for key in _RELOCATED)

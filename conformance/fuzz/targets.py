@@ -1,6 +1,13 @@
 """Fuzz targets: the harness's external and spawned servers, and an embedded reference server that can restart.
 
 The embedded target takes a server class, so tests can fuzz a deliberately broken variant of the reference.
+
+The hash cache: the model can only judge SET_TENSOR_HASH exactly when it knows what the target's cache holds.  It
+does for the embedded target with a cache and for an upstream ``rpc-server -c`` the fuzzer spawns itself
+(:class:`CachedSpawnedTarget`: ``LLAMA_CACHE`` points at a directory of the fuzzer's, which stays across restarts
+and is emptied with the model's cache before every example and every shrink replay).  It cannot for a server it
+only connects to, or one spawned with a cache directory the user chose (:func:`cache_unknown`): there a hit where
+the model misses is accepted, and the example is judged no further.
 """
 
 from __future__ import annotations
@@ -8,6 +15,8 @@ from __future__ import annotations
 import faulthandler
 import logging
 import multiprocessing
+import os
+import shlex
 import signal
 import tempfile
 import warnings
@@ -17,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from ggml_rpc.conformance.harness import Target, TargetError, exit_status
+from ggml_rpc.conformance.harness import SpawnedTarget, Target, TargetError, exit_status
 from ggml_rpc.reference.connection import ServerConfig
 from ggml_rpc.reference.server import Server, make_config
 from ggml_rpc.spec import DEFAULT_HOST, Protocol
@@ -128,3 +137,83 @@ class EmbeddedFuzzTarget(Target):
         self.stop()
         self.restarts += 1
         self.start()
+
+
+#: Options that start a server with a hash cache: upstream ``rpc-server -c`` / ``--cache``, the kit's
+#: ``ggml-rpc serve --cache-dir DIR``.
+_UPSTREAM_CACHE_FLAGS = ("-c", "--cache")
+_CACHE_DIR_FLAG = "--cache-dir"
+
+
+def _words(command: str) -> list[str]:
+    try:
+        return shlex.split(command)
+    except ValueError:
+        return command.split()
+
+
+class FuzzSpawnedTarget(SpawnedTarget):
+    """A server the fuzzer starts (and restarts after every death) with a few environment variables of its own.
+
+    ``GGML_NO_BACKTRACE=1`` (unless the user set it): upstream otherwise attaches gdb to print a backtrace at every
+    abort, which costs seconds per death and pushes the assertion's ``file:line`` (part of a finding's class) out
+    of the log tail the fuzzer keeps.
+    """
+
+    def __init__(self, command: str, env: dict[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(command, **kwargs)
+        self.env = {"GGML_NO_BACKTRACE": os.environ.get("GGML_NO_BACKTRACE", "1"), **(env or {})}
+
+    def start(self) -> None:
+        # The child inherits the environment at spawn time: set for the spawn only, the fuzzer's own is restored.
+        previous = {k: os.environ.get(k) for k in self.env}
+        os.environ.update(self.env)
+        try:
+            super().start()
+        finally:
+            for k, v in previous.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+class CachedSpawnedTarget(FuzzSpawnedTarget):
+    """An upstream ``rpc-server -c`` started with ``LLAMA_CACHE`` set to a directory of the fuzzer's own.
+
+    Upstream keeps its cache files in ``$LLAMA_CACHE/rpc/`` (protocol.md §7); the directory outlives restarts
+    (as a real one would), so the fuzzer empties it, and the model's cache, before each example and each replay.
+    """
+
+    use_cache = True
+
+    def __init__(self, command: str, **kwargs: Any) -> None:
+        # Not removed by stop(), which every restart calls: the directory goes with this object (or at exit).
+        self._base = tempfile.TemporaryDirectory(prefix="ggml-rpc-fuzz-llama-cache-")
+        super().__init__(command, {"LLAMA_CACHE": self._base.name}, cache_dir=Path(self._base.name) / "rpc",
+                         **kwargs)
+        self.description = f"spawned: {command} (LLAMA_CACHE={self._base.name})"
+
+    def start(self) -> None:
+        super().start()
+        if self.cache_dir is not None:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+
+
+def spawned_target(command: str) -> FuzzSpawnedTarget:
+    """The target for ``--spawn CMD``: an upstream server started with ``-c`` gets a cache the fuzzer can follow."""
+    words = _words(command)
+    if any(w in _UPSTREAM_CACHE_FLAGS for w in words[1:]) and _CACHE_DIR_FLAG not in words:
+        return CachedSpawnedTarget(command)
+    return FuzzSpawnedTarget(command)
+
+
+def cache_unknown(target: Target) -> bool:
+    """May the target hold hash cache entries the model cannot know of (a server the fuzzer only connects to, or
+    one spawned with a cache directory the user chose)?"""
+    if isinstance(target, EmbeddedFuzzTarget | CachedSpawnedTarget):
+        return False
+    if isinstance(target, SpawnedTarget):
+        words = _words(target.command)[1:]
+        return any(w in _UPSTREAM_CACHE_FLAGS or w.split("=", 1)[0] == _CACHE_DIR_FLAG for w in words)
+    return True

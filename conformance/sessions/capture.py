@@ -37,6 +37,10 @@ class Direction:
     isn: int | None = None  # sequence number of the first payload byte (after SYN)
     segments: list[tuple[int, bytes | memoryview, float]] = field(default_factory=list)
     fin: bool = False
+    #: Bytes the other direction had carried when this side's FIN came (a client FIN before replies it never read).
+    fin_peer_bytes: int | None = None
+    #: Payload bytes seen so far in this direction (retransmissions included: an upper bound, exact when clean).
+    seen: int = 0
     data: bytearray = field(default_factory=bytearray)
     #: Stream offset where bytes went missing (the stream is cut there), or None.
     gap_at: int | None = None
@@ -291,9 +295,11 @@ def read_connections(path: str | Path, *, port: int | None = None) -> list[Conne
         if syn:
             d.isn = (seq + 1) & 0xFFFFFFFF
             continue
-        if flags & _TH_FIN:
+        if flags & _TH_FIN and not d.fin:
             d.fin = True
+            d.fin_peer_bytes = (conn.s2c if d is conn.c2s else conn.c2s).seen
         if payload.nbytes:
+            d.seen += payload.nbytes
             if d.isn is None:
                 d.isn = seq
             d.segments.append((seq, payload, ts))

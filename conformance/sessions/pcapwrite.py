@@ -16,7 +16,7 @@ from __future__ import annotations
 import ipaddress
 import struct
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -193,6 +193,23 @@ class TcpFlow:
                 self._ack(from_client)
         self._ack(from_client)
 
+    def leave(self, reply: bytes | bytearray | memoryview = b"", ts: float | None = None) -> None:
+        """The client closes before reading: its FIN goes out right after its last request, the server's ``reply``
+        (what it writes into the closed socket) follows, and the client's host answers that with a reset."""
+        if self._closed:
+            return
+        if not self._open:
+            self.open(ts)
+        self._w._advance(ts)
+        self._control(C2S, "FA")
+        self._ack(C2S)  # the server acknowledges the FIN
+        mv = memoryview(reply).cast("B")
+        if mv.nbytes:
+            for start in range(0, mv.nbytes, self.mss):
+                self._segment(S2C, mv[start : start + self.mss], _ACK | _PSH)
+            self._control(C2S, "R")
+        self._closed = True
+
     def close(self, ts: float | None = None, *, client_first: bool = True) -> None:
         """FIN from one side, FIN-ACK from the other, final ACK."""
         if self._closed:
@@ -288,12 +305,23 @@ def write_session(
     server: tuple[str, int] = ("127.0.0.1", 50052),
     mss: int = DEFAULT_MSS,
     start: float | None = None,
+    early: Collection[int] = (),
 ) -> None:
-    """Write each connection's ordered writes ``(from_client, bytes)`` as one TCP flow of a new pcap file."""
+    """Write each connection's ordered writes ``(from_client, bytes)`` as one TCP flow of a new pcap file.
+
+    ``early``: indices of connections whose client leaves before reading the reply to its last request (its FIN
+    comes before that reply: :meth:`TcpFlow.leave`); ``ggml-rpc replay`` then leaves at the same point.
+    """
     with PcapWriter(path, start=start) as w:
-        for writes in connections:
+        for number, writes in enumerate(connections):
             flow = w.flow(server=server, mss=mss)
             flow.open()
-            for from_client, data in writes:
+            writes = list(writes)
+            last = max((i for i, (from_client, _) in enumerate(writes) if from_client), default=-1) \
+                if number in early else len(writes)
+            for from_client, data in writes[: last + 1]:
                 flow.write(from_client, data)
-            flow.close()
+            if number in early:
+                flow.leave(b"".join(bytes(data) for from_client, data in writes[last + 1 :] if not from_client))
+            else:
+                flow.close()

@@ -8,6 +8,10 @@ hash cache is modelled (:mod:`.relocate`).
 ``as_protocol`` rewrites the session for a server of another version: SET_TENSOR gains or loses its cache_flag
 byte (set, as the v7 client does, only on the SET_TENSOR that follows a hash miss).
 
+A client that closed before reading its replies (its FIN precedes them in the capture) is replayed the same way:
+its requests are sent and the connection closed without reading (a server must outlive that; a server that dies of
+SIGPIPE shows as the next connection being refused).
+
 When a capture needs a cache hit the target cannot have, the replayer says so and sends the data instead, taken
 from any SET_TENSOR of the loaded captures with that hash, or reports that no capture holds it.
 """
@@ -165,6 +169,7 @@ class Replayer:
         # Regions written since the last graph ran (recorded address -> bytes): reading one back is exact.
         written: dict[int, int] = {}
         last_miss: Request | None = None
+        left_at = left_before_reply(dc)
         try:
             client = RpcClient(socket.create_connection((self.host, self.port), timeout=self.timeout),
                                self.target)
@@ -208,6 +213,9 @@ class Replayer:
                         written.clear()
                     if not spec.has_reply:
                         continue
+                    if left_at is not None and (rec is None or rec.offset >= left_at):
+                        self._leave(path, dc, req, client, reloc)
+                        return
                     expected_size = spec.reply_size(req.fields)
                     if rec is None:
                         self.report.compared["close"] += 1
@@ -243,6 +251,20 @@ class Replayer:
                         last_miss = req
             if dc.error is not None:
                 self._send_broken_tail(path, dc, client)
+
+    def _leave(self, path: str, dc: DecodedConnection, req: Request, client: RpcClient, reloc: Relocator) -> None:
+        """The recorded client closed before reading this reply: send what it sent after it, read nothing, close
+        (unread replies make the client's host reset the connection, as in the capture)."""
+        for later in dc.requests[req.index + 1 :]:
+            self.report.requests += 1
+            parts = request_parts(self.target, later.command, reloc.fields(later.fields), later.data)
+            try:
+                client.send_raw(parts)
+            except (ConnectionClosed, OSError):
+                break
+            self.report.bytes_sent += sum(memoryview(p).nbytes for p in parts)
+        self.report.notes.append(f"{path} connection {dc.conn.index}: the client left before reading the reply to "
+                                 f"message {req.index} ({req.command.name}), as recorded (its FIN came first)")
 
     def _send_broken_tail(self, path: str, dc: DecodedConnection, client: RpcClient) -> None:
         """Send the client bytes from the first request that does not decode, and expect the server to close."""
@@ -319,6 +341,15 @@ class Replayer:
                                   f"connection closed ({exc})")
             return False
         return True
+
+
+def left_before_reply(dc: DecodedConnection) -> int | None:
+    """Where in the server's stream the recorded client stopped reading (its FIN came before the server had sent
+    everything the capture holds), or None for a client that read all it was sent."""
+    c2s, s2c = dc.conn.c2s, dc.conn.s2c
+    if c2s.fin_peer_bytes is not None and c2s.fin_peer_bytes < len(s2c.data):
+        return c2s.fin_peer_bytes
+    return None
 
 
 def replay(

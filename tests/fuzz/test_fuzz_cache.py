@@ -1,0 +1,90 @@
+"""The fuzzer's model and the target's hash cache: followed exactly where the fuzzer owns the cache, accepted where
+it cannot know it (no false wrong-reply on SET_TENSOR_HASH either way)."""
+
+from __future__ import annotations
+
+import pytest
+from ggml_rpc.conformance.fuzz import Options, target_campaign
+from ggml_rpc.conformance.fuzz.message import FuzzMessage
+from ggml_rpc.conformance.fuzz.targets import (
+    CachedSpawnedTarget,
+    EmbeddedFuzzTarget,
+    FuzzSpawnedTarget,
+    cache_unknown,
+    fuzz_config,
+    spawned_target,
+)
+from ggml_rpc.conformance.harness import ExternalTarget, SpawnedTarget
+from ggml_rpc.reference import running_server
+from ggml_rpc.spec import V7, Command, GgmlType, cache_file_name, fnv1a64, make_tensor
+
+DATA = bytes(range(256)) * 4
+
+
+def test_what_the_model_can_know_of_a_target_cache():
+    plain = spawned_target("rpc-server -H 127.0.0.1 -p {port}")
+    assert type(plain) is FuzzSpawnedTarget and not cache_unknown(plain)
+    assert plain.env["GGML_NO_BACKTRACE"]  # no gdb backtrace per death: the assertion line stays in the log tail
+    cached = spawned_target("rpc-server -H 127.0.0.1 -p {port} -c")
+    assert isinstance(cached, CachedSpawnedTarget) and cached.use_cache and not cache_unknown(cached)
+    assert cached.cache_dir is not None and cached.cache_dir.name == "rpc"
+    chosen = spawned_target("ggml-rpc serve --port {port} --cache-dir /somewhere")
+    assert type(chosen) is FuzzSpawnedTarget and cache_unknown(chosen)
+    assert cache_unknown(SpawnedTarget("ggml-rpc serve --port {port} --cache-dir=/somewhere"))
+    assert not cache_unknown(SpawnedTarget("rpc-server -p {port}"))
+    assert cache_unknown(ExternalTarget("127.0.0.1", 1))
+    assert not cache_unknown(EmbeddedFuzzTarget(fuzz_config(V7)))
+
+
+def _hash_request(ex, buf) -> FuzzMessage:
+    t = make_tensor(id=1, type=int(GgmlType.I8), ne=(len(DATA),), buffer=buf.handle, data=buf.base)
+    return FuzzMessage(Command.SET_TENSOR_HASH, {"tensor": t, "offset": 0, "hash": fnv1a64(DATA)})
+
+
+def test_a_hit_the_model_cannot_know_of_is_accepted_and_ends_judging(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / cache_file_name(fnv1a64(DATA))).write_bytes(DATA)  # left there before the campaign
+    with running_server("7", cache_dir=str(cache)) as srv:
+        campaign = target_campaign(ExternalTarget(srv.host, srv.port), Options(out_dir=tmp_path / "out"))
+        assert campaign.cache_unknown and campaign.model_cache is None
+        ex = campaign.new_example()
+        ref = ex.active()
+        buf = ex.alloc(ref, 4096, 0)
+        assert buf is not None
+        reply = ex.send(ref, _hash_request(ex, buf))
+        assert reply == b"\x00"  # the model misses (it has no cache); the target hit
+        assert ex.finding is None and ex.untracked
+        ex.finish()
+    assert ex.finding is None
+
+
+@pytest.mark.upstream
+def test_the_model_follows_an_upstream_cache_across_examples_and_restarts(tmp_path):
+    from ggml_rpc.conformance.upstream.peers import PEERS
+
+    peer = PEERS["7.0.0"]
+    if not peer.installed():
+        pytest.skip("upstream 7.0.0 not installed: run `ggml-rpc upstream install`")
+    target = spawned_target(f"{peer.rpc_server} -H 127.0.0.1 -p {{port}} -c")
+    assert isinstance(target, CachedSpawnedTarget)
+    target.start()
+    try:
+        campaign = target_campaign(target, Options(out_dir=tmp_path / "out", timeout=5))
+        assert campaign.model_cache is not None and not campaign.cache_unknown
+        for restart in (False, True):
+            if restart:
+                target.restart()  # the cache directory stays; the next example empties it, the model's too
+            ex = campaign.new_example()
+            ref = ex.active()
+            buf = ex.alloc(ref, 4096, 0)
+            assert buf is not None
+            t = make_tensor(id=1, type=int(GgmlType.I8), ne=(len(DATA),), buffer=buf.handle, data=buf.base)
+            assert ex.send(ref, _hash_request(ex, buf)) == b"\x00"  # both miss: the cache starts empty
+            ex.send(ref, FuzzMessage(Command.SET_TENSOR, {"tensor": t, "cache_flag": 1, "offset": 0}, DATA))
+            assert ex.send(ref, _hash_request(ex, buf)) == b"\x01"  # both hit: upstream saved it, the model too
+            assert ex.finding is None and not ex.untracked
+            ex.finish()
+            assert ex.finding is None
+    finally:
+        target.stop()
