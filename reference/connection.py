@@ -114,14 +114,18 @@ class Connection(TensorCommands, BufferCommands, GraphCommands):
         self._alignment_reply = self._encoded_reply(Command.GET_ALIGNMENT, {"alignment": config.device.alignment})
         self._max_size_reply = self._encoded_reply(Command.GET_MAX_SIZE, {"max_size": config.device.max_size})
         self._device_count_reply = self._encoded_reply(Command.DEVICE_COUNT, {"device_count": config.devices})
-        # Hot handlers that read the flat tuple of the request's derived layout instead of a nested dict.
-        # A subclass that replaces the dict-based GET_TENSOR handler (test variants do) keeps it.
+        # Hot handlers that read the flat tuple of the request's derived layout instead of a nested dict.  A
+        # subclass that replaces a command's dict-based handler (test variants do) keeps it: a flat twin is used
+        # only while its dict handler is the reference's own.
+        twins = {
+            Command.GET_TENSOR: ("_get_tensor", self._get_tensor_flat),
+            Command.GET_ALIGNMENT: ("_get_alignment", self._get_alignment_flat),
+            Command.GET_MAX_SIZE: ("_get_max_size", self._get_max_size_flat),
+        }
         flat_handlers: dict[Command, Callable[[tuple, dict[str, tuple[int, int]]], None]] = {
-            Command.GET_TENSOR: self._get_tensor_flat,
-        } if not self._overrides("_get_tensor") else {}
-        flat_handlers |= {
-            Command.GET_ALIGNMENT: self._get_alignment_flat,
-            Command.GET_MAX_SIZE: self._get_max_size_flat,
+            cmd: flat for cmd, (name, flat) in twins.items() if not self._overrides(name)
+        }
+        flat_handlers |= {  # commands that only have a flat handler
             Command.SET_TENSOR_HASH: self._set_tensor_hash_flat,
             Command.MEMSET_TENSOR: self._memset_tensor_flat,
             Command.INIT_TENSOR: self._init_tensor_flat,
