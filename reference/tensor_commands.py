@@ -195,6 +195,11 @@ class TensorCommands:
             raise Close(f"COPY_TENSOR: src or dst has no buffer{_upstream('close')}")
         n = src.nbytes
         d = dst.data
+        if dst.buffer.size == 0:
+            # Upstream allocates a zero-size buffer as a dummy without a copy function: the copy is declined
+            # (result 0), not failed, even when there is nothing to copy.
+            self._reply(Command.COPY_TENSOR, {"result": 0})
+            return
         if d + n > dst.buffer.end:
             raise Close(f"COPY_TENSOR: {n} bytes from dst data {d:#x} run past the dst buffer end "
                         f"{dst.buffer.end:#x}{_upstream('close')}")

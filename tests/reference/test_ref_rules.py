@@ -316,6 +316,17 @@ def test_copy_tensor_overflowing_dst_buffer_closes(srv) -> None:
     assert_served(srv)
 
 
+def test_copy_into_a_zero_size_buffer_is_declined(srv) -> None:
+    # A zero-size buffer is upstream's dummy without a copy function: nothing to copy, yet result 0 (declined).
+    with connect(srv) as c:
+        h, _ = c.alloc_buffer(0, 0)
+        empty = make_tensor(id=1, ne=(0,), buffer=h, data=0)
+        assert c.copy_tensor(empty, empty) is False
+        src, _h2, _b2 = tensor_in(c, 64, id=2)
+        assert c.copy_tensor(empty, src) is True  # a real destination copies (zero bytes) and says so
+    assert_served(srv)
+
+
 # ---- GRAPH_COMPUTE / GRAPH_RECOMPUTE ---------------------------------------------------------------------------
 
 
