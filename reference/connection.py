@@ -18,7 +18,7 @@ from typing import Any
 
 from ggml_rpc.spec import V7, Command, Payload, Protocol, encode_reply, hello_reply
 from ggml_rpc.spec.codec import REPLY_HEADER, REQUEST_HEADER, REQUEST_HEADER_SIZE
-from ggml_rpc.spec.framing import request_frames
+from ggml_rpc.spec.frames import request_frames
 from ggml_rpc.spec.layout import flat_layout
 from ggml_rpc.spec.messages import Shape
 

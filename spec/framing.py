@@ -21,19 +21,12 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
-from .enums import NEVER_ON_WIRE, Command, command_name
-from .errors import (
-    HandshakeError,
-    ProtocolError,
-    SizeLimitExceeded,
-    SizeMismatch,
-    Truncated,
-    UnexpectedReply,
-    UnknownCommand,
-)
-from .messages import GRAPH_MIN_SIZE, Payload, Shape
+from .enums import Command
+from .errors import ProtocolError, SizeLimitExceeded, SizeMismatch, Truncated, UnexpectedReply
+from .frames import RequestFrame, check_request_header, request_frames
+from .messages import Payload, Shape
 from .payloads import (
     DEFAULT_MAX_PAYLOAD,
     REPLY_HEADER,
@@ -45,7 +38,6 @@ from .payloads import (
 )
 from .versions import V6, Protocol
 
-_NEVER_ON_WIRE = frozenset(int(c) for c in NEVER_ON_WIRE)
 _EMPTY = memoryview(b"")
 
 
@@ -335,77 +327,6 @@ class RequestFramer(_Framer):
         if cmd == Command.HELLO:
             self.hello_seen = True
         return self._open(Command(cmd), size, payload, fixed, None)
-
-
-class RequestFrame(NamedTuple):
-    """How one command's requests are framed after the handshake."""
-
-    command: Command
-    payload: Payload
-    #: The only valid size (FIXED), or -1 when the size varies.
-    exact: int
-    #: The smallest valid size.
-    minimum: int
-    #: Bytes of the fixed part (SET_TENSOR's header), or -1 for "the whole payload" (FIXED, GRAPH_COMPUTE); the
-    #: rest of a payload is bulk data.
-    fixed: int
-
-
-def request_frames(protocol: Protocol | None) -> dict[int, RequestFrame]:
-    """Per command id of a version (HELLO and client-side sentinels excepted): how its requests are framed.  The
-    framers use it, and so does the reference server's receive path, which reads the bytes itself."""
-    table: dict[int, RequestFrame] = {}
-    if protocol is None:
-        return table
-    for cmd, spec in protocol.commands.items():
-        if cmd is Command.HELLO or int(cmd) in _NEVER_ON_WIRE:
-            continue
-        req = spec.request
-        if req.shape is Shape.FIXED:
-            table[int(cmd)] = RequestFrame(cmd, req, req.header_size, req.header_size, -1)
-        elif req.shape is Shape.HEADER_DATA:
-            table[int(cmd)] = RequestFrame(cmd, req, -1, req.header_size, req.header_size)
-        elif req.shape is Shape.GRAPH:
-            table[int(cmd)] = RequestFrame(cmd, req, -1, req.header_size, -1)
-    return table
-
-
-def check_request_header(protocol: Protocol | None, cmd: int, size: int, off: int, *, hello_seen: bool,
-                         max_payload: int = DEFAULT_MAX_PAYLOAD) -> Payload:
-    """The request payload layout for a header, or the ProtocolError a decoder raises for it (``off``: the
-    header's stream offset)."""
-    name = command_name(cmd)
-    if not hello_seen:
-        if cmd != Command.HELLO:
-            raise HandshakeError(f"the first command must be HELLO, got {name}", command=name, field="cmd",
-                                 offset=off)
-    elif cmd == Command.HELLO:
-        raise HandshakeError("HELLO may be sent only once per connection", command=name, field="cmd", offset=off)
-    if cmd in _NEVER_ON_WIRE:
-        raise UnknownCommand(f"command {cmd} ({name}) is a client-side sentinel, never sent", command=name,
-                             field="cmd", offset=off)
-    if protocol is None:
-        if cmd != Command.HELLO:
-            raise ProtocolError("protocol version unknown (no HELLO reply seen): cannot decode", command=name,
-                                offset=off)
-        protocol = V6
-    spec = protocol.spec(cmd)
-    if spec is None:
-        raise UnknownCommand(f"command id {cmd} does not exist in protocol {protocol.label}", command=name,
-                             field="cmd", offset=off)
-    req = spec.request
-    header_size = req.header_size
-    if req.shape is Shape.FIXED and size != header_size:
-        raise SizeMismatch(f"size {size}, but {name} is always {header_size} bytes", command=name,
-                           field="size", offset=off + 1)
-    if req.shape in (Shape.HEADER_DATA, Shape.GRAPH) and size < header_size:
-        minimum = header_size if req.shape is Shape.HEADER_DATA else GRAPH_MIN_SIZE
-        raise SizeMismatch(f"size {size} is below the minimum {minimum}", command=name, field="size",
-                           offset=off + 1)
-    if size > max_payload:
-        raise SizeLimitExceeded(f"size claim {size} exceeds the limit {max_payload}", command=name,
-                                field="size", offset=off + 1)
-    return req
 
 
 class ReplyFramer(_Framer):
