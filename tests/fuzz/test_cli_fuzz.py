@@ -105,7 +105,7 @@ def test_hunt_mode_writes_findings_json_and_sarif(tmp_path, capsys):
     classes = json.loads((out_dir / "findings.json").read_text())["classes"]
     log = json.loads(sarif.read_text())
     assert log["version"] == "2.1.0" and len(log["runs"][0]["results"]) == len(classes) >= 1
-    assert all(c["verified"] and c["symptom"].startswith("SIGABRT") for c in classes)
+    assert all(c["verified"] and c["symptom"].startswith("SIGABRT") for c in classes), classes
     # The HTML report: one row per class, shown as a crash, each linking a page with the reproducer decoded.
     index = (html_dir / "index.html").read_text()
     assert index.count('class="outcome fail">crash<') == len(classes)
