@@ -21,7 +21,7 @@ from ggml_rpc.conformance.checks._support import (
 )
 from ggml_rpc.conformance.checks._support import check as _check
 from ggml_rpc.conformance.checks.framing import FR, get_tensor_request, set_tensor_request
-from ggml_rpc.conformance.client import ConnectionClosed, RpcClient
+from ggml_rpc.conformance.client import ConnectionClosed, RpcClient, cork
 from ggml_rpc.conformance.harness import Context, Level, hexdump
 from ggml_rpc.spec import V6, V7, GgmlType, encode_request
 from ggml_rpc.spec import Command as C
@@ -124,9 +124,9 @@ CLOSE_ROUNDS = 3
 
 def _close_unread(ctx: Context, client: RpcClient, sent: bytes, what: str) -> None:
     """Send ``sent`` and close at once, reading nothing; then a new connection must be served."""
-    ctx.note(f"{what}, then close before the reply is read", sent=hexdump(sent, 48))
-    client.send_raw(sent)
-    client.close()
+    ctx.note(f"{what}, then close before the reply is read (the request's last bytes go with the FIN)",
+             sent=hexdump(sent, 48))
+    client.leave(sent)
     # A server serving one connection at a time takes this one only once it is done with the closed one, so a
     # server that dies writing its reply is found dead here, in this step.
     after = ctx.connect()
@@ -137,13 +137,14 @@ def _close_unread(ctx: Context, client: RpcClient, sent: bytes, what: str) -> No
 @_check("FRAME-039", "a client that closes before reading its reply does not take the server down", FR,
         level=Level.SHOULD, section="framing")
 def close_before_reply(ctx: Context) -> None:
-    # Whether a server dies of this is a race (its second write must meet the reset the first one provoked), so
-    # each way of leaving early is tried a few times; a server that survives once survives every round.
+    # The request's last bytes travel with the client's FIN (cork), so the server's first reply write always meets
+    # a closed peer; each way of leaving is still tried a few times (the reset must be in before the second write).
     for round_ in range(1, CLOSE_ROUNDS + 1):
         # HELLO first: its reply goes out as two writes upstream (size, then body).
         sock = socket.create_connection((ctx.target.host, ctx.target.port), timeout=ctx.timeout)
         hello = raw_request(C.HELLO, bytes(ctx.protocol.spec(C.HELLO).request.header_size))
         ctx.note(f"HELLO, then close before the reply is read (round {round_})", sent=hexdump(hello))
+        cork(sock)
         sock.sendall(hello)
         sock.close()
         after = ctx.connect()

@@ -318,8 +318,7 @@ class Example(ExampleSteps, ReplyChecks):
         assert tconn is not None
         mbytes, _ = msg.encode(self.protocol)
         tbytes, _ = msg.encode(self.protocol, self._relocate)
-        tconn.send(tbytes)
-        tconn.close()
+        tconn.leave(tbytes)
         out = model.exchange(mbytes, end=True)
         self._writes.append((True, mbytes))
         if out.reply:

@@ -46,7 +46,7 @@ HUNT_STEPS = 24
 BURST = 32
 #: Out of 100 steps, how many are strategies aimed at a known class (the rest: the generic generators).
 STRATEGY_PERCENT = 35
-#: Connections of an early-close reproducer (each leaves before its reply; whether upstream dies is a race).
+#: Connections of an early-close reproducer (each leaves before its reply, its last bytes sent with the FIN).
 EARLY_ROUNDS = 3
 #: Replays spent shrinking one finding at most (each on a freshly restarted target).
 SHRINK_TRIALS = 40
@@ -185,8 +185,8 @@ class Hunt(Campaign):
         writes = flatten(groups)
         saved.messages = sum(1 for c, _ in writes if c)
         if self.options.out_dir is not None:
-            # A client that leaves before its reply kills upstream only when its reset wins a race: the reproducer
-            # repeats the connection, and ``ggml-rpc replay`` leaves each one where the client's FIN does.
+            # A client that leaves before its reply: ``ggml-rpc replay`` leaves each connection where the client's
+            # FIN does, the last request riding with it; repeated, for a platform where that cannot be arranged.
             rounds = EARLY_ROUNDS if early else 1
             save(saved, [writes] * rounds + [self._probe()], self.options.out_dir, len(self.findings) + 1,
                  early=range(rounds) if early else ())

@@ -10,6 +10,8 @@ import socket
 import time
 from dataclasses import dataclass
 
+from ggml_rpc.conformance.client import cork
+
 
 class Refused(Exception):
     """The server does not accept connections any more."""
@@ -99,6 +101,12 @@ class TargetConnection:
     def until_closed(self, limit: int = 1 << 16) -> Received:
         """Wait for the server to close; anything it sends first is returned (at most ``limit`` bytes)."""
         return self.read(limit)
+
+    def leave(self, data: bytes | bytearray | memoryview) -> None:
+        """Send ``data`` and close at once, its last bytes travelling with the FIN (see ``client.cork``)."""
+        cork(self.sock)
+        self.send(data)
+        self.close()
 
     def close(self) -> None:
         if not self.closed:

@@ -205,6 +205,9 @@ class Replayer:
                                           f"{self.target.label}")
                     return
                 parts = request_parts(self.target, cmd, fields, data)
+                leaving = spec.has_reply and left_at is not None and (rec is None or rec.offset >= left_at)
+                if leaving:
+                    client.cork()  # this request's last bytes leave with the FIN, as a client that does not wait
                 try:
                     client.send_raw(parts)
                     self.report.bytes_sent += sum(memoryview(p).nbytes for p in parts)
@@ -213,7 +216,7 @@ class Replayer:
                         written.clear()
                     if not spec.has_reply:
                         continue
-                    if left_at is not None and (rec is None or rec.offset >= left_at):
+                    if leaving:
                         self._leave(path, dc, req, client, reloc)
                         return
                     expected_size = spec.reply_size(req.fields)
