@@ -4,8 +4,11 @@ on thousands of random blocks, plus MUL_MAT and GET_ROWS of such weights."""
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
+from ggml_rpc.conformance.cli import main
 from ggml_rpc.conformance.upstream import codebooks as cb
 from ggml_rpc.reference.executor import ExecutorError, execute, grids, supports_op
 from ggml_rpc.reference.executor import types as ty
@@ -74,6 +77,14 @@ def test_the_environment_names_the_file_or_turns_codebooks_off(tmp_path, monkeyp
     assert cb.find() is None
 
 
+def test_codebooks_command_without_peers_says_how_to_install(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("GGML_RPC_KIT_UPSTREAM", str(tmp_path))
+    assert main(["upstream", "codebooks", "--proto", "7"]) == 0
+    assert "7.0.0: not installed (ggml-rpc upstream install --proto 7)" in capsys.readouterr().out
+    monkeypatch.delenv(cb.ENV, raising=False)
+    assert cb.find() is None
+
+
 @pytest.mark.parametrize("t", GRID_TYPES)
 def test_without_codebooks_the_type_is_refused_clearly(no_codebooks, t):
     arena = Arena(1 << 16)
@@ -103,6 +114,26 @@ def loaded(upstream_peer) -> dict[str, np.ndarray]:
     tables = grids.codebooks()
     assert tables is not None, "upstream is installed but the executor found no codebooks"
     return tables
+
+
+@pytest.mark.upstream
+def test_an_installed_peer_without_the_file_gets_it_on_first_use(upstream_peer, monkeypatch, tmp_path, capsys):
+    # A copy of the peer's layout in a cache of the test's own: the build linked, its record copied, no codebooks.
+    prefix = tmp_path / upstream_peer.version
+    prefix.mkdir()
+    (prefix / "site").symlink_to(upstream_peer.prefix / "site")
+    shutil.copy(upstream_peer.record, prefix / "peer.json")
+    monkeypatch.setenv("GGML_RPC_KIT_UPSTREAM", str(tmp_path))
+    monkeypatch.delenv(cb.ENV, raising=False)
+    grids.codebooks.cache_clear()
+    try:
+        assert grids.available(grids.IQ2_XXS)
+    finally:
+        grids.codebooks.cache_clear()
+    _, source = cb.load(prefix / cb.FILE_NAME)
+    assert source["peer"] == upstream_peer.version and source["package"] == upstream_peer.info()["package"]
+    assert main(["upstream", "codebooks", "--proto", upstream_peer.version[0], "--force"]) == 0
+    assert f"{prefix / cb.FILE_NAME} (from {source['package']}" in capsys.readouterr().out
 
 
 @pytest.mark.upstream
