@@ -177,3 +177,9 @@ def test_mul_mat_and_get_rows_read_grid_weights(loaded, t):
     want = ty.through_type(ty.Q8_K, xs) @ weights.T
     np.testing.assert_allclose(arena.get(mm)[0, 0], want, rtol=1e-4, atol=1e-3 * np.abs(want).max())
     assert np.array_equal(arena.get(rows)[0, 0], weights[[3, 1]])
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("t", GRID_TYPES)
+def test_vec_dot_type_is_upstreams(oracle, t):
+    assert oracle.vec_dot_type(t) == ty.VEC_DOT_TYPE[t] == ty.Q8_K
