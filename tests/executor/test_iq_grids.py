@@ -9,11 +9,13 @@ import shutil
 import numpy as np
 import pytest
 from ggml_rpc.conformance.cli import main
+from ggml_rpc.conformance.client import RpcClient
 from ggml_rpc.conformance.upstream import codebooks as cb
+from ggml_rpc.reference import running_server
 from ggml_rpc.reference.executor import ExecutorError, execute, grids, supports_op
 from ggml_rpc.reference.executor import types as ty
 from ggml_rpc.reference.executor.arena import Arena
-from ggml_rpc.spec import TYPES, GgmlOp, GgmlType
+from ggml_rpc.spec import TYPES, GgmlOp, GgmlType, make_tensor
 
 from .ggml_oracle import GgmlOracle
 
@@ -183,3 +185,23 @@ def test_mul_mat_and_get_rows_read_grid_weights(loaded, t):
 @pytest.mark.parametrize("t", GRID_TYPES)
 def test_vec_dot_type_is_upstreams(oracle, t):
     assert oracle.vec_dot_type(t) == ty.VEC_DOT_TYPE[t] == ty.Q8_K
+
+
+def _server_supports_grid_mul_mat() -> list[bool]:
+    """What a 7.0.1 reference server answers GET_DEVICE_SUPPORTS_OP for MUL_MAT of each grid type's weights."""
+    with running_server("7.0.1") as srv, RpcClient.connect(srv.host, srv.port, timeout=10.0) as c:
+        x = make_tensor(id=2, ne=(256, 3))
+        answers = []
+        for t in GRID_TYPES:
+            w = make_tensor(id=1, type=t, ne=(256, 2))
+            answers.append(c.supports_op(0, make_tensor(id=3, ne=(2, 3), op=GgmlOp.MUL_MAT, src=[1, 2]), [w, x]))
+        return answers
+
+
+def test_a_701_server_without_codebooks_answers_no(no_codebooks):
+    assert _server_supports_grid_mul_mat() == [False] * len(GRID_TYPES)
+
+
+@pytest.mark.upstream
+def test_a_701_server_with_codebooks_answers_yes(loaded):
+    assert _server_supports_grid_mul_mat() == [True] * len(GRID_TYPES)
