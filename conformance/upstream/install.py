@@ -153,6 +153,7 @@ def install(peer: Peer, *, say: Say = print, jobs: int | None = None, force: boo
     if peer.installed() and not force:
         info = peer.info()
         say(f"{peer.version}: already installed in {peer.prefix} (built in {info.get('build_seconds', '?')} s)")
+        _extract_codebooks(peer, say, force=False)  # a peer installed before the kit read codebooks gets them now
         return info
     peer.prefix.mkdir(parents=True, exist_ok=True)
     log = peer.prefix / "build.log"
@@ -192,4 +193,18 @@ def install(peer: Peer, *, say: Say = print, jobs: int | None = None, force: boo
     peer.record.write_text(json.dumps(record, indent=2) + "\n")
     how = f"built in {seconds} s" if built else f"completed an existing build in {seconds} s"
     say(f"{peer.version}: installed in {peer.prefix} ({how}); its server answers HELLO {record['hello']}")
+    _extract_codebooks(peer, say, force=True)  # a new build: its tables replace any read from the one before
     return record
+
+
+def _extract_codebooks(peer: Peer, say: Say, *, force: bool) -> None:
+    """Read the IQ grid codebooks out of the build (the executor's IQ1/IQ2/IQ3 types need them)."""
+    from .codebooks import CodebookError, ensure
+
+    try:
+        path = ensure(peer, force=force)
+    except (OSError, CodebookError) as exc:
+        # Not fatal: the peer works; only the reference executor's IQ grid types stay refused.
+        say(f"  {peer.version}: could not read the IQ codebooks from the build: {exc}")
+        return
+    say(f"  {peer.version}: IQ codebooks read from the build into {path}")

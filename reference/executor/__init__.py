@@ -16,6 +16,7 @@ from ggml_rpc.spec import NATIVE_CALLBACK_OPS, GgmlOp, GluOp, UnaryOp, op_name
 from ..graph import ExecutorError, GraphTensor
 from . import attention, conv, elementwise, generate, layout, matmul, norm, reduce, rope, rows, softmax
 from .core import KERNELS, SUPPORT
+from .grids import available
 from .plan import FREE_OPS, Plan, execute, prepare
 from .table import render_ops_table, supported_ops
 
@@ -41,5 +42,8 @@ def supports_op(node: GraphTensor) -> bool:
         return False
     src0 = node.src[0] if node.src else None
     if src0 is not None and row.src_types and src0.type not in row.src_types:
+        return False
+    # The IQ grid types are in the table, but read only with codebooks from an installed upstream build.
+    if any(s is not None and not available(s.type) for s in node.src):
         return False
     return not row.dst_types or node.type in row.dst_types

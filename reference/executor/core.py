@@ -14,6 +14,7 @@ import numpy as np
 from ggml_rpc.spec import GgmlOp, type_name
 
 from ..graph import ExecutorError, GraphTensor
+from .grids import available
 from .memory import BF16, F16, F32, PLAIN_DTYPES, Memory, node_error
 from .types import (
     DEQUANT,
@@ -93,6 +94,10 @@ def src(node: GraphTensor, i: int) -> GraphTensor:
 def need_types(node: GraphTensor, t: GraphTensor, allowed: Iterable[int], role: str) -> None:
     if t.type not in allowed:
         raise node_error(node, f"{role} type {type_name(t.type)} is not supported here")
+    if not available(t.type):
+        # An IQ grid type is declared readable, but its codebook comes from an upstream build that is not there.
+        raise node_error(node, f"{role} type {type_name(t.type)} needs the IQ codebooks of an installed upstream "
+                               "build (`ggml-rpc upstream install`), and there is none")
 
 
 def read(mem: Memory, t: GraphTensor) -> np.ndarray:

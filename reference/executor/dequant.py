@@ -37,6 +37,7 @@ from .formats import (
     half_field,
     low_high,
 )
+from .grids import GRID_DEQUANT
 
 # ---- dequantisation (blocks (n, size) -> (n, blck)) ------------------------------------------------------------
 
@@ -311,6 +312,8 @@ DEQUANT: dict[int, Callable[[np.ndarray], np.ndarray]] = {
     NVFP4: _dq_nvfp4,
     Q1_0: _dq_q1_0,
     Q2_0: _dq_q2_0,
+    # The IQ grid types, whose codebooks come from an installed upstream build (they refuse without one).
+    **GRID_DEQUANT,
 }
 
 

@@ -8,6 +8,7 @@ from ggml_rpc.spec import NATIVE_CALLBACK_OPS, GgmlOp, type_name
 
 from . import counts as op_counts
 from .core import KERNELS, READABLE, SUPPORT, WRITABLE
+from .grids import GRID_TYPES
 from .memory import I32, I64
 
 #: Table columns: every type some kernel reads or writes, in ggml's numbering.
@@ -71,6 +72,10 @@ def render_ops_table(counts: dict[str, Any] | None = None) -> str:
         "",
         "Refused (the connection is closed with a message naming the op): " + ", ".join(refused) + ".",
         "MAP_CUSTOM1/2/3 and CUSTOM carry native function pointers and are never executed.",
+        # The table is the same on every machine; whether these columns are live depends on the upstream build.
+        ", ".join(type_name(t) for t in GRID_TYPES) + " are read with codebooks taken at run time from an installed "
+        "upstream build (`ggml-rpc upstream install`); without one they are refused and GET_DEVICE_SUPPORTS_OP "
+        "answers false for them.",
     ]
     measured = [f"{op} {op_counts.cell(counts, op)}" for op in refused if op in counts.get("ops", {})]
     if measured:

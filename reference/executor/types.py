@@ -41,6 +41,7 @@ from .formats import (
     f32_to_bf16,
     round_away,
 )
+from .grids import GRID_TYPES
 from .quant import QUANT, _q8_scale, f32_to_ue4m3, iq4_index, nearest_level, quantize
 
 #: Re-exported: the executor's kernels and the tests name the codecs through this module.
@@ -75,6 +76,8 @@ VEC_DOT_TYPE: dict[int, int] = {
     IQ4_XS: Q8_K,
     TQ1_0: Q8_K,
     TQ2_0: Q8_K,
+    # IQ1_S/M, IQ2_XXS/XS/S, IQ3_XXS/S: ggml's CPU backend dots them with Q8_K activations too.
+    **dict.fromkeys(GRID_TYPES, Q8_K),
 }
 
 #: Quantised types the executor reads (dequantises) as tensor sources: every weight type with a dequantiser

@@ -75,10 +75,27 @@ def test_unsupported_op_error_names_op_types_and_shapes(arena):
 
 
 def test_unsupported_type_combination_is_refused(arena):
-    a = arena.tensor(int(GgmlType.IQ2_XXS), (256,))
-    out = arena.tensor(F32, (256,), op=GgmlOp.CPY, src=(a,))
-    with pytest.raises(ExecutorError, match="CPY: source 0 type IQ2_XXS is not supported"):
+    w = arena.tensor(F32, (32, 2))
+    q = arena.tensor(Q8_0, (32, 3))
+    out = arena.tensor(F32, (2, 3), op=GgmlOp.MUL_MAT, src=(w, q))
+    with pytest.raises(ExecutorError, match="MUL_MAT: source 1 type Q8_0 is not supported"):
         execute([out])
+
+
+def test_grid_type_without_codebooks_is_refused(arena, monkeypatch):
+    from ggml_rpc.conformance.upstream.codebooks import ENV
+    from ggml_rpc.reference.executor import grids
+
+    monkeypatch.setenv(ENV, "off")
+    grids.codebooks.cache_clear()
+    try:
+        a = arena.tensor(int(GgmlType.IQ2_XXS), (256,))
+        out = arena.tensor(F32, (256,), op=GgmlOp.CPY, src=(a,))
+        with pytest.raises(ExecutorError, match="CPY: source 0 type IQ2_XXS needs the IQ codebooks"):
+            execute([out])
+    finally:
+        monkeypatch.undo()
+        grids.codebooks.cache_clear()
 
 
 def test_tensor_reaching_outside_its_buffer_is_refused_before_any_write(arena):
