@@ -28,9 +28,11 @@ def _ops(option: str | None) -> list[str]:
     if option == "none":
         return []
     if option == "all":
-        from ggml_rpc.spec.enums import GgmlOp
+        from ggml_rpc.spec.enums import GgmlOp, GluOp, UnaryOp
 
-        return [o.name for o in GgmlOp if o.name != "NONE"]
+        # test-backend-ops names a UNARY or GLU case by its sub-op (`-o SILU`, `-o SWIGLU`), never by UNARY/GLU.
+        return ([o.name for o in GgmlOp if o.name not in ("NONE", "UNARY", "GLU")] + [o.name for o in UnaryOp]
+                + [o.name for o in GluOp])
     return [o.strip().upper() for o in option.split(",") if o.strip()]
 
 
