@@ -104,8 +104,10 @@ class _Recorder:
         self.writer.close()
 
 
-#: Buffers each pump may have in flight to the pcap recorder.
-POOL = 8
+#: Buffers (of CHUNK bytes) each pump may have in flight to the pcap recorder.  Allocated only as a transfer needs
+#: them: a small session uses one or two, a bulk transfer on a disk slower than loopback lets forwarding run up to
+#: this far ahead of the pcap instead of waiting for every write (the file writes then overlap the transfer).
+POOL = 64
 
 
 @dataclass
@@ -220,10 +222,9 @@ class Proxy:
         total = 0
         pipe = _splice_pipe() if flow is None else None
         pool: queue.Queue | None = None
+        allocated = 0
         if flow is not None:
             pool = queue.Queue()
-            for _ in range(POOL):
-                pool.put(bytearray(CHUNK))
         try:
             while True:
                 if pipe is not None:
@@ -237,7 +238,14 @@ class Proxy:
                             break
                         continue
                 if pool is not None:
-                    buf = pool.get()  # waits while the recorder is POOL buffers behind
+                    try:
+                        buf = pool.get_nowait()  # a buffer the recorder is done with
+                    except queue.Empty:
+                        if allocated < POOL:
+                            allocated += 1
+                            buf = bytearray(CHUNK)
+                        else:
+                            buf = pool.get()  # waits while the recorder is POOL buffers behind
                     view = memoryview(buf)
                 n = src.recv_into(view)
                 if n == 0:
