@@ -146,7 +146,7 @@ UnaryOp.__doc__ = "Sub-op of GGML_OP_UNARY, carried in op_params[0]."
 
 GluOp = enum.IntEnum(  # type: ignore[misc]
     "GluOp",
-    [(name, i) for i, name in enumerate("REGLU GEGLU SWIGLU SWIGLU_OAI GEGLU_ERF GEGLU_QUICK".split())],
+    [(name, i) for i, name in enumerate("REGLU GEGLU SWIGLU SWIGLU_OAI GEGLU_ERF GEGLU_QUICK SWIGLU_CLAMP".split())],
 )
 GluOp.__doc__ = "Sub-op of GGML_OP_GLU, carried in op_params[0]."
 

@@ -284,6 +284,12 @@ def _swiglu_oai(a: np.ndarray, b: np.ndarray, node: GraphTensor) -> np.ndarray:
     return x / (np.float32(1) + np.exp(alpha * -x)) * (y + np.float32(1))
 
 
+def _swiglu_clamp(a: np.ndarray, b: np.ndarray, node: GraphTensor) -> np.ndarray:
+    # SwiGLU with the gate clamped from above and the linear half into [-limit, limit] (limit: float op_params[3]).
+    limit = params_f32(node)[3]
+    return silu(np.minimum(a, limit)) * np.clip(b, -limit, limit)
+
+
 _GLU: dict[int, Callable[[np.ndarray], np.ndarray]] = {
     GluOp.REGLU: lambda x: np.maximum(x, np.float32(0)),
     GluOp.GEGLU: gelu,
@@ -318,6 +324,9 @@ def _glu(node: GraphTensor, mem: Memory) -> None:
         a, b = read(mem, a_t), read(mem, b_t)
     if sub == GluOp.SWIGLU_OAI:
         write(mem, node, _swiglu_oai(a, b, node))
+        return
+    if sub == GluOp.SWIGLU_CLAMP:
+        write(mem, node, _swiglu_clamp(a, b, node))
         return
     fn = _GLU.get(sub)
     if fn is None:

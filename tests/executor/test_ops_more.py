@@ -378,3 +378,18 @@ def test_upscale_to_one_pixel_with_aligned_corners_takes_the_first(arena):
         out = arena.tensor(F32, (1,), op=GgmlOp.UPSCALE, src=(a,), params=params(mode | (1 << 8)))
         execute([out])
         np.testing.assert_allclose(arena.get(out).reshape(-1), x.reshape(-1)[:1], rtol=1e-6)
+
+
+def test_swiglu_clamp_clamps_gate_above_and_linear_half_both_ways(arena):
+    # Independent formulation: silu(min(g, L)) * clip(u, -L, L), with L the float in op_params[3].
+    limit = 0.75
+    g_vals, u_vals = 3 * rand(1, 2, 3, 5), 3 * rand(1, 2, 3, 5, seed=1)
+    g_src = filled(arena, F32, (5, 3, 2), g_vals)
+    u_src = filled(arena, F32, (5, 3, 2), u_vals)
+    out = arena.tensor(F32, (5, 3, 2), op=GgmlOp.GLU, src=(g_src, u_src),
+                       params=params(int(GluOp.SWIGLU_CLAMP), 0, 0, limit))
+    execute([out])
+    g = np.minimum(g_vals.astype(np.float64), limit)
+    want = g / (1 + np.exp(-g)) * np.clip(u_vals, -limit, limit)
+    np.testing.assert_allclose(arena.get(out), want, rtol=1e-6, atol=1e-7)
+    assert (np.abs(arena.get(out)) > 0).any() and (np.abs(u_vals) > limit).any() and (g_vals > limit).any()
