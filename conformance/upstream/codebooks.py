@@ -13,7 +13,6 @@ empty value) for none, in which case the executor refuses these types as it does
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import os
@@ -22,7 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from ggml_rpc.reference.executor.grids import CODEBOOKS
+from ggml_rpc.spec.blocks import QK_K, pack_blocks
 
+from .ggml_lib import BASE_LIBRARY, GgmlLibrary
 from .peers import PEERS, Peer
 
 #: Environment variable naming a codebook file, or ``off``.
@@ -31,32 +33,7 @@ ENV = "GGML_RPC_KIT_CODEBOOKS"
 FORMAT = 1
 FILE_NAME = "codebooks.npz"
 
-QK_K = 256
 _ONE_F16 = np.array([1.0], dtype="<f2").view(np.uint8)
-
-
-@dataclass(frozen=True, slots=True)
-class Grid:
-    """One codebook: the type whose to_float reveals it, its shape, and how a probe value maps back to an entry."""
-
-    type_id: int
-    entries: int
-    width: int
-    dtype: str
-    #: A probe block decodes entry value ``g`` as ``g * scale + offset`` (exact in float32 for these grids).
-    scale: float
-    offset: float
-
-
-# Type ids are ggml's numbering (spec.GgmlType): IQ2_XXS 16, IQ2_XS 17, IQ3_XXS 18, IQ1_S 19, IQ3_S 21, IQ2_S 22.
-GRIDS: dict[str, Grid] = {
-    "iq2xxs_grid": Grid(16, 256, 8, "uint8", 0.125, 0.0),
-    "iq2xs_grid": Grid(17, 512, 8, "uint8", 0.125, 0.0),
-    "iq2s_grid": Grid(22, 1024, 8, "uint8", 0.125, 0.0),
-    "iq3xxs_grid": Grid(18, 256, 4, "uint8", 0.25, 0.0),
-    "iq3s_grid": Grid(21, 512, 4, "uint8", 1.0, 0.0),
-    "iq1s_grid": Grid(19, 2048, 8, "int8", 1.0, 0.125),
-}
 
 Tables = dict[str, np.ndarray]
 
@@ -66,111 +43,82 @@ class CodebookError(RuntimeError):
 
 
 # ---- probe blocks: scale 1, clear sign bits, index fields counting through the entries ---------------------------
-# Each packer takes the entry indices (n_blocks, per_block) and returns the blocks' bytes (n_blocks, type_size);
-# the block layouts are spec.blocks' (the f16 scale first in every one of these types).
+# Each packer takes the entry indices (n_blocks, per_block) and fills the fields of the block layout in spec.blocks.
 
 
-def _probe_iq2_xxs(e: np.ndarray) -> np.ndarray:
+def _probe_iq2_xxs(t: int, e: np.ndarray) -> np.ndarray:
     # Per 32 elements: 4 index bytes, then a u32 of 4x7 sign bits and a 4-bit scale, all zero.
     qs = np.zeros((e.shape[0], 8, 8), dtype=np.uint8)
     qs[:, :, :4] = e.reshape(-1, 8, 4)
-    return np.concatenate([np.broadcast_to(_ONE_F16, (e.shape[0], 2)), qs.reshape(-1, 64)], axis=1)
+    return pack_blocks(t, e.shape[0], d=_ONE_F16, qs=qs.reshape(-1, 64))
 
 
-def _probe_iq2_xs(e: np.ndarray) -> np.ndarray:
-    # 32 u16 of 9 index bits and 7 sign bits, then 8 scale bytes (zero).
-    qs = e.astype("<u2").view(np.uint8)
-    return np.concatenate([np.broadcast_to(_ONE_F16, (e.shape[0], 2)), qs, np.zeros((e.shape[0], 8), np.uint8)],
-                          axis=1)
+def _probe_iq2_xs(t: int, e: np.ndarray) -> np.ndarray:
+    # 32 u16 of 9 index bits and 7 sign bits (zero); 4-bit scales (zero).
+    return pack_blocks(t, e.shape[0], d=_ONE_F16, qs=e.astype("<u2").view(np.uint8), scales=0)
 
 
-def _probe_iq2_s(e: np.ndarray) -> np.ndarray:
-    # 32 low index bytes, 32 sign bytes, 8 bytes of 4x2 high index bits, 8 scale bytes.
+def _probe_iq2_s(t: int, e: np.ndarray) -> np.ndarray:
+    # qs: 32 low index bytes, then 32 sign bytes; qh: 4x2 high index bits per group of 32.
     n = e.shape[0]
-    high = ((e.reshape(n, 8, 4) >> 8) & 3) << (2 * np.arange(4))
-    qh = high.sum(axis=2).astype(np.uint8)
-    return np.concatenate([np.broadcast_to(_ONE_F16, (n, 2)), (e & 255).astype(np.uint8),
-                           np.zeros((n, 32), np.uint8), qh, np.zeros((n, 8), np.uint8)], axis=1)
+    qh = (((e.reshape(n, 8, 4) >> 8) & 3) << (2 * np.arange(4))).sum(axis=2).astype(np.uint8)
+    qs = np.concatenate([(e & 255).astype(np.uint8), np.zeros((n, 32), np.uint8)], axis=1)
+    return pack_blocks(t, n, d=_ONE_F16, qs=qs, qh=qh, scales=0)
 
 
-def _probe_iq3_xxs(e: np.ndarray) -> np.ndarray:
-    # 64 index bytes, then 8 u32 of sign bits and scales (zero).
+def _probe_iq3_xxs(t: int, e: np.ndarray) -> np.ndarray:
+    # qs: 64 index bytes, then 8 u32 of sign bits and scales (zero).
     n = e.shape[0]
-    return np.concatenate([np.broadcast_to(_ONE_F16, (n, 2)), e.astype(np.uint8), np.zeros((n, 32), np.uint8)],
-                          axis=1)
+    return pack_blocks(t, n, d=_ONE_F16, qs=np.concatenate([e.astype(np.uint8), np.zeros((n, 32), np.uint8)], axis=1))
 
 
-def _probe_iq3_s(e: np.ndarray) -> np.ndarray:
-    # 64 low index bytes, 8 bytes of 8 ninth bits, 32 sign bytes, 4 scale bytes.
+def _probe_iq3_s(t: int, e: np.ndarray) -> np.ndarray:
+    # 64 low index bytes, their ninth bits in qh; signs and scales zero.
     n = e.shape[0]
     qh = (((e.reshape(n, 8, 8) >> 8) & 1) << np.arange(8)).sum(axis=2).astype(np.uint8)
-    return np.concatenate([np.broadcast_to(_ONE_F16, (n, 2)), (e & 255).astype(np.uint8), qh,
-                           np.zeros((n, 36), np.uint8)], axis=1)
+    return pack_blocks(t, n, d=_ONE_F16, qs=(e & 255).astype(np.uint8), qh=qh, signs=0, scales=0)
 
 
-def _probe_iq1_s(e: np.ndarray) -> np.ndarray:
-    # 32 low index bytes, then 8 u16 of 4x3 high index bits, a 3-bit scale and the delta's sign (zero: +delta).
+def _probe_iq1_s(t: int, e: np.ndarray) -> np.ndarray:
+    # 32 low index bytes; qh: 8 u16 of 4x3 high index bits, a 3-bit scale and the delta's sign (zero: +delta).
     n = e.shape[0]
     qh = (((e.reshape(n, 8, 4) >> 8) & 7) << (3 * np.arange(4))).sum(axis=2).astype("<u2")
-    return np.concatenate([np.broadcast_to(_ONE_F16, (n, 2)), (e & 255).astype(np.uint8), qh.view(np.uint8)],
-                          axis=1)
+    return pack_blocks(t, n, d=_ONE_F16, qs=(e & 255).astype(np.uint8), qh=qh.view(np.uint8))
 
 
-_PROBES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "iq2xxs_grid": _probe_iq2_xxs, "iq2xs_grid": _probe_iq2_xs, "iq2s_grid": _probe_iq2_s,
-    "iq3xxs_grid": _probe_iq3_xxs, "iq3s_grid": _probe_iq3_s, "iq1s_grid": _probe_iq1_s,
+@dataclass(frozen=True, slots=True)
+class _Probe:
+    """How a codebook is read: the packer of its probe blocks, and how a decoded value ``v`` maps back to the
+    entry's integer (``(v - offset) / scale``, exact in float32 for these grids)."""
+
+    pack: Callable[[int, np.ndarray], np.ndarray]
+    scale: float
+    offset: float
+
+
+_PROBES: dict[str, _Probe] = {
+    "iq2xxs_grid": _Probe(_probe_iq2_xxs, 0.125, 0.0), "iq2xs_grid": _Probe(_probe_iq2_xs, 0.125, 0.0),
+    "iq2s_grid": _Probe(_probe_iq2_s, 0.125, 0.0), "iq3xxs_grid": _Probe(_probe_iq3_xxs, 0.25, 0.0),
+    "iq3s_grid": _Probe(_probe_iq3_s, 1.0, 0.0), "iq1s_grid": _Probe(_probe_iq1_s, 1.0, 0.125),
 }
 
 
-# ---- the build's dequantiser --------------------------------------------------------------------------------------
-
-_TO_FLOAT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
-
-
-class _Traits(ctypes.Structure):
-    # struct ggml_type_traits of the build's ggml.h
-    _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64),
-                ("blck_size_interleave", ctypes.c_int64), ("type_size", ctypes.c_size_t),
-                ("is_quantized", ctypes.c_bool), ("to_float", ctypes.c_void_p), ("from_float_ref", ctypes.c_void_p)]
-
-
-class UpstreamDequantizer:
-    """``to_float`` of every type, called in one build's libggml-base.so."""
-
-    def __init__(self, bin_dir: Path) -> None:
-        self.library = bin_dir / "libggml-base.so"
-        self._lib = ctypes.CDLL(str(self.library))
-        self._lib.ggml_get_type_traits.restype = ctypes.POINTER(_Traits)
-        self._lib.ggml_get_type_traits.argtypes = [ctypes.c_int]
-
-    def traits(self, type_id: int) -> _Traits:
-        return self._lib.ggml_get_type_traits(type_id).contents
-
-    def to_float(self, type_id: int, blocks: np.ndarray) -> np.ndarray:
-        """Blocks (n, type_size) of ``type_id`` to float32 (n * blck_size,), by the build's own code."""
-        t = self.traits(type_id)
-        blocks = np.ascontiguousarray(blocks, dtype=np.uint8)
-        if blocks.ndim != 2 or blocks.shape[1] != t.type_size or not t.to_float:
-            raise CodebookError(f"type {type_id}: blocks {blocks.shape} do not fit the build's traits")
-        n = blocks.shape[0] * int(t.blck_size)
-        out = np.empty(n, dtype=np.float32)
-        _TO_FLOAT(t.to_float)(blocks.ctypes.data, out.ctypes.data, n)
-        return out
-
-
 def extract(bin_dir: Path) -> Tables:
-    """Every codebook of :data:`GRIDS`, decoded by the build in ``bin_dir`` from probe blocks."""
-    deq = UpstreamDequantizer(bin_dir)
+    """Every codebook of the executor's table, decoded by the build in ``bin_dir`` from probe blocks."""
+    lib = GgmlLibrary(bin_dir)
     tables: Tables = {}
-    for name, g in GRIDS.items():
-        per_block = QK_K // g.width
-        entries = np.arange(g.entries, dtype=np.int64).reshape(-1, per_block)
-        values = deq.to_float(g.type_id, _PROBES[name](entries)).reshape(g.entries, g.width).astype(np.float64)
-        grid = (values - g.offset) / g.scale
-        info = np.iinfo(g.dtype)
+    for name, book in CODEBOOKS.items():
+        probe, t = _PROBES[name], book.types[0]  # the first type that indexes it reveals it
+        entries = np.arange(book.entries, dtype=np.int64).reshape(-1, QK_K // book.width)
+        try:
+            values = lib.to_float(t, probe.pack(t, entries))
+        except ValueError as exc:
+            raise CodebookError(f"{name}: {exc}") from None
+        grid = (values.reshape(book.entries, book.width).astype(np.float64) - probe.offset) / probe.scale
+        info = np.iinfo(book.dtype)
         if not (np.all(grid == np.round(grid)) and grid.min() >= info.min and grid.max() <= info.max):
-            raise CodebookError(f"{name}: the probe blocks did not decode to whole {g.dtype} values")
-        tables[name] = grid.astype(g.dtype)
+            raise CodebookError(f"{name}: the probe blocks did not decode to whole {book.dtype} values")
+        tables[name] = grid.astype(book.dtype)
     return tables
 
 
@@ -198,11 +146,11 @@ def load(path: Path) -> tuple[Tables, dict[str, object]] | None:
     try:
         with np.load(path, allow_pickle=False) as npz:
             source = json.loads(str(npz["source"]))
-            tables = {name: npz[name] for name in GRIDS}
+            tables = {name: npz[name] for name in CODEBOOKS}
     except (OSError, KeyError, ValueError):
         return None
-    for name, g in GRIDS.items():
-        if tables[name].shape != (g.entries, g.width) or tables[name].dtype != np.dtype(g.dtype):
+    for name, book in CODEBOOKS.items():
+        if tables[name].shape != (book.entries, book.width) or tables[name].dtype != np.dtype(book.dtype):
             return None
     if source.get("format") != FORMAT:
         return None
@@ -214,7 +162,7 @@ def ensure(peer: Peer, *, force: bool = False) -> Path:
     path = codebook_file(peer)
     if not force and load(path) is not None:
         return path
-    library = peer.bin_dir / "libggml-base.so"
+    library = peer.bin_dir / BASE_LIBRARY
     info = peer.info()
     source = {"peer": peer.version, "package": info.get("package"), "built": info.get("built"),
               "library": str(library), "library_sha256": _sha256(library)}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
@@ -32,12 +33,32 @@ IQ3_XXS = int(GgmlType.IQ3_XXS)
 IQ3_S = int(GgmlType.IQ3_S)
 IQ1_S = int(GgmlType.IQ1_S)
 IQ1_M = int(GgmlType.IQ1_M)
-#: Every type that needs a codebook, in ggml's numbering.
-GRID_TYPES: tuple[int, ...] = (IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ3_S, IQ2_S, IQ1_M)
 
-#: The codebook each type indexes (IQ1_M shares IQ1_S's).
-_GRID_OF = {IQ2_XXS: "iq2xxs_grid", IQ2_XS: "iq2xs_grid", IQ2_S: "iq2s_grid", IQ3_XXS: "iq3xxs_grid",
-            IQ3_S: "iq3s_grid", IQ1_S: "iq1s_grid", IQ1_M: "iq1s_grid"}
+
+@dataclass(frozen=True, slots=True)
+class Codebook:
+    """One of upstream's IQ codebooks: the types that index it and its shape (entries of ``width`` small ints)."""
+
+    types: tuple[int, ...]
+    entries: int
+    width: int
+    dtype: str
+
+
+#: The codebooks by upstream's names; the single table both the executor and the extraction
+#: (:mod:`ggml_rpc.conformance.upstream.codebooks`) read.  IQ1_M indexes IQ1_S's.
+CODEBOOKS: dict[str, Codebook] = {
+    "iq2xxs_grid": Codebook((IQ2_XXS,), 256, 8, "uint8"),
+    "iq2xs_grid": Codebook((IQ2_XS,), 512, 8, "uint8"),
+    "iq2s_grid": Codebook((IQ2_S,), 1024, 8, "uint8"),
+    "iq3xxs_grid": Codebook((IQ3_XXS,), 256, 4, "uint8"),
+    "iq3s_grid": Codebook((IQ3_S,), 512, 4, "uint8"),
+    "iq1s_grid": Codebook((IQ1_S, IQ1_M), 2048, 8, "int8"),
+}
+#: The codebook each type indexes.
+_GRID_OF = {t: name for name, book in CODEBOOKS.items() for t in book.types}
+#: Every type that needs a codebook, in ggml's numbering.
+GRID_TYPES: tuple[int, ...] = tuple(sorted(_GRID_OF))
 
 _I = np.arange(128, dtype=np.uint8)
 #: Sign patterns of IQ2_XXS/XS and IQ3_XXS: 7 stored sign bits, the 8th chosen so the count of minus signs is even.

@@ -11,13 +11,12 @@ import pytest
 from ggml_rpc.conformance.cli import main
 from ggml_rpc.conformance.client import RpcClient
 from ggml_rpc.conformance.upstream import codebooks as cb
+from ggml_rpc.conformance.upstream.ggml_lib import GgmlLibrary
 from ggml_rpc.reference import running_server
 from ggml_rpc.reference.executor import ExecutorError, execute, grids, supports_op
 from ggml_rpc.reference.executor import types as ty
 from ggml_rpc.reference.executor.arena import Arena
 from ggml_rpc.spec import TYPES, GgmlOp, GgmlType, make_tensor
-
-from .ggml_oracle import GgmlOracle
 
 F32, I32 = int(GgmlType.F32), int(GgmlType.I32)
 GRID_TYPES = grids.GRID_TYPES
@@ -38,7 +37,7 @@ def random_blocks(t: int, n: int, seed: int) -> np.ndarray:
 
 
 def synthetic_tables() -> dict[str, np.ndarray]:
-    return {name: np.zeros((g.entries, g.width), dtype=g.dtype) for name, g in cb.GRIDS.items()}
+    return {name: np.zeros((g.entries, g.width), dtype=g.dtype) for name, g in grids.CODEBOOKS.items()}
 
 
 @pytest.fixture
@@ -106,8 +105,8 @@ def test_without_codebooks_the_type_is_refused_clearly(no_codebooks, t):
 
 
 @pytest.fixture(scope="module")
-def oracle(upstream_peer) -> GgmlOracle:
-    return GgmlOracle(upstream_peer.bin_dir)
+def oracle(upstream_peer) -> GgmlLibrary:
+    return GgmlLibrary(upstream_peer.bin_dir)
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +141,7 @@ def test_an_installed_peer_without_the_file_gets_it_on_first_use(upstream_peer, 
 def test_extraction_reads_the_same_tables_as_the_executor_loaded(upstream_peer, loaded):
     fresh = cb.extract(upstream_peer.bin_dir)
     assert fresh.keys() == loaded.keys()
-    for name, g in cb.GRIDS.items():
+    for name, g in grids.CODEBOOKS.items():
         assert fresh[name].shape == (g.entries, g.width)
         assert np.array_equal(fresh[name], loaded[name])
         # A codebook lists each lattice point once.

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from ggml_rpc.conformance.upstream.ggml_lib import GgmlLibrary
 from ggml_rpc.reference.executor import kquant as kq
 from ggml_rpc.reference.executor import types as ty
 from ggml_rpc.spec import TYPES
-
-from .ggml_oracle import GgmlOracle
 
 F = np.float32
 K_TYPES = (ty.Q2_K, ty.Q3_K, ty.Q4_K, ty.Q5_K, ty.Q6_K)
@@ -141,8 +140,8 @@ def test_q6_k_constant_block_bytes():
 
 
 @pytest.fixture(scope="module")
-def oracle(upstream_peer) -> GgmlOracle:
-    return GgmlOracle(upstream_peer.test_backend_ops.parent)
+def oracle(upstream_peer) -> GgmlLibrary:
+    return GgmlLibrary(upstream_peer.test_backend_ops.parent)
 
 
 @pytest.mark.upstream

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from ggml_rpc.conformance.upstream.ggml_lib import GgmlLibrary
 from ggml_rpc.reference.executor import types as ty
 from ggml_rpc.spec import TYPES
-
-from .ggml_oracle import GgmlOracle
 
 NEW_TYPES = (ty.Q1_0, ty.Q2_0, ty.MXFP4, ty.NVFP4, ty.TQ1_0, ty.TQ2_0, ty.IQ4_XS)
 E2M1 = [0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6]
@@ -189,8 +188,8 @@ def test_vec_dot_types_follow_the_cpu_type_traits():
 
 
 @pytest.fixture(scope="module")
-def oracle(upstream_peer) -> GgmlOracle:
-    return GgmlOracle(upstream_peer.test_backend_ops.parent)
+def oracle(upstream_peer) -> GgmlLibrary:
+    return GgmlLibrary(upstream_peer.test_backend_ops.parent)
 
 
 @pytest.mark.upstream
