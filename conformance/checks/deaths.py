@@ -5,7 +5,6 @@ or survive, never die: each is a SHOULD check whose breaker dies as upstream doe
 
 from __future__ import annotations
 
-import socket
 import struct
 
 import numpy as np
@@ -21,7 +20,7 @@ from ggml_rpc.conformance.checks._support import (
 )
 from ggml_rpc.conformance.checks._support import check as _check
 from ggml_rpc.conformance.checks.framing import FR, get_tensor_request, set_tensor_request
-from ggml_rpc.conformance.client import ConnectionClosed, RpcClient, cork
+from ggml_rpc.conformance.client import ConnectionClosed, RpcClient
 from ggml_rpc.conformance.harness import Context, Level, hexdump
 from ggml_rpc.spec import V6, V7, GgmlType, encode_request
 from ggml_rpc.spec import Command as C
@@ -141,12 +140,9 @@ def close_before_reply(ctx: Context) -> None:
     # a closed peer; each way of leaving is still tried a few times (the reset must be in before the second write).
     for round_ in range(1, CLOSE_ROUNDS + 1):
         # HELLO first: its reply goes out as two writes upstream (size, then body).
-        sock = socket.create_connection((ctx.target.host, ctx.target.port), timeout=ctx.timeout)
         hello = raw_request(C.HELLO, bytes(ctx.protocol.spec(C.HELLO).request.header_size))
         ctx.note(f"HELLO, then close before the reply is read (round {round_})", sent=hexdump(hello))
-        cork(sock)
-        sock.sendall(hello)
-        sock.close()
+        ctx.connect(hello=False).leave(hello)
         after = ctx.connect()
         after.device_count()
         after.close()
