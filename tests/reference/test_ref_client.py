@@ -172,3 +172,25 @@ def test_raw_reply() -> None:
     client.send_raw([b"\x0f", bytes(8)])
     assert bytes(client.recv_reply_raw()) == b"\x02\0\0\0"
     client.close()
+
+
+def test_a_corked_request_is_held_back_until_the_fin():
+    # What makes an early close deterministic: the peer sees nothing of the request before the client is gone,
+    # then the whole request and the end of the stream together.
+    if not hasattr(socket, "TCP_CORK"):
+        pytest.skip("TCP_CORK is Linux-only")
+    with socket.create_server(("127.0.0.1", 0)) as ls:
+        client = RpcClient(socket.create_connection(ls.getsockname()))
+        peer, _ = ls.accept()
+        with peer:
+            peer.setblocking(False)
+            client.cork()
+            client.send_raw(b"\x0a" + bytes(8))
+            with pytest.raises(BlockingIOError):
+                peer.recv(64)  # corked: held back (uncorked, loopback delivers it within send)
+            client.close()
+            peer.settimeout(5)
+            got = b""
+            while chunk := peer.recv(64):
+                got += chunk
+            assert got == b"\x0a" + bytes(8)
