@@ -135,6 +135,18 @@ local function pick_client(c, tvb, pinfo)
   end
 end
 
+-- How much of a message this segment holds, given the bytes the message needs before its bulk data and the bulk's
+-- size: the bytes still missing (nil when enough is here), else sets the item's length and bulk counts.
+local function place(it, need, bulk, size, avail)
+  if C.REASSEMBLE_BULK then need = need + bulk end
+  if avail < need then return need - avail end
+  local here = C.REASSEMBLE_BULK and bulk or math.min(bulk, avail - need)
+  it.len = C.REASSEMBLE_BULK and need or (need + here)
+  it.size = size
+  it.bulk, it.bulk_here = bulk, here
+  return nil
+end
+
 -- One request starting at off: returns an item, or nil and the number of bytes still needed.
 local function analyse_request(c, d, tvb, off, pinfo)
   local avail = tvb:len() - off
@@ -197,18 +209,14 @@ local function analyse_request(c, d, tvb, off, pinfo)
     need, bulk = C.REQ_HDR + req.size, size - req.size
     it.graph_partial = true
   end
-  if C.REASSEMBLE_BULK then need = need + bulk end
-  if avail < need then return nil, need - avail end
-  local here = C.REASSEMBLE_BULK and bulk or math.min(bulk, avail - need)
-  it.len = C.REASSEMBLE_BULK and need or (need + here)
-  it.size = size
-  it.bulk, it.bulk_here = bulk, here
+  local missing = place(it, need, bulk, size, avail)
+  if missing then return nil, missing end
   it.version = proto.label
   it.version_known = c.version ~= nil
   it.index = d.index
   d.index = d.index + 1
   if cmd == C.HELLO then d.hello = true end
-  d.skip = bulk - here
+  d.skip = bulk - it.bulk_here
   d.skip_cmd, d.skip_frame = cmd, pinfo.number
   d.skip_end, d.max_end = nil, nil
   c.req_frames[it.index] = pinfo.number
@@ -260,15 +268,11 @@ local function analyse_reply(c, d, tvb, off, pinfo)
   else
     need, bulk = C.REP_HDR + size, 0
   end
-  if C.REASSEMBLE_BULK then need = need + bulk end
-  if avail < need then return nil, need - avail end
-  local here = C.REASSEMBLE_BULK and bulk or math.min(bulk, avail - need)
-  it.len = C.REASSEMBLE_BULK and need or (need + here)
-  it.size = size
-  it.bulk, it.bulk_here = bulk, here
+  local missing = place(it, need, bulk, size, avail)
+  if missing then return nil, missing end
   d.queue[d.first] = nil
   d.first = d.first + 1
-  d.skip = bulk - here
+  d.skip = bulk - it.bulk_here
   d.skip_cmd, d.skip_frame = head.cmd, pinfo.number
   d.skip_end, d.max_end = nil, nil
   c.rep_frames[head.index] = pinfo.number
