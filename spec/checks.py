@@ -11,6 +11,7 @@ from . import schema_walk
 from .enums import GGML_TYPE_COUNT, TYPES, Command
 from .errors import SpecViolation
 from .facts import ggml_nbytes
+from .messages import SET_TENSOR_2D_REQ
 from .payloads import REQUEST_HEADER_SIZE
 from .versions import PROTOCOLS
 
@@ -74,8 +75,10 @@ def check_request(req: Request) -> None:
                 f"region offset {f['offset']} + {n} bytes runs past the tensor's {nbytes} bytes",
                 command=name, field="offset", offset=_field_offset(req, "offset"),
             )
-    elif req.command is Command.INIT_TENSOR:
-        check_tensor(f["tensor"], command=name, field="tensor", offset=base)
+    elif req.command in (Command.SET_TENSOR_2D, Command.GET_TENSOR_2D):
+        _check_region_2d(req, check_tensor(f["tensor"], command=name, field="tensor", offset=base))
+    elif req.command in (Command.INIT_TENSOR, Command.COMM_ALLREDUCE):
+        check_tensor(f["tensor"], command=name, field="tensor", offset=_field_offset(req, "tensor"))
     elif req.command is Command.COPY_TENSOR:
         src = check_tensor(f["src"], command=name, field="src", offset=base)
         check_tensor(f["dst"], command=name, field="dst", offset=_field_offset(req, "dst"))
@@ -100,3 +103,33 @@ def check_request(req: Request) -> None:
             i = int(np.argmin(known))
             raise SpecViolation(f"node id {int(f['nodes'][i]):#x} is not among the tensors", command=name,
                                 field=f"nodes[{i}]", offset=_field_offset(req, "nodes") + f["nodes"].itemsize * i)
+
+
+def region_2d_span(size: int, n_copies: int, stride: int) -> int | None:
+    """Bytes a 2-D region covers from its first row: ``(n_copies - 1) * stride + size``; None when a count is 0 or
+    the span does not fit 64 bits (upstream refuses both)."""
+    if size == 0 or n_copies == 0:
+        return None
+    span = (n_copies - 1) * stride + size
+    return span if span < 1 << 64 else None
+
+
+def _check_region_2d(req: Request, nbytes: int) -> None:
+    """SET_TENSOR_2D / GET_TENSOR_2D: non-zero rows, a span that fits the tensor, and (SET) exactly
+    ``size * n_copies`` data bytes."""
+    f, name = req.fields, req.command.name
+    size, n_copies = f["size"], f["n_copies"]
+    if size == 0 or n_copies == 0:
+        field = "size" if size == 0 else "n_copies"
+        raise SpecViolation(f"{field} is 0", command=name, field=field, offset=_field_offset(req, field))
+    if req.command is Command.SET_TENSOR_2D:
+        # A stream checker forwards the rows without keeping them: their count is what the size claim leaves.
+        n = req.data.nbytes if req.data is not None else max(req.size - SET_TENSOR_2D_REQ.header_size, 0)
+        if size * n_copies != n:
+            raise SpecViolation(f"{n} data bytes, but size {size} x n_copies {n_copies} = {size * n_copies}",
+                                command=name, field="size", offset=_field_offset(req, "size"))
+    span = region_2d_span(size, n_copies, f["stride"])
+    if span is None or f["offset"] + span > nbytes:
+        what = "overflows 64 bits" if span is None else f"runs past the tensor's {nbytes} bytes"
+        raise SpecViolation(f"rows at offset {f['offset']}, {n_copies} x {size} bytes, stride {f['stride']}: {what}",
+                            command=name, field="stride", offset=_field_offset(req, "stride"))

@@ -62,7 +62,8 @@ def version_slug(protocol: Protocol) -> str:
 
 def command_anchor(protocol: Protocol, command: Command | int) -> str:
     """Anchor of a command's section in a version, e.g. ``v7-set_tensor``."""
-    return f"{version_slug(protocol)}-{Command(command).name.lower()}"
+    name = command.name if isinstance(command, Command) else protocol.command_name(command)
+    return f"{version_slug(protocol)}-{name.lower()}"
 
 
 def changes_anchor(protocol: Protocol) -> str:
@@ -115,7 +116,9 @@ def _reply_text(spec: CommandSpec) -> str:
     if spec.reply is NO_REPLY:
         return "none"
     assert isinstance(spec.reply, Payload)
-    return f"{spec.reply.header_size}" if spec.reply.shape is Shape.FIXED else "request.size bytes"
+    if spec.reply.shape is Shape.FIXED:
+        return f"{spec.reply.header_size}"
+    return " × ".join(f"request.{name}" for name in spec.reply.length_from or ("size",)) + " bytes"
 
 
 def _request_text(spec: CommandSpec) -> str:
@@ -140,7 +143,7 @@ def _first_defined(protocol: Protocol, command: Command) -> Protocol:
 
 def _command_section(protocol: Protocol, spec: CommandSpec, rendered: frozenset[str]) -> str:
     cmd = spec.command
-    out = [_anchor(command_anchor(protocol, cmd)), f"### {cmd.name} ({int(cmd)}) — {protocol.label}\n\n"]
+    out = [_anchor(command_anchor(protocol, cmd)), f"### {cmd.name} ({protocol.wire_id(cmd)}) — {protocol.label}\n\n"]
     out.append(sentence(spec.doc))
     origin = _first_defined(protocol, cmd)
     parent = protocol.parent
@@ -192,7 +195,7 @@ def _version_section(protocol: Protocol, rendered: frozenset[str]) -> str:
         f"`{hex_bytes(hello[hdr:ver])}` + {len(hello) - ver} zero bytes. "
         f"RPC_CMD_COUNT = {protocol.command_count}; a server closes the connection on any command id not listed "
         "below and on the never-sent sentinel "
-        + ", ".join(f"{c.name} = {int(c)}" for c in sorted(NEVER_ON_WIRE))
+        + ", ".join(f"{c.name} = {protocol.wire_id(c)}" for c in sorted(NEVER_ON_WIRE))
         + ".\n\n"
     )
     if protocol.parent is not None:
@@ -203,7 +206,7 @@ def _version_section(protocol: Protocol, rendered: frozenset[str]) -> str:
     out.append("| id | command | request payload bytes | reply payload bytes |\n|---|---|---|---|\n")
     for cmd, spec in protocol.commands.items():
         out.append(
-            f"| {int(cmd)} | [{cmd.name}](#{command_anchor(protocol, cmd)}) | {_request_text(spec)} | "
+            f"| {protocol.wire_id(cmd)} | [{cmd.name}](#{command_anchor(protocol, cmd)}) | {_request_text(spec)} | "
             f"{_reply_text(spec)} |\n"
         )
     out.append("\n")
@@ -239,16 +242,20 @@ def diff_rows(old: Protocol, new: Protocol) -> list[tuple[str, str, str]]:
             out.append((f"HELLO reply `{key}`", str(a[key]), str(b[key])))
     if old.command_count != new.command_count:
         out.append(("RPC_CMD_COUNT", str(old.command_count), str(new.command_count)))
+    if old.sentinel != new.sentinel:
+        out.append(("NONE (client-side sentinel)", f"id {old.sentinel}", f"id {new.sentinel}"))
     for cmd in sorted(set(old.commands) | set(new.commands)):
         if cmd not in new.commands:
-            out.append((f"{cmd.name} ({int(cmd)})", "defined", "removed (the server closes)"))
+            out.append((f"{cmd.name} ({old.wire_id(cmd)})", "defined", "removed (the server closes)"))
             continue
         link = f"[{cmd.name}](#{command_anchor(new, cmd)})"
         if cmd not in old.commands:
             spec = new.commands[cmd]
-            out.append((f"{link} ({int(cmd)})", "— (the server closes)",
+            out.append((f"{link} ({new.wire_id(cmd)})", "— (the server closes)",
                         f"added: request {_request_text(spec)} bytes, reply {_reply_text(spec)}"))
             continue
+        if old.wire_id(cmd) != new.wire_id(cmd):
+            out.append((f"{link} id", str(old.wire_id(cmd)), str(new.wire_id(cmd))))
         so, sn = old.commands[cmd], new.commands[cmd]
         if so is sn:
             continue
@@ -309,23 +316,24 @@ def _changes_section(protocol: Protocol) -> str:
 def _commands_enum(versions: Sequence[Protocol]) -> str:
     out = [_anchor("enum-commands"), "## Commands\n\n"]
     out.append(
-        "Request size / reply size in bytes per version; `—`: not a command of that version (the server closes).\n\n"
+        "Per version: the command's id on the wire, then request size / reply size in bytes; `—`: not a command of "
+        "that version (the server closes).  Ids belong to a version: 8.0.0 gives 18 and 19 to new commands.\n\n"
     )
-    out.append("| id | name | " + " | ".join(p.label for p in versions) + " |\n")
-    out.append("|---|---|" + "---|" * len(versions) + "\n")
-    for cmd in Command:
+    out.append("| name | " + " | ".join(p.label for p in versions) + " |\n")
+    out.append("|---|" + "---|" * len(versions) + "\n")
+    for cmd in sorted(Command, key=lambda c: (c >= 0x100, c)):
         cells = []
         for p in versions:
             spec = p.commands.get(cmd)
             if cmd in NEVER_ON_WIRE:
-                cells.append("never on the wire (client-side sentinel; the server closes)")
+                cells.append(f"{p.sentinel}: never on the wire (client-side sentinel; the server closes)")
             elif spec is None:
                 cells.append("—")
             else:
                 reply = "no reply" if not spec.has_reply else f"reply {_reply_text(spec)}"
-                cells.append(f"[{_request_text(spec)} / {reply}](#{command_anchor(p, cmd)})")
-        out.append(f"| {int(cmd)} | {cmd.name} | " + " | ".join(cells) + " |\n")
-    out.append("| | RPC_CMD_COUNT | " + " | ".join(str(p.command_count) for p in versions) + " |\n\n")
+                cells.append(f"{p.wire_id(cmd)}: [{_request_text(spec)} / {reply}](#{command_anchor(p, cmd)})")
+        out.append(f"| {cmd.name} | " + " | ".join(cells) + " |\n")
+    out.append("| RPC_CMD_COUNT | " + " | ".join(str(p.command_count) for p in versions) + " |\n\n")
     return "".join(out)
 
 

@@ -96,8 +96,8 @@ def field_geometry(info: FieldInfo, off: Offset) -> tuple[str, str, Offset]:
 def payload_rows(payload: Payload, request: Payload | None = None) -> list[Row]:
     """Every field of a payload with its offset, size, type and doc (bulk data included as a last row)."""
     if payload.shape is Shape.RAW:
-        src = payload.length_from or "size"
-        return [Row("0", f"request.{src}", "bytes", "`data`", payload.doc)]
+        src = " × ".join(f"request.{name}" for name in payload.length_from or ("size",))
+        return [Row("0", src, "bytes", "`data`", payload.doc)]
     rows, end = struct_rows(payload.schema, Offset())
     if payload.shape is Shape.HEADER_DATA:
         rows.append(Row(str(end), "n", "bytes", "`data`", f"{payload.doc} (n = size − {end})"))
@@ -114,7 +114,8 @@ def payload_size(payload: Payload, *, reply: bool = False) -> str:
         n = payload.schema.sizeof()
         return f"variable, {n}-byte header + n data bytes (size ≥ {n}; every byte after the header is data)"
     if payload.shape is Shape.RAW:
-        return f"variable, exactly the request's `{payload.length_from}` bytes"
+        names = " × ".join(f"`{name}`" for name in payload.length_from or ("size",))
+        return f"variable, exactly the request's {names} bytes"
     _, end = struct_rows(payload.schema, Offset())
     return f"variable, {end} bytes (size ≥ {payload.header_size}; trailing bytes are ignored)"
 

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 
 
 class Command(enum.IntEnum):
-    """Request command byte (first byte of every request)."""
+    """A command's identity.  Its wire id (the first byte of a request) belongs to a protocol version:
+    :meth:`ggml_rpc.spec.versions.Protocol.wire_id` and :meth:`~ggml_rpc.spec.versions.Protocol.command_at`.
+
+    Members up to GET_DEVICE_SUPPORTS_OP carry the id they have on the wire in 6.0.0 to 7.0.1 (HELLO is 14 in every
+    version).  8.0.0 gives ids 18 and 19 to new commands (and moves the NONE sentinel to 23), so the commands it adds
+    carry ``0x100 + id``: a value no byte can hold, which nothing can send without asking the version for its id.
+    """
 
     ALLOC_BUFFER = 0
     GET_ALIGNMENT = 1
@@ -34,6 +40,11 @@ class Command(enum.IntEnum):
     MEMSET_TENSOR = 17
     NONE = 18
     GET_DEVICE_SUPPORTS_OP = 19
+    SET_TENSOR_2D = 0x100 + 18
+    GET_TENSOR_2D = 0x100 + 19
+    COMM_INIT = 0x100 + 20
+    COMM_ALLREDUCE = 0x100 + 21
+    COMM_FREE = 0x100 + 22
 
 
 #: Command ids that exist in the enum but are a client-side sentinel: a server closes when it sees one.
@@ -173,7 +184,10 @@ def op_name(op_id: int) -> str:
 
 
 def command_name(cmd: int) -> str:
-    """Name of a command id, or ``CMD_<n>`` for ids no version defines."""
+    """Name of a command (a :class:`Command`, or a wire id of 6.0.0-7.0.1), or ``CMD_<n>`` for ids no version
+    defines.  A wire id of another version is named by that version: :meth:`Protocol.command_name`."""
+    if isinstance(cmd, Command):
+        return cmd.name
     try:
         return Command(cmd).name
     except ValueError:

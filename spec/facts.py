@@ -10,6 +10,8 @@ from .enums import GGML_TYPE_COUNT, TYPES
 
 #: SET_TENSOR payloads strictly larger than this go through the hash path (and, in v6, into the cache).
 HASH_THRESHOLD = 10 * 1024 * 1024
+#: 8.0.0: graphs a server keeps per device before it empties that device's cache (client and server count alike).
+GRAPH_CACHE_MAX = 1024
 
 FNV_OFFSET_BASIS = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3

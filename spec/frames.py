@@ -10,11 +10,12 @@ from typing import NamedTuple
 
 from .enums import NEVER_ON_WIRE, Command, command_name
 from .errors import HandshakeError, ProtocolError, SizeLimitExceeded, SizeMismatch, UnknownCommand
-from .messages import GRAPH_MIN_SIZE, Payload, Shape
+from .messages import Payload, Shape
 from .payloads import DEFAULT_MAX_PAYLOAD
 from .versions import V6, Protocol
 
-_NEVER_ON_WIRE = frozenset(int(c) for c in NEVER_ON_WIRE)
+#: HELLO's wire id, the same in every version (upstream asserts it at compile time).
+HELLO_ID = 14
 
 
 class RequestFrame(NamedTuple):
@@ -38,15 +39,15 @@ def request_frames(protocol: Protocol | None) -> dict[int, RequestFrame]:
     if protocol is None:
         return table
     for cmd, spec in protocol.commands.items():
-        if cmd is Command.HELLO or int(cmd) in _NEVER_ON_WIRE:
+        if cmd is Command.HELLO or cmd in NEVER_ON_WIRE:
             continue
-        req = spec.request
+        req, wire = spec.request, protocol.wire_id(cmd)
         if req.shape is Shape.FIXED:
-            table[int(cmd)] = RequestFrame(cmd, req, req.header_size, req.header_size, -1)
+            table[wire] = RequestFrame(cmd, req, req.header_size, req.header_size, -1)
         elif req.shape is Shape.HEADER_DATA:
-            table[int(cmd)] = RequestFrame(cmd, req, -1, req.header_size, req.header_size)
+            table[wire] = RequestFrame(cmd, req, -1, req.header_size, req.header_size)
         elif req.shape is Shape.GRAPH:
-            table[int(cmd)] = RequestFrame(cmd, req, -1, req.header_size, -1)
+            table[wire] = RequestFrame(cmd, req, -1, req.header_size, -1)
     return table
 
 
@@ -54,18 +55,18 @@ def check_request_header(protocol: Protocol | None, cmd: int, size: int, off: in
                          max_payload: int = DEFAULT_MAX_PAYLOAD) -> Payload:
     """The request payload layout for a header, or the ProtocolError a decoder raises for it (``off``: the
     header's stream offset)."""
-    name = command_name(cmd)
+    name = protocol.command_name(cmd) if protocol is not None else command_name(cmd)
     if not hello_seen:
-        if cmd != Command.HELLO:
+        if cmd != HELLO_ID:
             raise HandshakeError(f"the first command must be HELLO, got {name}", command=name, field="cmd",
                                  offset=off)
-    elif cmd == Command.HELLO:
+    elif cmd == HELLO_ID:
         raise HandshakeError("HELLO may be sent only once per connection", command=name, field="cmd", offset=off)
-    if cmd in _NEVER_ON_WIRE:
+    if cmd == (protocol or V6).sentinel:
         raise UnknownCommand(f"command {cmd} ({name}) is a client-side sentinel, never sent", command=name,
                              field="cmd", offset=off)
     if protocol is None:
-        if cmd != Command.HELLO:
+        if cmd != HELLO_ID:
             raise ProtocolError("protocol version unknown (no HELLO reply seen): cannot decode", command=name,
                                 offset=off)
         protocol = V6
@@ -79,8 +80,7 @@ def check_request_header(protocol: Protocol | None, cmd: int, size: int, off: in
         raise SizeMismatch(f"size {size}, but {name} is always {header_size} bytes", command=name,
                            field="size", offset=off + 1)
     if req.shape in (Shape.HEADER_DATA, Shape.GRAPH) and size < header_size:
-        minimum = header_size if req.shape is Shape.HEADER_DATA else GRAPH_MIN_SIZE
-        raise SizeMismatch(f"size {size} is below the minimum {minimum}", command=name, field="size",
+        raise SizeMismatch(f"size {size} is below the minimum {header_size}", command=name, field="size",
                            offset=off + 1)
     if size > max_payload:
         raise SizeLimitExceeded(f"size claim {size} exceeds the limit {max_payload}", command=name,
@@ -88,4 +88,4 @@ def check_request_header(protocol: Protocol | None, cmd: int, size: int, off: in
     return req
 
 
-__all__ = ["RequestFrame", "check_request_header", "request_frames"]
+__all__ = ["HELLO_ID", "RequestFrame", "check_request_header", "request_frames"]

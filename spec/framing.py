@@ -326,7 +326,9 @@ class RequestFramer(_Framer):
             fixed = 0
         if cmd == Command.HELLO:
             self.hello_seen = True
-        return self._open(Command(cmd), size, payload, fixed, None)
+        command = (self.protocol or V6).command_at(cmd)
+        assert command is not None  # check_request_header raised for every id the version does not define
+        return self._open(command, size, payload, fixed, None)
 
 
 class ReplyFramer(_Framer):

@@ -4,8 +4,10 @@ A payload is one of four shapes (:class:`Shape`):
 
 * ``FIXED``: exactly ``schema.sizeof()`` bytes; a server closes on any other size;
 * ``HEADER_DATA``: a fixed header followed by bulk bytes that run to the end of the payload (SET_TENSOR);
-* ``GRAPH``: GRAPH_COMPUTE's counted node ids and tensors (trailing bytes are tolerated by servers);
-* ``RAW``: bulk bytes only, whose length the paired request names (GET_TENSOR's reply).
+* ``GRAPH``: GRAPH_COMPUTE's fixed head (device; 8.0.0 adds a graph uid), then counted node ids and tensors
+  (trailing bytes are tolerated by servers);
+* ``RAW``: bulk bytes only, whose length the paired request names (GET_TENSOR's reply: ``size``; GET_TENSOR_2D's:
+  ``size * n_copies``).
 
 The per-version tables in :mod:`ggml_rpc.spec.versions` pick from these declarations.
 """
@@ -36,20 +38,34 @@ class Payload:
     shape: Shape
     schema: Struct
     doc: str
-    #: For RAW replies: the request field whose value is the reply's length.
-    length_from: str | None = None
+    #: For RAW replies: the request fields whose product is the reply's length.
+    length_from: tuple[str, ...] = ()
 
     @cached_property
     def header_size(self) -> int:
-        """Bytes of the fixed part (the whole payload for FIXED, the header for HEADER_DATA, 0 for RAW).
+        """Bytes of the fixed part (the whole payload for FIXED, the header for HEADER_DATA, 0 for RAW, the head
+        and both counts for GRAPH: the smallest graph).
 
         Cached: construct computes a Struct's size by walking it on every call, and servers ask per connection.
         """
         if self.shape is Shape.RAW:
             return 0
         if self.shape is Shape.GRAPH:
-            return GRAPH_MIN_SIZE
+            return self.graph_head.sizeof() + 8
         return self.schema.sizeof()
+
+    @cached_property
+    def graph_head(self) -> Struct:
+        """GRAPH payloads: the fixed fields before ``n_nodes`` (device; device and uid from 8.0.0)."""
+        names = [sc.name for sc in self.schema.subcons]
+        return Struct(*self.schema.subcons[: names.index("n_nodes")])
+
+    def reply_length(self, request_fields: dict) -> int:
+        """RAW replies: the length the request's fields name (their product)."""
+        n = 1
+        for name in self.length_from or ("size",):
+            n *= int(request_fields[name])
+        return n
 
 
 class _NoReply:
@@ -132,14 +148,13 @@ GET_TENSOR_REQ = fixed(
     "offset" / Int64ul * "byte offset from tensor.data",
     "size" / Int64ul * "bytes to read",
 )
-GET_TENSOR_REPLY = Payload(Shape.RAW, Struct(), "the requested bytes, exactly request.size of them", "size")
+GET_TENSOR_REPLY = Payload(Shape.RAW, Struct(), "the requested bytes, exactly request.size of them", ("size",))
 COPY_TENSOR_REQ = fixed(
     "copy a tensor into another",
     "src" / RpcTensor * "source tensor (nbytes(src) bytes are copied)",
     "dst" / RpcTensor * "destination tensor",
 )
 
-GRAPH_MIN_SIZE = 12
 GRAPH_COMPUTE_REQ = Payload(
     Shape.GRAPH,
     Struct(
@@ -151,6 +166,8 @@ GRAPH_COMPUTE_REQ = Payload(
     ),
     "compute a graph; 12 + 8*n_nodes + 296*n_tensors bytes",
 )
+#: The smallest GRAPH_COMPUTE of 6.0.0 and 7.0.x (device, n_nodes, n_tensors); 8.0.0's is 20.
+GRAPH_MIN_SIZE = GRAPH_COMPUTE_REQ.header_size
 GET_DEVICE_MEMORY_REPLY = fixed(
     "device memory",
     "free_mem" / Int64ul * "free bytes",
@@ -192,3 +209,58 @@ SUPPORTS_OP_REQ = Payload(
     "ask whether a device supports an op",
 )
 SUPPORTS_OP_REPLY = fixed("support", "supported" / Int8ul * "1 = supported, 0 = not")
+
+
+# ---- 8.0.0 ------------------------------------------------------------------------------------------------------
+
+GRAPH_UID_DOC = ("graph uid chosen by the client; non-zero: the server keeps the graph under (device, uid) for "
+                 "GRAPH_RECOMPUTE (its cache per device is emptied when it holds GRAPH_CACHE_MAX graphs); 0: not kept")
+GRAPH_COMPUTE_V8_REQ = Payload(
+    Shape.GRAPH,
+    Struct(
+        "device" / Int32ul * "device index",
+        "uid" / Int64ul * GRAPH_UID_DOC,
+        "n_nodes" / Int32ul * "number of node ids",
+        "nodes" / Array(this.n_nodes, Int64ul) * "tensor ids of the graph's nodes, in execution order",
+        "n_tensors" / Int32ul * "number of tensors",
+        "tensors" / Array(this.n_tensors, RpcTensor) * "every tensor reachable from the nodes, sources first",
+    ),
+    "compute a graph (asynchronously: commands that touch buffer data wait for it); 20 + 8*n_nodes + "
+    "296*n_tensors bytes",
+)
+GRAPH_RECOMPUTE_V8_REQ = fixed(
+    "a stored graph",
+    "device" / Int32ul * "device index",
+    "uid" / Int64ul * "uid the graph was computed under (GRAPH_COMPUTE)",
+)
+_REGION_2D = (
+    "offset" / Int64ul * "byte offset from tensor.data of the first row",
+    "size" / Int64ul * "bytes per row (non-zero)",
+    "n_copies" / Int64ul * "number of rows (non-zero)",
+    "stride" / Int64ul * "bytes from one row's start to the next in the tensor",
+)
+SET_TENSOR_2D_REQ = Payload(
+    Shape.HEADER_DATA,
+    Struct("tensor" / RpcTensor * "destination tensor", *_REGION_2D),
+    "write n_copies rows of size bytes, stride apart; the data (exactly size * n_copies bytes, rows packed) runs "
+    "to the end of the payload",
+)
+GET_TENSOR_2D_REQ = fixed("read n_copies rows of size bytes, stride apart", "tensor" / RpcTensor * "source tensor",
+                          *_REGION_2D)
+GET_TENSOR_2D_REPLY = Payload(Shape.RAW, Struct(), "the rows, packed: exactly request.size * request.n_copies bytes",
+                              ("size", "n_copies"))
+COMM_HOST_SIZE = 64
+COMM_INIT_REQ = fixed(
+    "join a two-server communicator (tensor split)",
+    "device" / Int32ul * "device index",
+    "rank" / Int32ul * "this server's rank, 0 or 1",
+    "world" / Int32ul * "number of ranks; only 2 is served",
+    "port" / Int32ul * "rank 0: the port it listens on for its peer; rank 1: rank 0's port",
+    "host" / Bytes(COMM_HOST_SIZE) * "rank 1: rank 0's host, NUL-padded; rank 0: unused",
+)
+COMM_INIT_REPLY = fixed("outcome", "ok" / Int8ul * "1 = joined (or already joined), 0 = not")
+COMM_ALLREDUCE_REQ = fixed(
+    "add the peer's copy of a tensor to this one (sum over both ranks, in place)",
+    "device" / Int32ul * "device index",
+    "tensor" / RpcTensor * "the partial result, overwritten by the sum",
+)

@@ -61,7 +61,7 @@ def encode_payload(payload: Payload, fields: Mapping[str, Any] | None, data: Buf
     nodes = np.asarray(fields["nodes"], dtype="<u8")
     tensors = tensors_array(fields["tensors"])
     parts: list[Buffer] = [
-        struct.pack("<II", fields["device"], len(nodes)),
+        flat_layout(payload.graph_head).pack(dict(fields)) + struct.pack("<I", len(nodes)),
         nodes.tobytes(),
         struct.pack("<I", len(tensors)),
         tensors.tobytes(),
@@ -94,7 +94,7 @@ def request_parts(
     if spec is None:
         raise UnknownCommand(f"not a command of protocol {protocol.label}", command=command_name(command))
     body = _encode_checked(spec.request, fields, data, command)
-    return [REQUEST_HEADER.pack(int(command), _parts_size(body)), *body]
+    return [REQUEST_HEADER.pack(protocol.wire_id(spec.command), _parts_size(body)), *body]
 
 
 def encode_request(
@@ -142,16 +142,20 @@ def decode_payload(payload: Payload, buf: memoryview, *, command: str, base: int
         return layout.unpack(buf), buf[layout.size :]
     if payload.shape is Shape.RAW:
         return {}, buf
-    return _decode_graph(buf, command=command, base=base)
+    return _decode_graph(payload, buf, command=command, base=base)
 
 
-def _decode_graph(buf: memoryview, *, command: str, base: int) -> tuple[dict, memoryview | None]:
+def _decode_graph(payload: Payload, buf: memoryview, *, command: str, base: int) -> tuple[dict, memoryview | None]:
     size = buf.nbytes
-    if size < 8:
-        raise SizeMismatch(f"payload is {size} bytes; device and n_nodes need 8", command=command, field="n_nodes",
-                           offset=base)
-    device, n_nodes = struct.unpack_from("<II", buf, 0)
-    nodes_end = 8 + 8 * n_nodes
+    head = flat_layout(payload.graph_head)
+    start = head.size + 4
+    if size < start:
+        names = ", ".join(sc.name for sc in payload.graph_head.subcons)
+        raise SizeMismatch(f"payload is {size} bytes; {names} and n_nodes need {start}", command=command,
+                           field="n_nodes", offset=base)
+    fields = head.unpack(buf[: head.size])
+    (n_nodes,) = struct.unpack_from("<I", buf, head.size)
+    nodes_end = start + 8 * n_nodes
     if size < nodes_end + 4:
         raise SizeMismatch(f"payload is {size} bytes; {n_nodes} node ids and n_tensors need {nodes_end + 4}",
                            command=command, field="nodes", offset=base + 8)
@@ -160,7 +164,7 @@ def _decode_graph(buf: memoryview, *, command: str, base: int) -> tuple[dict, me
     if size < end:
         raise SizeMismatch(f"payload is {size} bytes; {n_tensors} tensors need {end}", command=command,
                            field="tensors", offset=base + nodes_end + 4)
-    nodes = np.frombuffer(buf, dtype="<u8", count=n_nodes, offset=8)
+    nodes = np.frombuffer(buf, dtype="<u8", count=n_nodes, offset=start)
     tensors = np.frombuffer(buf, dtype=TENSOR_DTYPE, count=n_tensors, offset=nodes_end + 4)
-    fields = {"device": device, "n_nodes": n_nodes, "nodes": nodes, "n_tensors": n_tensors, "tensors": tensors}
+    fields |= {"n_nodes": n_nodes, "nodes": nodes, "n_tensors": n_tensors, "tensors": tensors}
     return fields, (buf[end:] if size > end else None)

@@ -201,9 +201,12 @@ def exchanges(
         assert isinstance(spec.reply, Payload)
         reply = draw(replies(protocol, cmd, max_data=max_data))
         overrides = {}
-        if spec.reply.length_from is not None:
+        if spec.reply.length_from:
+            # The reply's length is the product of these request fields: the first takes it all, the rest are 1.
             assert reply.data is not None
-            overrides[spec.reply.length_from] = st.just(len(reply.data))
+            first, *rest = spec.reply.length_from
+            overrides[first] = st.just(len(reply.data))
+            overrides |= {name: st.just(1) for name in rest}
         req = draw(requests(protocol, cmd, overrides=overrides, max_count=max_count, max_data=max_data))
         return req, reply
 

@@ -12,8 +12,8 @@ from types import MappingProxyType
 from typing import Any
 
 from . import messages as m
-from .enums import NEVER_ON_WIRE, Command
-from .facts import HASH_THRESHOLD
+from .enums import NEVER_ON_WIRE, Command, command_name
+from .facts import GRAPH_CACHE_MAX, HASH_THRESHOLD
 
 
 @dataclass(frozen=True)
@@ -30,13 +30,13 @@ class CommandSpec:
         return self.reply is not m.NO_REPLY
 
     def reply_size(self, request_fields: Mapping[str, Any]) -> int:
-        """Payload bytes of the reply to a request with these fields: a RAW reply is as long as the request field
-        its payload names (GET_TENSOR's ``size``), any other is its layout's fixed size.  Raises for no-reply."""
+        """Payload bytes of the reply to a request with these fields: a RAW reply is as long as the request fields
+        its payload names say (GET_TENSOR's ``size``), any other is its layout's fixed size.  Raises for no-reply."""
         reply = self.reply
         if not isinstance(reply, m.Payload):
             raise ValueError(f"{self.command.name} has no reply")
         if reply.shape is m.Shape.RAW:
-            return int(request_fields[reply.length_from or "size"])
+            return reply.reply_length(dict(request_fields))
         return reply.header_size
 
 
@@ -80,6 +80,10 @@ FLAG_RULE = CacheRule(
 )
 
 
+#: Wire ids of 6.0.0 to 7.0.1: each command's id is its Command value (NONE, the client's sentinel, at 18).
+_CLASSIC_IDS: Mapping[Command, int] = MappingProxyType({c: int(c) for c in Command if int(c) < 0x100})
+
+
 @dataclass(frozen=True)
 class Protocol:
     """The complete command table of one protocol version."""
@@ -90,6 +94,41 @@ class Protocol:
     parent: Protocol | None = None
     #: What this version changes relative to ``parent`` (prose, for the generated docs).
     changes: tuple[str, ...] = field(default=())
+    #: Wire id of every command of this version, and of the NONE sentinel.
+    ids: Mapping[Command, int] = field(default_factory=lambda: _CLASSIC_IDS)
+    #: 8.0.0: graphs are kept per (device, uid), at most this many per device (then the device's cache is emptied);
+    #: None: one graph per device, the last computed (6.0.0, 7.0.x).
+    graph_cache_max: int | None = None
+
+    def __post_init__(self) -> None:
+        by_id: dict[int, Command] = {}
+        for cmd in (*self.commands, Command.NONE):
+            wire = self.ids[cmd]
+            if wire in by_id or not 0 <= wire < 256:
+                raise ValueError(f"protocol {self.label}: {cmd.name} has wire id {wire}, which is taken or no byte")
+            by_id[wire] = cmd
+        object.__setattr__(self, "_by_id", MappingProxyType(by_id))
+
+    def wire_id(self, command: Command) -> int:
+        """The byte this version sends for ``command`` (KeyError when the version does not have it)."""
+        if command in self.commands or command is Command.NONE:
+            return self.ids[command]
+        raise KeyError(f"{command.name} is not a command of protocol {self.label}")
+
+    def command_at(self, wire: int) -> Command | None:
+        """The command a request byte names in this version (NONE for the sentinel), or None."""
+        return self._by_id.get(wire)  # type: ignore[attr-defined]
+
+    def command_name(self, wire: int) -> str:
+        """Name of a wire id in this version; an id it does not define is named as 6.0.0-7.0.1 name it (a
+        command of another version), else ``CMD_<n>``."""
+        cmd = self.command_at(wire)
+        return cmd.name if cmd is not None else command_name(wire)
+
+    @property
+    def sentinel(self) -> int:
+        """Wire id of NONE, the client-side sentinel a server closes on."""
+        return self.ids[Command.NONE]
 
     @property
     def label(self) -> str:
@@ -102,14 +141,17 @@ class Protocol:
     @property
     def command_count(self) -> int:
         """RPC_CMD_COUNT: one past the highest command id, the NONE sentinel included."""
-        return max(max(self.commands), max(NEVER_ON_WIRE)) + 1
+        return max(self.ids[c] for c in (*self.commands, *NEVER_ON_WIRE)) + 1
 
     def spec(self, command: int) -> CommandSpec | None:
-        """The command's spec in this version, or None if a server of this version closes on it."""
-        try:
-            return self.commands.get(Command(command))
-        except ValueError:
-            return None
+        """The command's spec in this version, or None if a server of this version closes on it.
+
+        A :class:`Command` is looked up as itself; a plain ``int`` is a wire id of this version."""
+        if not isinstance(command, Command):
+            command = self.command_at(command)  # type: ignore[assignment]
+            if command is None:
+                return None
+        return self.commands.get(command)
 
     def derive(
         self,
@@ -119,8 +161,11 @@ class Protocol:
         add: Mapping[Command, CommandSpec] | None = None,
         cache_rule: CacheRule | None = None,
         changes: tuple[str, ...] = (),
+        ids: Mapping[Command, int] | None = None,
+        graph_cache_max: int | None = None,
     ) -> Protocol:
-        """A successor version that differs only by what is given here."""
+        """A successor version that differs only by what is given here (``ids``: wire ids that differ from the
+        parent's, new commands' included)."""
         table = dict(self.commands)
         for cmd, spec in (replace or {}).items():
             if cmd not in table:
@@ -130,12 +175,15 @@ class Protocol:
             if cmd in table:
                 raise KeyError(f"{cmd.name} already exists in {self.label}: use replace=")
             table[cmd] = spec
+        wire = dict(self.ids) | dict(ids or {})
         return Protocol(
             version,
-            MappingProxyType(dict(sorted(table.items()))),
+            MappingProxyType(dict(sorted(table.items(), key=lambda kv: wire[kv[0]]))),
             cache_rule or self.cache_rule,
             self,
             changes,
+            MappingProxyType(wire),
+            graph_cache_max if graph_cache_max is not None else self.graph_cache_max,
         )
 
 
@@ -199,8 +247,43 @@ V7_0_1 = V7.derive(
     changes=("GET_DEVICE_SUPPORTS_OP = 19 added (after NONE; RPC_CMD_COUNT 19 -> 20)",),
 )
 
+#: 8.0.0 (llama.cpp b11739): two-dimensional transfers and a two-server communicator for tensor split; graphs
+#: kept per uid.  Built from 7.0.0: 7.0.1's GET_DEVICE_SUPPORTS_OP (id 19, never released) is not in it, and its
+#: id 19 is GET_TENSOR_2D here.
+V8 = V7.derive(
+    (8, 0, 0),
+    replace=dict([
+        _c(C.GRAPH_COMPUTE, m.GRAPH_COMPUTE_V8_REQ, m.NO_REPLY,
+           "compute a graph, asynchronously; keep it under its uid for GRAPH_RECOMPUTE"),
+        _c(C.GRAPH_RECOMPUTE, m.GRAPH_RECOMPUTE_V8_REQ, m.NO_REPLY, "re-run the graph stored under (device, uid)"),
+    ]),
+    add=dict([
+        _c(C.SET_TENSOR_2D, m.SET_TENSOR_2D_REQ, m.NO_REPLY, "write rows of a tensor, stride apart"),
+        _c(C.GET_TENSOR_2D, m.GET_TENSOR_2D_REQ, m.GET_TENSOR_2D_REPLY, "read rows of a tensor, stride apart"),
+        _c(C.COMM_INIT, m.COMM_INIT_REQ, m.COMM_INIT_REPLY,
+           "join a two-server communicator: rank 0 listens on port, rank 1 connects to host:port"),
+        _c(C.COMM_ALLREDUCE, m.COMM_ALLREDUCE_REQ, m.NO_REPLY,
+           "sum a tensor over both ranks of the communicator, through the servers' own link"),
+        _c(C.COMM_FREE, m.DEVICE_REQ, m.NO_REPLY, "leave the communicator (closes the servers' link)"),
+    ]),
+    ids={C.SET_TENSOR_2D: 18, C.GET_TENSOR_2D: 19, C.COMM_INIT: 20, C.COMM_ALLREDUCE: 21, C.COMM_FREE: 22,
+         C.NONE: 23},
+    graph_cache_max=GRAPH_CACHE_MAX,
+    changes=(
+        "HELLO reply major byte 7 -> 8",
+        "GRAPH_COMPUTE gains a u64 uid after device (smallest payload 12 -> 20 bytes); a non-zero uid keeps the "
+        f"graph under (device, uid), at most {GRAPH_CACHE_MAX} per device (then that device's graphs are dropped)",
+        "GRAPH_RECOMPUTE's request is device + uid (4 -> 12 bytes) and re-runs the graph stored under that uid",
+        "SET_TENSOR_2D = 18, GET_TENSOR_2D = 19, COMM_INIT = 20, COMM_ALLREDUCE = 21 (no reply), COMM_FREE = 22 "
+        "(no reply) added; the NONE sentinel moves 18 -> 23 (RPC_CMD_COUNT 24)",
+        "graphs compute asynchronously; every command that reads or writes buffer data waits for them first",
+        "COMM_INIT makes two servers open a TCP link of their own (the peer link), which carries COMM_ALLREDUCE's "
+        "partial sums",
+    ),
+)
+
 #: Every version this kit covers, oldest first.
-PROTOCOLS: tuple[Protocol, ...] = (V6, V7, V7_0_1)
+PROTOCOLS: tuple[Protocol, ...] = (V6, V7, V7_0_1, V8)
 BY_LABEL: dict[str, Protocol] = {p.label: p for p in PROTOCOLS}
 
 
@@ -226,5 +309,5 @@ def parse_version_option(text: str) -> Protocol:
             return p
         if text == f"{p.version[0]}.{p.version[1]}" and p.version[2] == 0:
             return p
-    choices = ", ".join(["6", "7", *BY_LABEL])
+    choices = ", ".join(["6", "7", "8", *BY_LABEL])
     raise ValueError(f"unknown protocol version {text!r} (choose from {choices})")

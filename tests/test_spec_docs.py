@@ -34,7 +34,7 @@ def test_checked_in_reference_is_current(doc):
 
 
 def test_anchor_scheme():
-    assert [version_slug(p) for p in PROTOCOLS] == ["v6", "v7", "v7-0-1"]
+    assert [version_slug(p) for p in PROTOCOLS] == ["v6", "v7", "v7-0-1", "v8"]
     assert command_anchor(V7, Command.SET_TENSOR) == "v7-set_tensor"
     assert command_anchor(V7_0_1, 19) == "v7-0-1-get_device_supports_op"
     assert changes_anchor(V7) == "changes-v6-v7"
@@ -55,7 +55,7 @@ def test_anchors_unique_and_every_internal_link_resolves(doc):
 def test_every_command_has_a_section_with_request_and_reply(doc, protocol):
     for cmd, spec in protocol.commands.items():
         section = _section(doc, command_anchor(protocol, cmd))
-        assert f"### {cmd.name} ({int(cmd)}) — {protocol.label}" in section
+        assert f"### {cmd.name} ({protocol.wire_id(cmd)}) — {protocol.label}" in section
         assert "**Request**" in section
         if spec.has_reply:
             assert "**Reply**" in section and "**No reply**" not in section
@@ -107,12 +107,18 @@ def test_generated_changes(doc):
     assert "| RPC_CMD_COUNT | 19 | 20 |" in patch
     assert "| HELLO reply `patch` | 0 | 1 |" in patch
     assert "GET_DEVICE_SUPPORTS_OP](#v7-0-1-get_device_supports_op) (19) | — (the server closes) | added" in patch
+    eight = _section(doc, "changes-v7-v8")
+    assert "| NONE (client-side sentinel) | id 18 | id 23 |" in eight
+    assert "[GET_TENSOR_2D](#v8-get_tensor_2d) (19) | — (the server closes) | added" in eight
+    assert "request `uid` | — | added at 4, size 8, u64" in eight
 
 
 def test_enum_tables(doc):
     commands = _section(doc, "enum-commands")
-    assert "| 18 | NONE | never on the wire" in commands
-    assert "| 19 | GET_DEVICE_SUPPORTS_OP | — | — | [3260 / reply 1](#v7-0-1-get_device_supports_op) |" in commands
+    assert "| NONE | 18: never on the wire" in commands and "| 23: never on the wire" in commands
+    assert ("| GET_DEVICE_SUPPORTS_OP | — | — | 19: [3260 / reply 1](#v7-0-1-get_device_supports_op) | — |"
+            in commands)
+    assert "| GET_TENSOR_2D | — | — | — | 19: [328 / reply request.size × request.n_copies bytes](#v8-get_tensor_2d) |" in commands
     types = _section(doc, "enum-types")
     assert "| 4 | REMOVED_Q4_2 | 0 | 0 | removed |" in types
     assert "| 12 | Q4_K | 256 | 144 | quantized |" in types

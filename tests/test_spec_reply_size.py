@@ -13,7 +13,9 @@ def test_reply_sizes_follow_the_tables(protocol):
             with pytest.raises(ValueError, match=cmd.name):
                 spec.reply_size({})
         elif spec.reply.shape is Shape.RAW:
-            assert spec.reply_size({"size": 12345}) == 12345
+            fields = {"size": 12345, "n_copies": 3}
+            expected = 12345 * (3 if "n_copies" in spec.reply.length_from else 1)
+            assert spec.reply_size(fields) == expected
         else:
             assert spec.reply_size({}) == spec.reply.schema.sizeof()
     assert protocol.commands[Command.HELLO].reply_size({}) == 28
