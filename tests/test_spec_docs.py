@@ -118,7 +118,8 @@ def test_enum_tables(doc):
     assert "| NONE | 18: never on the wire" in commands and "| 23: never on the wire" in commands
     assert ("| GET_DEVICE_SUPPORTS_OP | — | — | 19: [3260 / reply 1](#v7-0-1-get_device_supports_op) | — |"
             in commands)
-    assert "| GET_TENSOR_2D | — | — | — | 19: [328 / reply request.size × request.n_copies bytes](#v8-get_tensor_2d) |" in commands
+    assert ("| GET_TENSOR_2D | — | — | — | 19: [328 / reply request.size × request.n_copies bytes]"
+            "(#v8-get_tensor_2d) |") in commands
     types = _section(doc, "enum-types")
     assert "| 4 | REMOVED_Q4_2 | 0 | 0 | removed |" in types
     assert "| 12 | Q4_K | 256 | 144 | quantized |" in types
