@@ -34,7 +34,7 @@ from ggml_rpc.spec import (
 )
 from ggml_rpc.spec.codec import REPLY_HEADER, REPLY_HEADER_SIZE, REQUEST_HEADER, Buffer
 from ggml_rpc.spec.layout import FlatLayout, flat_layout
-from ggml_rpc.spec.messages import Shape
+from ggml_rpc.spec.messages import COMM_HOST_SIZE, Shape
 from ggml_rpc.spec.tensor import GGML_MAX_SRC
 from ggml_rpc.spec.versions import V6
 
@@ -104,6 +104,9 @@ class RpcClient:
         self.server_version: tuple[int, int, int] | None = None
         self._header = bytearray(REPLY_HEADER_SIZE)
         self._plans: dict[tuple[tuple[int, int, int], Command], _Plan] = {}
+        #: 8.0.0: the last graph uid this connection used, and the uid of its last graph per device.
+        self._next_uid = 0
+        self._graph_uids: dict[int, int] = {}
 
     # ---- connection ------------------------------------------------------------------------------------------
 
@@ -253,7 +256,7 @@ class RpcClient:
             # Fixed-size request: one small bytes object, one system call.
             body = plan.request_layout.pack(dict(fields or {}))
             try:
-                self.sock.sendall(REQUEST_HEADER.pack(command, len(body)) + body)
+                self.sock.sendall(REQUEST_HEADER.pack(table.wire_id(command), len(body)) + body)
             except (BrokenPipeError, ConnectionResetError) as exc:
                 raise ConnectionClosed(f"server closed the connection while sending: {exc}") from exc
         else:
@@ -266,7 +269,7 @@ class RpcClient:
         size = self._recv_size()
         payload = plan.reply
         assert payload is not None
-        expected = int(fields[payload.length_from or "size"]) if plan.reply_layout is None else plan.reply_size
+        expected = payload.reply_length(dict(fields)) if plan.reply_layout is None else plan.reply_size
         if size != expected:
             raise SizeMismatch(f"reply size {size}, expected {expected}", command=command.name, field="size")
         body = bytearray(size)
@@ -358,14 +361,53 @@ class RpcClient:
         return bool(self._call(Command.COPY_TENSOR, {"src": src, "dst": dst})["result"])
 
     def graph_compute(
-        self, device: int, nodes: Sequence[int] | np.ndarray, tensors: Sequence[Mapping[str, Any]] | np.ndarray
+        self, device: int, nodes: Sequence[int] | np.ndarray, tensors: Sequence[Mapping[str, Any]] | np.ndarray,
+        uid: int | None = None,
     ) -> None:
         """GRAPH_COMPUTE (no reply): node ids in execution order, every tensor they reach (dicts or a structured
-        array of ``TENSOR_DTYPE``)."""
-        self.request(Command.GRAPH_COMPUTE, {"device": device, "nodes": nodes, "tensors": tensors})
+        array of ``TENSOR_DTYPE``).  8.0.0 carries a graph uid: ``uid``, or by default a new one per graph of this
+        connection (1, 2, …), which :meth:`graph_recompute` then names."""
+        fields: dict[str, Any] = {"device": device, "nodes": nodes, "tensors": tensors}
+        if self._table(Command.GRAPH_COMPUTE).graph_cache_max is not None:
+            if uid is None:
+                self._next_uid += 1
+                uid = self._next_uid
+            fields["uid"] = self._graph_uids[device] = uid
+        self.request(Command.GRAPH_COMPUTE, fields)
 
-    def graph_recompute(self, device: int) -> None:
-        self.request(Command.GRAPH_RECOMPUTE, {"device": device})
+    def graph_recompute(self, device: int, uid: int | None = None) -> None:
+        """GRAPH_RECOMPUTE; 8.0.0: of ``uid``, by default the last graph this connection computed on the device."""
+        fields: dict[str, Any] = {"device": device}
+        if self._table(Command.GRAPH_RECOMPUTE).graph_cache_max is not None:
+            fields["uid"] = self._graph_uids.get(device, 0) if uid is None else uid
+        self.request(Command.GRAPH_RECOMPUTE, fields)
+
+    def set_tensor_2d(self, tensor: Mapping[str, Any], offset: int, size: int, stride: int, data: Buffer) -> None:
+        """SET_TENSOR_2D (8.0.0): ``len(data) // size`` rows of ``size`` bytes, ``stride`` apart from ``offset``."""
+        n = memoryview(data).nbytes
+        fields = {"tensor": tensor, "offset": offset, "size": size, "n_copies": n // size if size else 0,
+                  "stride": stride}
+        self.request(Command.SET_TENSOR_2D, fields, data)
+
+    def get_tensor_2d(self, tensor: Mapping[str, Any], offset: int, size: int, n_copies: int,
+                      stride: int) -> bytes:
+        """GET_TENSOR_2D (8.0.0): ``n_copies`` rows of ``size`` bytes, ``stride`` apart, packed."""
+        fields = {"tensor": tensor, "offset": offset, "size": size, "n_copies": n_copies, "stride": stride}
+        reply = self.request(Command.GET_TENSOR_2D, fields)
+        assert reply is not None and reply.data is not None
+        return bytes(reply.data)
+
+    def comm_init(self, device: int, rank: int, world: int, port: int, host: str = "") -> bool:
+        """COMM_INIT (8.0.0): rank 0 listens on ``port`` for its peer, rank 1 connects to ``host:port``."""
+        fields = {"device": device, "rank": rank, "world": world, "port": port,
+                  "host": host.encode().ljust(COMM_HOST_SIZE, b"\0")}
+        return bool(self._call(Command.COMM_INIT, fields)["ok"])
+
+    def comm_allreduce(self, device: int, tensor: Mapping[str, Any]) -> None:
+        self.request(Command.COMM_ALLREDUCE, {"device": device, "tensor": tensor})
+
+    def comm_free(self, device: int) -> None:
+        self.request(Command.COMM_FREE, {"device": device})
 
     def init_tensor(self, tensor: Mapping[str, Any]) -> None:
         self.request(Command.INIT_TENSOR, {"tensor": tensor})

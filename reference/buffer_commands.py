@@ -80,11 +80,17 @@ class BufferCommands:
 
     def _free_buffer(self, f: dict[str, Any]) -> None:
         buf = self._buffer(f["remote_ptr"], "FREE_BUFFER")
-        # Upstream 6/7 keeps stored graphs that point into the freed buffer (a use-after-free on RECOMPUTE).
-        for device, graph in list(self.graphs.items()):
-            if buf.handle in graph.buffers:
-                del self.graphs[device]
-                log.info("%s: FREE_BUFFER %#x drops the stored graph of device %d", self.name, buf.handle, device)
+        if self.protocol.graph_cache_max is not None:
+            # 8.0.0 forgets every stored graph on any FREE_BUFFER, keeping their uids (they still count towards
+            # GRAPH_CACHE_MAX): a GRAPH_RECOMPUTE after it closes, a GRAPH_COMPUTE under the uid rebuilds.
+            self.graphs = dict.fromkeys(self.graphs)
+        else:
+            # Upstream 6/7 keeps stored graphs that point into the freed buffer (a use-after-free on RECOMPUTE).
+            for key, graph in list(self.graphs.items()):
+                if graph is not None and buf.handle in graph.buffers:
+                    del self.graphs[key]
+                    log.info("%s: FREE_BUFFER %#x drops the stored graph of device %d", self.name, buf.handle,
+                             key[0])
         self.table.free(buf.handle)
 
     def _buffer_clear(self, f: dict[str, Any]) -> None:

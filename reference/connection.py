@@ -26,9 +26,11 @@ from .buffer_commands import BufferCommands
 from .cache import HashCache
 from .closing import Close, PeerGone
 from .closing import upstream as _upstream
+from .comm import CommCommands, Communicator
 from .devices import BufferTable, DeviceConfig
 from .graph import BuiltGraph, GraphTensor
 from .graph_commands import GraphCommands
+from .row_commands import RowCommands
 from .tensor_commands import TensorCommands
 
 log = logging.getLogger("ggml_rpc.reference")
@@ -55,9 +57,14 @@ class ServerConfig:
     #: machine OpenBLAS's worker threads wait for a core, and a 32,000 x 256 F32 matrix-vector product took 10-15 ms
     #: instead of 1 ms (2 cores, the client and other work running).  None leaves the process's setting alone.
     threads: int | None = 1
+    #: 8.0.0 communicator: the address rank 0 listens on for its peer (the server's own), how long COMM_INIT waits
+    #: for the peer, and whether rank 1 may connect to a host that is not a loopback address.
+    comm_bind: str = "127.0.0.1"
+    comm_timeout: float = 30.0
+    comm_any_host: bool = False
 
 
-class Connection(TensorCommands, BufferCommands, GraphCommands):
+class Connection(TensorCommands, RowCommands, BufferCommands, GraphCommands, CommCommands):
     """Serves one accepted socket until the client leaves or a rule closes it.
 
     :meth:`serve` runs the whole connection.  A caller that drives it message by message (the fuzzer's model does)
@@ -79,7 +86,10 @@ class Connection(TensorCommands, BufferCommands, GraphCommands):
         self.cache = cache
         self.name = name
         self.table = BufferTable.for_devices(config.devices, config.device)
-        self.graphs: dict[int, BuiltGraph] = {}
+        #: Stored graphs by (device, uid); uid is 0 before 8.0.0, where a device keeps only its last graph.
+        self.graphs: dict[tuple[int, int], BuiltGraph | None] = {}
+        #: 8.0.0: each device's membership of a communicator (COMM_INIT), with its link to the other server.
+        self.comms: dict[int, Communicator] = {}
         #: GRAPH_COMPUTE payloads are received here (grown as bytes arrive, reused by the next one).
         self._graph_buf = bytearray()
         self.commands = 0
@@ -98,6 +108,9 @@ class Connection(TensorCommands, BufferCommands, GraphCommands):
             Command.DEVICE_COUNT: self._device_count,
             Command.GRAPH_RECOMPUTE: self._graph_recompute,
             Command.GET_DEVICE_SUPPORTS_OP: self._supports_op,
+            Command.COMM_INIT: self._comm_init,
+            Command.COMM_ALLREDUCE: self._comm_allreduce,
+            Command.COMM_FREE: self._comm_free,
         }
         self._verbose = config.verbose
         self._nbytes: dict[tuple, int] = {}
@@ -130,6 +143,7 @@ class Connection(TensorCommands, BufferCommands, GraphCommands):
             Command.MEMSET_TENSOR: self._memset_tensor_flat,
             Command.INIT_TENSOR: self._init_tensor_flat,
             Command.GET_ALLOC_SIZE: self._get_alloc_size_flat,
+            Command.GET_TENSOR_2D: self._get_tensor_2d_flat,
         }
         # Per command id of this version (HELLO excepted), framed as the codec's framers frame it: (command, exact
         # size or -1 when variable, runner).  A fixed-size runner takes the payload bytes, a variable-size one the
@@ -141,6 +155,8 @@ class Connection(TensorCommands, BufferCommands, GraphCommands):
                 self._dispatch[cmd_id] = (cmd, frame.exact, self._fixed_runner(cmd, req, flat_handlers))
             elif cmd is Command.SET_TENSOR:
                 self._dispatch[cmd_id] = (cmd, -1, self._set_tensor_runner(req, frame.fixed))
+            elif cmd is Command.SET_TENSOR_2D:
+                self._dispatch[cmd_id] = (cmd, -1, self._set_tensor_2d_runner(req))
             elif cmd is Command.GRAPH_COMPUTE:
                 self._dispatch[cmd_id] = (cmd, -1, lambda size, req=req: self._graph_compute(req, size))
             else:  # pragma: no cover - every shape of every version is handled above
@@ -237,6 +253,7 @@ class Connection(TensorCommands, BufferCommands, GraphCommands):
     def release(self) -> None:
         """Free everything the connection holds (buffers, stored graphs) and close its reader; idempotent."""
         self.graphs.clear()
+        self._comm_release()
         self.table.release_all()
         try:
             self._rfile.close()
@@ -248,7 +265,7 @@ class Connection(TensorCommands, BufferCommands, GraphCommands):
         first = self._rfile.read(1)
         if not first:
             raise PeerGone("client closed the connection before HELLO")
-        if first[0] != Command.HELLO:
+        if first[0] != Command.HELLO:  # HELLO is 14 in every version
             raise Close(f"first command is {first[0]}, not HELLO ({int(Command.HELLO)})"
                         f"{_upstream('close, Expected HELLO command')}")
         _, size = REQUEST_HEADER.unpack(first + self._read(REQUEST_HEADER_SIZE - 1))

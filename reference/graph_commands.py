@@ -61,7 +61,8 @@ class GraphCommands:
         except ProtocolError as exc:
             raise Close(f"GRAPH_COMPUTE: {exc.message}{_upstream('close')}") from None
         device = self._device(fields["device"], "GRAPH_COMPUTE")
-        graph = self.graphs.get(device)
+        key = self._graph_key(device, fields)
+        graph = self.graphs.get(key) if key is not None else None
         # The very graph stored for this device, sent again (what a client without GRAPH_RECOMPUTE does every
         # token): rebuilding would give the same graph, since every buffer it uses is still there (a FREE_BUFFER
         # drops it) and every handle it named unknown still is.  Its prepared plan runs again.
@@ -78,15 +79,32 @@ class GraphCommands:
             if 2 * graph.n_tensors >= len(fields["tensors"]):
                 graph.source = source
         del fields, body  # no view of the receive buffer outlives the request
+        if key is not None:
+            limit = self.protocol.graph_cache_max
+            if limit is not None and key not in self.graphs and sum(k[0] == device for k in self.graphs) >= limit:
+                # 8.0.0: a device holding GRAPH_CACHE_MAX graphs forgets them all before it keeps another (the
+                # client counts alike, so it sends those graphs again rather than recompute them).
+                for k in [k for k in self.graphs if k[0] == device]:
+                    del self.graphs[k]
+            self.graphs[key] = graph
         self._run(graph, "GRAPH_COMPUTE")
-        self.graphs[device] = graph
+
+    def _graph_key(self, device: int, fields: dict[str, Any]) -> tuple[int, int] | None:
+        """Where a graph is kept: per device (6.0.0, 7.0.x: the last one); per (device, uid) from 8.0.0, where
+        uid 0 is not kept at all."""
+        if self.protocol.graph_cache_max is None:
+            return (device, 0)
+        uid = fields["uid"]
+        return (device, uid) if uid else None
 
     def _graph_recompute(self, f: dict[str, Any]) -> None:
         device = self._device(f["device"], "GRAPH_RECOMPUTE")
-        graph = self.graphs.get(device)
+        key = self._graph_key(device, f)
+        graph = self.graphs.get(key) if key is not None else None
         if graph is None:
-            raise Close(f"GRAPH_RECOMPUTE: no stored graph for device {device} (none computed, or a buffer it used "
-                        f"was freed){_upstream('close; after FREE_BUFFER a use-after-free')}")
+            which = f"uid {f['uid']}" if "uid" in f else f"device {device}"
+            raise Close(f"GRAPH_RECOMPUTE: no stored graph for {which} (none computed, or a buffer it used was "
+                        f"freed){_upstream('close; 6/7 after FREE_BUFFER a use-after-free')}")
         self._run(graph, "GRAPH_RECOMPUTE")
 
     def _run(self, graph: BuiltGraph, command: str) -> None:

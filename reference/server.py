@@ -50,6 +50,8 @@ class Server:
     """A listening reference server.  :meth:`serve_forever` blocks; :meth:`stop` ends it from any thread."""
 
     def __init__(self, config: ServerConfig, host: str = DEFAULT_HOST, port: int = 0, *, backlog: int = 16) -> None:
+        # A communicator's rank 0 listens for its peer on the address this server serves on, never elsewhere.
+        config = replace(config, comm_bind=host)
         self.config = config
         self.cache = HashCache(config.cache_dir, config.cache_max_bytes) if config.cache_dir else None
         family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -72,6 +72,7 @@ from .versions import (
     V6,
     V7,
     V7_0_1,
+    V8,
     CacheRule,
     CommandSpec,
     Protocol,

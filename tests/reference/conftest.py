@@ -6,7 +6,7 @@ import pytest
 from ggml_rpc.reference import running_server
 
 
-@pytest.fixture(scope="module", params=["6", "7"])
+@pytest.fixture(scope="module", params=["6", "7", "8"])
 def srv(request):
     with running_server(request.param) as s:
         yield s

@@ -1,0 +1,203 @@
+"""The reference connection's communicator of 8.0.0: COMM_INIT, COMM_ALLREDUCE and COMM_FREE (a mixin of
+:class:`.connection.Connection`), and the servers' own link that carries the partial sums.
+
+With tensor split a client asks two servers to join one communicator: rank 0 listens on a port for its peer, rank 1
+connects to it (upstream retries for about five seconds).  The link opens with both sides' 24 caps bytes (the
+connector's first; all zero over plain TCP) and then carries, for every COMM_ALLREDUCE, each rank's copy of the
+tensor: rank 0 sends first, rank 1 receives first, so large tensors cannot deadlock.  An F32 tensor of 32,768
+elements or more travels as BF16 (rounded to nearest even), halving the bytes; each rank adds the peer's copy to its
+own, so with BF16 the two ranks' sums differ in the last bits, as upstream's do.
+
+Safety rules of the reference: it binds rank 0's port on the address it serves on (never all interfaces) and
+connects only to loopback hosts unless the server is configured otherwise; a peer that does not come within the
+configured time makes COMM_INIT answer 0 instead of blocking the connection forever; a tensor larger than the
+server's limit for one transfer is refused.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from ggml_rpc.spec import Command
+from ggml_rpc.spec.enums import TYPES
+from ggml_rpc.spec.facts import CONN_CAPS_SIZE
+
+from .closing import Close
+from .closing import upstream as _upstream
+
+log = logging.getLogger("ggml_rpc.reference")
+
+#: F32 tensors with at least this many elements cross the link as BF16.
+BF16_FROM_ELEMENTS = 32768
+#: Rank 1 tries to reach rank 0 this many times, this far apart (upstream: 100 x 50 ms).
+CONNECT_TRIES, CONNECT_PAUSE = 100, 0.05
+
+_F32, _F16, _BF16 = (next(t.id for t in TYPES.values() if t.name == n) for n in ("F32", "F16", "BF16"))
+
+
+@dataclass
+class Communicator:
+    """One device's membership of a two-rank communicator: its rank and the open link to the other server."""
+
+    rank: int
+    link: socket.socket
+
+    def close(self) -> None:
+        try:
+            self.link.close()
+        except OSError:
+            pass
+
+
+def bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns, rounded to nearest even; NaN stays a quiet NaN."""
+    u = values.view(np.uint32)
+    rounded = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)
+    nan = np.isnan(values)
+    if nan.any():
+        rounded[nan] = ((u[nan] >> 16) | 64).astype(np.uint16)
+    return rounded
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _is_loopback_host(host: str) -> bool:
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    out = bytearray(n)
+    view, got = memoryview(out), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if not k:
+            raise ConnectionError(f"peer closed the link after {got} of {n} bytes")
+        got += k
+    return bytes(out)
+
+
+class CommCommands:
+    """COMM_INIT, COMM_ALLREDUCE, COMM_FREE; needs the connection's config, tensor checks and reply."""
+
+    def _comm_init(self, f: dict[str, Any]) -> None:
+        device, rank, world, port = f["device"], f["rank"], f["world"], f["port"]
+        host = bytes(f["host"]).split(b"\0", 1)[0].decode("latin-1")
+        if device >= self.config.devices or world != 2 or rank >= world:
+            log.info("%s: COMM_INIT device %d rank %d of %d: only two ranks are served", self.name, device, rank,
+                     world)
+            self._reply(Command.COMM_INIT, {"ok": 0})
+            return
+        if device in self.comms:
+            self._reply(Command.COMM_INIT, {"ok": 1})  # already joined, as upstream answers
+            return
+        try:
+            link = self._comm_listen(port) if rank == 0 else self._comm_connect(host, port)
+        except (OSError, ConnectionError, ValueError) as exc:
+            log.info("%s: COMM_INIT device %d rank %d: %s", self.name, device, rank, exc)
+            self._reply(Command.COMM_INIT, {"ok": 0})
+            return
+        self.comms[device] = Communicator(rank, link)
+        log.info("%s: device %d joined the communicator as rank %d", self.name, device, rank)
+        self._reply(Command.COMM_INIT, {"ok": 1})
+
+    def _comm_listen(self, port: int) -> socket.socket:
+        if not 0 < port < 65536:
+            raise ValueError(f"port {port} is not a TCP port")
+        timeout = self.config.comm_timeout
+        host = self.config.comm_bind
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.create_server((host, port), family=family, backlog=1) as srv:
+            srv.settimeout(timeout)
+            try:
+                link, _ = srv.accept()
+            except TimeoutError:
+                raise ConnectionError(f"no peer connected to {host}:{port} within {timeout:g} s") from None
+        link.settimeout(timeout)
+        _recv_exact(link, CONN_CAPS_SIZE)  # the connector's caps first
+        link.sendall(bytes(CONN_CAPS_SIZE))  # plain TCP: no transport upgrade offered
+        link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return link
+
+    def _comm_connect(self, host: str, port: int) -> socket.socket:
+        if not 0 < port < 65536:
+            raise ValueError(f"port {port} is not a TCP port")
+        if not self.config.comm_any_host and not _is_loopback_host(host):
+            raise ValueError(f"peer host {host!r} is not a loopback address (the reference connects only there)")
+        for _ in range(CONNECT_TRIES):
+            try:
+                link = socket.create_connection((host, port), timeout=self.config.comm_timeout)
+                break
+            except OSError:
+                time.sleep(CONNECT_PAUSE)
+        else:
+            raise ConnectionError(f"cannot reach the peer at {host}:{port}")
+        link.sendall(bytes(CONN_CAPS_SIZE))
+        _recv_exact(link, CONN_CAPS_SIZE)
+        link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return link
+
+    def _comm_allreduce(self, f: dict[str, Any]) -> None:
+        device = self._device(f["device"], "COMM_ALLREDUCE")
+        comm = self.comms.get(device)
+        if comm is None:
+            raise Close(f"COMM_ALLREDUCE: device {device} has no communicator (no COMM_INIT){_upstream('close')}")
+        t = self._tensor(f["tensor"], "COMM_ALLREDUCE")
+        if t.buffer is None:
+            raise Close(f"COMM_ALLREDUCE: tensor has no buffer (null or unknown handle){_upstream('close')}")
+        if t.nbytes == 0:
+            return
+        ttype, ne = f["tensor"]["type"], [int(x) for x in f["tensor"]["ne"]]
+        count = int(np.prod(ne, dtype=np.uint64))
+        if ttype not in (_F32, _F16, _BF16):
+            raise Close(f"COMM_ALLREDUCE: tensor type {TYPES[ttype].name} is not summed by the reference "
+                        f"(F32, F16, BF16)")
+        if t.nbytes != count * TYPES[ttype].size:
+            raise Close("COMM_ALLREDUCE: a tensor that is not contiguous is not summed by the reference")
+        region = t.buffer.slice(t.data, t.nbytes)
+        mine = np.frombuffer(region, dtype={_F32: np.float32, _F16: np.float16, _BF16: np.uint16}[ttype])
+        wire_bf16 = ttype == _F32 and count >= BF16_FROM_ELEMENTS
+        out = bf16_bits(mine).tobytes() if wire_bf16 else mine.tobytes()
+        try:
+            if comm.rank == 0:
+                comm.link.sendall(out)
+                got = _recv_exact(comm.link, len(out))
+            else:
+                got = _recv_exact(comm.link, len(out))
+                comm.link.sendall(out)
+        except (OSError, ConnectionError) as exc:
+            raise Close(f"COMM_ALLREDUCE: the peer link failed ({exc}){_upstream('close')}") from None
+        t.buffer.epoch += 1
+        if ttype == _F32:
+            theirs = bf16_to_f32(np.frombuffer(got, np.uint16)) if wire_bf16 else np.frombuffer(got, np.float32)
+            np.add(mine, theirs, out=mine)
+        elif ttype == _F16:
+            np.add(mine, np.frombuffer(got, np.float16), out=mine)
+        else:
+            total = bf16_to_f32(mine) + bf16_to_f32(np.frombuffer(got, np.uint16))
+            mine[:] = bf16_bits(total)
+
+    def _comm_free(self, f: dict[str, Any]) -> None:
+        device = self._device(f["device"], "COMM_FREE")
+        comm = self.comms.pop(device, None)
+        if comm is not None:
+            comm.close()
+
+    def _comm_release(self) -> None:
+        for comm in self.comms.values():
+            comm.close()
+        self.comms.clear()
+
+
+__all__ = ["BF16_FROM_ELEMENTS", "CommCommands", "Communicator", "bf16_bits", "bf16_to_f32"]
