@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from ggml_rpc.spec import Command
 from ggml_rpc.spec.enums import TYPES
-from ggml_rpc.spec.facts import CONN_CAPS_SIZE
+from ggml_rpc.spec.facts import COMM_BF16_FROM_ELEMENTS, CONN_CAPS_SIZE
 
 from .closing import Close
 from .closing import upstream as _upstream
@@ -34,7 +34,7 @@ from .closing import upstream as _upstream
 log = logging.getLogger("ggml_rpc.reference")
 
 #: F32 tensors with at least this many elements cross the link as BF16.
-BF16_FROM_ELEMENTS = 32768
+BF16_FROM_ELEMENTS = COMM_BF16_FROM_ELEMENTS
 #: Rank 1 tries to reach rank 0 this many times, this far apart (upstream: 100 x 50 ms).
 CONNECT_TRIES, CONNECT_PAUSE = 100, 0.05
 

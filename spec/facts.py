@@ -12,6 +12,8 @@ from .enums import GGML_TYPE_COUNT, TYPES
 HASH_THRESHOLD = 10 * 1024 * 1024
 #: 8.0.0: graphs a server keeps per device before it empties that device's cache (client and server count alike).
 GRAPH_CACHE_MAX = 1024
+#: 8.0.0: COMM_ALLREDUCE sends an F32 tensor of at least this many elements over the servers' link as BF16.
+COMM_BF16_FROM_ELEMENTS = 32768
 
 FNV_OFFSET_BASIS = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3

@@ -10,12 +10,13 @@ from ggml_rpc.spec import Reply
 
 from ..sessions.capture import CaptureError, read_connections
 from ..sessions.decode import decode_connection, describe, summarize
+from ..sessions.peer_link import decode_with_links, describe_link
 from .options import UsageError, parse_proto, port_number
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("pcap", help="capture file (pcap or pcapng)")
-    p.add_argument("--proto", default="auto", help="auto (from each HELLO reply), 6, 7 or 7.0.1")
+    p.add_argument("--proto", default="auto", help="auto (from each HELLO reply), 6, 7, 7.0.1 or 8")
     p.add_argument("--port", type=port_number, default=None, help="only connections with this TCP port")
     p.add_argument("--json", action="store_true", help="JSON lines instead of text")
     p.set_defaults(func=run)
@@ -33,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"ggml-rpc decode: no TCP connection{where} in {args.pcap}", file=sys.stderr)
     out = sys.stdout
     failed = 0
-    for conn in conns:
-        dc = decode_connection(conn, protocol)
+    for dc in decode_with_links(conns, lambda c: decode_connection(c, protocol)):
+        conn = dc.conn
         version = dc.protocol.label if dc.protocol else "?"
         if args.json:
             out.write(json.dumps({"connection": conn.index, "event": "open", "client": list(conn.client),
@@ -43,6 +44,14 @@ def run(args: argparse.Namespace) -> int:
             out.write(f"# connection {conn.index}: {conn.label} protocol {version}\n")
             for note in dc.notes:
                 out.write(f"#   note: {note}\n")
+        if dc.link is not None:
+            if args.json:
+                out.write(json.dumps({"connection": conn.index, "event": "link", "port": dc.link.port,
+                                      "init": list(dc.link.init),
+                                      "exchanges": [vars(x) for x in dc.link.exchanges]}) + "\n")
+            else:
+                for line in describe_link(dc):
+                    out.write(f"{conn.index:>3}       = {line}\n")
         for msg in dc.messages():
             arrow = "<" if isinstance(msg, Reply) else ">"
             index = msg.request.index if isinstance(msg, Reply) and msg.request else msg.index

@@ -43,6 +43,8 @@ class DecodedConnection:
     #: Version announced by the server even when the kit does not cover it.
     announced: tuple[int, int, int] | None = None
     notes: list[str] = field(default_factory=list)
+    #: 8.0.0: set when the connection is the servers' own link (:mod:`.peer_link`), which has no messages.
+    link: Any = None
 
     def messages(self) -> Iterator[Request | Reply]:
         """Requests in order, each followed by its reply (if any)."""
@@ -125,8 +127,11 @@ def decode_connection(
 
 def decode_file(path: str | Path, protocol: Protocol | None = None, *, port: int | None = None,
                 validate: bool = True) -> list[DecodedConnection]:
-    """Decode every connection of a capture."""
-    return [decode_connection(c, protocol, validate=validate) for c in read_connections(path, port=port)]
+    """Decode every connection of a capture (8.0.0 servers' links included, see :mod:`.peer_link`)."""
+    from .peer_link import decode_with_links
+
+    return decode_with_links(read_connections(path, port=port),
+                             lambda c: decode_connection(c, protocol, validate=validate))
 
 
 # ---- one-line and JSON descriptions ----------------------------------------------------------------------------
@@ -150,11 +155,14 @@ def summarize(msg: Request | Reply) -> dict[str, Any]:
             d["type"] = type_name(t["type"])
             d["ne"] = list(t["ne"])
             d["data_ptr"] = t["data"]
-        for key in ("device", "size", "offset", "remote_ptr", "value", "cache_flag", "hash"):
+        for key in ("device", "uid", "size", "offset", "n_copies", "stride", "remote_ptr", "value", "cache_flag",
+                    "hash", "rank", "world", "port"):
             if key in f:
                 d["req_" + key if key == "size" else key] = f[key]
-        if cmd is Command.SET_TENSOR:
+        if cmd in (Command.SET_TENSOR, Command.SET_TENSOR_2D):
             d["bytes"] = msg.data.nbytes if msg.data is not None else 0
+        if cmd is Command.COMM_INIT:
+            d["host"] = bytes(f["host"]).split(b"\0", 1)[0].decode("latin-1")
         if cmd is Command.COPY_TENSOR:
             d["src"] = tensor_name(f["src"]["name"])
             d["dst"] = tensor_name(f["dst"]["name"])
@@ -167,7 +175,7 @@ def summarize(msg: Request | Reply) -> dict[str, Any]:
                 d[key] = bytes(value).hex()
             else:
                 d[key] = value
-        if cmd is Command.GET_TENSOR and msg.data is not None:
+        if cmd in (Command.GET_TENSOR, Command.GET_TENSOR_2D) and msg.data is not None:
             d["bytes"] = msg.data.nbytes
     return d
 
@@ -195,7 +203,16 @@ def describe(msg: Request | Reply) -> str:
         elif cmd is Command.ALLOC_BUFFER:
             parts.append(f"device={f['device']} size={f['size']}")
         elif cmd is Command.GRAPH_COMPUTE:
-            parts.append(f"device={f['device']} n_nodes={f['n_nodes']} n_tensors={f['n_tensors']}")
+            uid = f" uid={f['uid']}" if "uid" in f else ""
+            parts.append(f"device={f['device']}{uid} n_nodes={f['n_nodes']} n_tensors={f['n_tensors']}")
+        elif cmd is Command.GRAPH_RECOMPUTE and "uid" in f:
+            parts.append(f"device={f['device']} uid={f['uid']}")
+        elif cmd in (Command.SET_TENSOR_2D, Command.GET_TENSOR_2D):
+            parts.append(f"offset={f['offset']} rows={f['n_copies']}x{f['size']} stride={f['stride']}")
+        elif cmd is Command.COMM_INIT:
+            host = bytes(f["host"]).split(b"\0", 1)[0].decode("latin-1")
+            peer = f"listens on port {f['port']}" if f["rank"] == 0 else f"connects to {host}:{f['port']}"
+            parts.append(f"device={f['device']} rank={f['rank']}/{f['world']} {peer}")
         elif "remote_ptr" in f:
             parts.append(f"buffer={f['remote_ptr']:#x}")
             if "value" in f:
@@ -207,7 +224,7 @@ def describe(msg: Request | Reply) -> str:
             parts.append(f"version={f['major']}.{f['minor']}.{f['patch']}")
         elif cmd is Command.SET_TENSOR_HASH:
             parts.append("hit" if f["result"] else "miss")
-        elif cmd is Command.GET_TENSOR:
+        elif cmd in (Command.GET_TENSOR, Command.GET_TENSOR_2D):
             n = msg.data.nbytes if msg.data is not None else 0
             parts.append(f"bytes={n} fnv1a={fnv1a64(msg.data) if msg.data is not None else 0:016x}")
         else:

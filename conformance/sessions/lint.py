@@ -39,6 +39,7 @@ from ggml_rpc.spec.versions import PROTOCOLS
 
 from .capture import Connection, read_connections
 from .decode import DecodedConnection, decode_connection
+from .peer_link import decode_with_links
 
 RULES = {
     "CACHE-FLAG": "cache_flag only on the SET_TENSOR that follows a hash miss for the same tensor, offset and data",
@@ -253,8 +254,8 @@ def lint_connection(dc: DecodedConnection) -> list[Violation]:
 def lint_connections(conns: Iterable[Connection], protocol: Protocol | None = None) -> list[Violation]:
     """Every violation in these connections of a capture, connection by connection."""
     out: list[Violation] = []
-    for conn in conns:
-        out.extend(lint_connection(decode_connection(conn, protocol, validate=False)))
+    for dc in decode_with_links(list(conns), lambda c: decode_connection(c, protocol, validate=False)):
+        out.extend(lint_connection(dc))
     return out
 
 

@@ -83,6 +83,8 @@ def test_device_out_of_range_closes(srv, command) -> None:
         Command.GET_ALLOC_SIZE: {"device": 1, "tensor": make_tensor(id=1), "srcs": [null_tensor()] * 10},
         Command.GRAPH_COMPUTE: {"device": 1, "nodes": [1], "tensors": [make_tensor(id=1)]},
     }.get(command, {"device": 1})
+    if command in (Command.GRAPH_COMPUTE, Command.GRAPH_RECOMPUTE) and srv.protocol.graph_cache_max is not None:
+        fields = {**fields, "uid": 1}  # 8.0.0 names its graphs
     with connect(srv) as c:
         assert_closes(c, command, fields)
     assert_served(srv)
@@ -330,17 +332,23 @@ def test_copy_into_a_zero_size_buffer_is_declined(srv) -> None:
 # ---- GRAPH_COMPUTE / GRAPH_RECOMPUTE ---------------------------------------------------------------------------
 
 
-def _graph_bytes(device: int, nodes: list[int], tensors: list[dict]) -> bytes:
+def _graph_bytes(device: int, nodes: list[int], tensors: list[dict], protocol=None) -> bytes:
+    """A GRAPH_COMPUTE payload in the layout of ``protocol`` (6.0.0's when None; 8.0.0 adds a uid of 1)."""
     from ggml_rpc.spec import encode_request
     from ggml_rpc.spec.versions import V6
 
-    return encode_request(V6, Command.GRAPH_COMPUTE, {"device": device, "nodes": nodes, "tensors": tensors})[9:]
+    protocol = protocol or V6
+    fields = {"device": device, "nodes": nodes, "tensors": tensors}
+    if protocol.graph_cache_max is not None:
+        fields["uid"] = 1
+    return encode_request(protocol, Command.GRAPH_COMPUTE, fields)[9:]
 
 
 @pytest.mark.parametrize("cut", ["below8", "nodes", "tensors"])
 def test_graph_compute_short_payload_closes(srv, cut) -> None:
-    payload = _graph_bytes(0, [1, 2], [make_tensor(id=1), make_tensor(id=2)])
-    keep = {"below8": 7, "nodes": 8 + 8 * 2 + 3, "tensors": len(payload) - 1}[cut]
+    payload = _graph_bytes(0, [1, 2], [make_tensor(id=1), make_tensor(id=2)], srv.protocol)
+    head = srv.protocol.commands[Command.GRAPH_COMPUTE].request.header_size - 4  # the fixed fields and n_nodes
+    keep = {"below8": head - 1, "nodes": head + 8 * 2 + 3, "tensors": len(payload) - 1}[cut]
     with connect(srv) as c:
         c.send_raw(raw_request(Command.GRAPH_COMPUTE, payload[:keep]))
         assert c.expect_closed(TIMEOUT)

@@ -1,0 +1,115 @@
+"""The servers' own link of 8.0.0 (tensor split), decoded from the client connections that set it up.
+
+A COMM_INIT of rank 0 makes that server listen on ``port``; the rank-1 server connects there.  The link carries no
+headers: first each side's 24 caps bytes (the connector's first), then, for every COMM_ALLREDUCE the client sends to
+rank 0, each rank's copy of the tensor — F32 tensors of 32,768 elements or more as BF16 (half the bytes).  So the
+link is read by the COMM_ALLREDUCE sequence of the rank-0 client connection: a capture holding that connection
+decodes the link exchange by exchange, and a link whose bytes do not add up is reported as such.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ggml_rpc.spec import Command, GgmlType, ProtocolError, tensor_name, type_name
+from ggml_rpc.spec.facts import COMM_BF16_FROM_ELEMENTS, CONN_CAPS_SIZE, tensor_nbytes
+
+from .capture import Connection
+from .decode import DecodedConnection
+
+
+@dataclass(frozen=True)
+class LinkExchange:
+    """One COMM_ALLREDUCE as the link carries it: both ranks' copies of one tensor."""
+
+    index: int
+    tensor: str
+    wire_type: str
+    nbytes: int
+    #: Where the client asked for it: (connection, request index) of the rank-0 COMM_ALLREDUCE.
+    request: tuple[int, int]
+
+
+@dataclass
+class PeerLink:
+    """A decoded servers' link: which COMM_INIT opened it and every exchange it carried."""
+
+    port: int
+    init: tuple[int, int]
+    exchanges: list[LinkExchange] = field(default_factory=list)
+
+
+def _wire(tensor: dict[str, Any]) -> tuple[str, int]:
+    nbytes = tensor_nbytes(tensor)
+    count = 1
+    for n in tensor["ne"]:
+        count *= int(n)
+    if tensor["type"] == GgmlType.F32 and count >= COMM_BF16_FROM_ELEMENTS:
+        return "BF16", 2 * count
+    return type_name(tensor["type"]), nbytes
+
+
+def link_ports(decoded: Sequence[DecodedConnection]) -> dict[int, tuple[DecodedConnection, int]]:
+    """Port -> (rank-0 client connection, index of its COMM_INIT) for every COMM_INIT of rank 0 in a capture."""
+    out: dict[int, tuple[DecodedConnection, int]] = {}
+    for dc in decoded:
+        for req in dc.requests:
+            if req.command is Command.COMM_INIT and req.fields["rank"] == 0:
+                out[req.fields["port"]] = (dc, req.index)
+    return out
+
+
+def decode_peer_link(conn: Connection, rank0: DecodedConnection, init_index: int, port: int) -> DecodedConnection:
+    """A connection to a COMM_INIT port, decoded as the servers' link (``link`` set on the result)."""
+    link = PeerLink(port, (rank0.conn.index, init_index))
+    out = DecodedConnection(conn, rank0.protocol, notes=list(conn.notes), link=link)
+    sizes = [len(conn.c2s.data), len(conn.s2c.data)]
+    need = CONN_CAPS_SIZE
+    for req in rank0.requests:
+        if req.command is Command.COMM_ALLREDUCE and req.index > init_index:
+            wire, n = _wire(req.fields["tensor"])
+            if n == 0:
+                continue
+            link.exchanges.append(LinkExchange(len(link.exchanges), tensor_name(req.fields["tensor"]["name"]), wire,
+                                               n, (rank0.conn.index, req.index)))
+            need += n
+        elif req.command is Command.COMM_FREE and req.index > init_index:
+            break
+    for direction, got in zip(("client->server", "server->client"), sizes, strict=True):
+        if got != need:
+            out.error = ProtocolError(f"the link carries {got} bytes this way, but its caps and the "
+                                      f"{len(link.exchanges)} COMM_ALLREDUCE of connection {rank0.conn.index} "
+                                      f"make {need}")
+            out.error_direction = direction
+            break
+    return out
+
+
+def decode_with_links(conns: Sequence[Connection], decode: Any) -> list[DecodedConnection]:
+    """Decode every connection with ``decode(conn)``, then re-read the ones that go to a COMM_INIT port of rank 0
+    as the servers' link."""
+    decoded = [decode(c) for c in conns]
+    ports = link_ports(decoded)
+    if not ports:
+        return decoded
+    for i, dc in enumerate(decoded):
+        found = ports.get(dc.conn.server[1])
+        if found is not None and found[0] is not dc and dc.conn.start >= found[0].conn.start:
+            decoded[i] = decode_peer_link(dc.conn, found[0], found[1], dc.conn.server[1])
+    return decoded
+
+
+def describe_link(dc: DecodedConnection) -> list[str]:
+    """One line for the link, then one per exchange."""
+    link = dc.link
+    assert isinstance(link, PeerLink)
+    lines = [f"servers' link (COMM) on port {link.port}, opened by COMM_INIT #{link.init[1]} of connection "
+             f"{link.init[0]}: {CONN_CAPS_SIZE} caps bytes each way, then {len(link.exchanges)} exchange(s)"]
+    lines += [f"COMM_ALLREDUCE {x.tensor} as {x.wire_type}: {x.nbytes} bytes each way (request #{x.request[1]})"
+              for x in link.exchanges]
+    return lines
+
+
+__all__ = ["LinkExchange", "PeerLink", "decode_peer_link", "decode_with_links", "describe_link", "link_ports"]
