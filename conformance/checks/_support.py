@@ -16,7 +16,8 @@ from ggml_rpc.spec.codec import REPLY_HEADER, REQUEST_HEADER
 #: Every check in definition order; the catalogue module freezes it.
 REGISTRY: list[Check] = []
 
-BOTH = (6, 7)
+#: Every major the kit covers: a rule applies to all of them unless it says otherwise.
+BOTH = (6, 7, 8)
 I8 = int(GgmlType.I8)
 F32 = int(GgmlType.F32)
 

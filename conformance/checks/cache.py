@@ -147,13 +147,13 @@ def _white_box(ctx: Context, entry: Entry) -> str:
 
 
 @_check("CACHE-V7-001", "a SET_TENSOR with cache_flag 1 is saved: SET_TENSOR_HASH of its FNV-1a hits", V7C,
-        majors=(7,), section=C.SET_TENSOR)
+        majors=(7, 8), section=C.SET_TENSOR)
 def v7_flag_saves(ctx: Context) -> None:
     saved_entry(ctx)
 
 
 @_check("CACHE-V7-002", "a SET_TENSOR with cache_flag 0 is never saved, whatever its size (> 10 MiB too)", V7C,
-        majors=(7,), section="v7-cache-rule")
+        majors=(7, 8), section="v7-cache-rule")
 def v7_unflagged(ctx: Context) -> None:
     saved_entry(ctx)
     client = ctx.connect()
@@ -163,7 +163,7 @@ def v7_unflagged(ctx: Context) -> None:
         _expect_miss(ctx, client, data, f"unflagged SET_TENSOR of {n} bytes")
 
 
-@_check("CACHE-V7-003", "any non-zero cache_flag (2, 0xff) asks for a save", V7C, majors=(7,), section=C.SET_TENSOR)
+@_check("CACHE-V7-003", "any non-zero cache_flag (2, 0xff) asks for a save", V7C, majors=(7, 8), section=C.SET_TENSOR)
 def v7_any_flag(ctx: Context) -> None:
     saved_entry(ctx)
     client = ctx.connect()
@@ -173,13 +173,13 @@ def v7_any_flag(ctx: Context) -> None:
         _expect_hit(ctx, client, data, f"SET_TENSOR with cache_flag {flag:#x}")
 
 
-@_check("CACHE-V7-004", "a hit writes exactly the cached bytes at the requested offset", V7C, majors=(7,),
+@_check("CACHE-V7-004", "a hit writes exactly the cached bytes at the requested offset", V7C, majors=(7, 8),
         section=C.SET_TENSOR_HASH)
 def v7_hit_fills(ctx: Context) -> None:
     _fills(ctx, saved_entry(ctx))
 
 
-@_check("CACHE-V7-005", "a flagged SET_TENSOR still writes the tensor", V7C, majors=(7,), section=C.SET_TENSOR)
+@_check("CACHE-V7-005", "a flagged SET_TENSOR still writes the tensor", V7C, majors=(7, 8), section=C.SET_TENSOR)
 def v7_flag_writes(ctx: Context) -> None:
     saved_entry(ctx)
     client = ctx.connect()
@@ -189,7 +189,7 @@ def v7_flag_writes(ctx: Context) -> None:
 
 
 @_check("CACHE-V7-006", "miss, flagged SET_TENSOR, then a hit on a new connection fills identical bytes", V7C,
-        majors=(7,), section=C.SET_TENSOR_HASH)
+        majors=(7, 8), section=C.SET_TENSOR_HASH)
 def v7_across_connections(ctx: Context) -> None:
     saved_entry(ctx)
     first = ctx.connect()
@@ -210,7 +210,7 @@ def v7_across_connections(ctx: Context) -> None:
 
 
 @_check("CACHE-V7-007", "white-box: the entry is a file named by the 16-hex-digit FNV-1a holding the raw payload",
-        V7C, majors=(7,), section="v7-cache-rule")
+        V7C, majors=(7, 8), section="v7-cache-rule")
 def v7_file(ctx: Context) -> str:
     return _white_box(ctx, saved_entry(ctx))
 

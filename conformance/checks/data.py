@@ -17,7 +17,7 @@ from ggml_rpc.conformance.checks._support import (
     session,
 )
 from ggml_rpc.conformance.checks._support import check as _check
-from ggml_rpc.conformance.checks.framing import add_graph, graph_bytes
+from ggml_rpc.conformance.checks.framing import add_graph, graph_bytes, recompute_bytes
 from ggml_rpc.conformance.harness import Category, Context, Level, hexdump
 from ggml_rpc.spec import Command as C
 from ggml_rpc.spec import encode_request, make_tensor, null_tensor, tensor_nbytes
@@ -230,7 +230,7 @@ def hash_miss(ctx: Context) -> None:
 
 
 @_check("DATA-020", "GET_DEVICE_SUPPORTS_OP answers 0 or 1 for a plain op", DA, section=C.GET_DEVICE_SUPPORTS_OP,
-        min_version=(7, 0, 1))
+        majors=(7,), min_version=(7, 0, 1))
 def supports_op(ctx: Context) -> str:
     buf = session(ctx)
     _nodes, tensors = add_graph(buf)
@@ -252,11 +252,11 @@ def _no_reply(ctx: Context, command: C, build) -> None:
 
 def _graph_then(ctx: Context, buf: Buf, recompute: bool) -> bytes:
     nodes, tensors = add_graph(buf)
-    sent = graph_bytes(0, nodes, tensors)
+    sent = graph_bytes(ctx.protocol, 0, nodes, tensors)
     if not recompute:
         return sent
     buf.client.send_raw(sent)
-    return encode_request(ctx.protocol, C.GRAPH_RECOMPUTE, {"device": 0})
+    return recompute_bytes(ctx.protocol, 0)
 
 
 def _set(ctx: Context, buf: Buf) -> bytes:

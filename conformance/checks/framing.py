@@ -21,7 +21,7 @@ from ggml_rpc.conformance.checks._support import (
 )
 from ggml_rpc.conformance.checks._support import check as _check
 from ggml_rpc.conformance.harness import Category, Context, Level
-from ggml_rpc.spec import V6, V7_0_1, GgmlOp, TensorFlag, encode_request, make_tensor, null_tensor
+from ggml_rpc.spec import V7_0_1, GgmlOp, Protocol, TensorFlag, encode_request, make_tensor, null_tensor
 from ggml_rpc.spec import Command as C
 from ggml_rpc.spec.codec import REQUEST_HEADER_SIZE, TENSOR_LAYOUT
 from ggml_rpc.spec.tensor import GGML_MAX_SRC
@@ -42,9 +42,18 @@ def add_graph(buf: Buf, *, device: int = 0, base_id: int = 0x100) -> tuple[list[
     return [c["id"]], [a, b, c]
 
 
-def graph_bytes(device: int, nodes: list[int], tensors: list[dict]) -> bytes:
-    """A GRAPH_COMPUTE request (laid out the same in every covered version)."""
-    return encode_request(V6, C.GRAPH_COMPUTE, {"device": device, "nodes": nodes, "tensors": tensors})
+def graph_bytes(protocol: Protocol, device: int, nodes: list[int], tensors: list[dict], uid: int = 1) -> bytes:
+    """A GRAPH_COMPUTE request in the version's layout (8.0.0: under graph ``uid``)."""
+    fields = {"device": device, "nodes": nodes, "tensors": tensors}
+    if protocol.graph_cache_max is not None:
+        fields["uid"] = uid
+    return encode_request(protocol, C.GRAPH_COMPUTE, fields)
+
+
+def recompute_bytes(protocol: Protocol, device: int, uid: int = 1) -> bytes:
+    """A GRAPH_RECOMPUTE request in the version's layout (8.0.0: of graph ``uid``)."""
+    fields = {"device": device} if protocol.graph_cache_max is None else {"device": device, "uid": uid}
+    return encode_request(protocol, C.GRAPH_RECOMPUTE, fields)
 
 
 @_check("FRAME-001", "a command id at or above RPC_CMD_COUNT closes the connection", FR, section="enum-commands")
@@ -55,9 +64,11 @@ def unknown_command(ctx: Context) -> None:
         client.close()
 
 
-@_check("FRAME-002", "command 18 (NONE, a client-side sentinel) closes the connection", FR, section="enum-commands")
+@_check("FRAME-002", "command NONE (a client-side sentinel: 18, 23 from 8.0.0) closes the connection", FR,
+        section="enum-commands")
 def none_command(ctx: Context) -> None:
-    send_and_expect_close(ctx, ctx.connect(), raw_request(C.NONE, b""), "command 18 (NONE)")
+    sentinel = ctx.info.protocol.sentinel if ctx.info.protocol is not None else int(C.NONE)
+    send_and_expect_close(ctx, ctx.connect(), raw_request(sentinel, b""), f"command {sentinel} (NONE)")
 
 
 @_check("FRAME-003", "GET_DEVICE_SUPPORTS_OP (19) closes the connection on servers before 7.0.1", FR,
@@ -104,7 +115,7 @@ def bad_device(ctx: Context) -> None:
         ("GET_MAX_SIZE", encode_request(p, C.GET_MAX_SIZE, {"device": dev})),
         ("GET_DEVICE_MEMORY", encode_request(p, C.GET_DEVICE_MEMORY, {"device": dev})),
         ("GET_ALLOC_SIZE", encode_request(p, C.GET_ALLOC_SIZE, {"device": dev, "tensor": t, "srcs": _srcs()})),
-        ("GRAPH_RECOMPUTE", encode_request(p, C.GRAPH_RECOMPUTE, {"device": dev})),
+        ("GRAPH_RECOMPUTE", recompute_bytes(p, dev)),
     ]
     if p.spec(C.GET_DEVICE_SUPPORTS_OP) is not None:
         cases.append(("GET_DEVICE_SUPPORTS_OP",
@@ -115,7 +126,8 @@ def bad_device(ctx: Context) -> None:
         client.close()
     buf = session(ctx)
     nodes, tensors = add_graph(buf)
-    send_and_expect_close(ctx, buf.client, graph_bytes(dev, nodes, tensors), f"GRAPH_COMPUTE on device {dev}")
+    send_and_expect_close(ctx, buf.client, graph_bytes(ctx.protocol, dev, nodes, tensors),
+                          f"GRAPH_COMPUTE on device {dev}")
 
 
 @_check("FRAME-007", "an unknown buffer handle (0 or never allocated) closes BUFFER_GET_BASE/FREE_BUFFER/BUFFER_CLEAR",
@@ -314,16 +326,17 @@ def graph_tiny(ctx: Context) -> None:
 
 @_check("FRAME-026", "GRAPH_COMPUTE shorter than its node ids closes the connection", FR, section=C.GRAPH_COMPUTE)
 def graph_short_nodes(ctx: Context) -> None:
-    body = struct.pack("<II", 0, 1000) + u64(1)
+    head = graph_bytes(ctx.protocol, 0, [], [])[REQUEST_HEADER_SIZE:-4]  # the fixed fields and n_nodes
+    body = head[:-4] + struct.pack("<I", 1000) + u64(1)
     send_and_expect_close(ctx, ctx.connect(), raw_request(C.GRAPH_COMPUTE, body),
-                          "GRAPH_COMPUTE claiming 1000 nodes in 16 bytes")
+                          f"GRAPH_COMPUTE claiming 1000 nodes in {len(body)} bytes")
 
 
 @_check("FRAME-027", "GRAPH_COMPUTE shorter than its tensors closes the connection", FR, section=C.GRAPH_COMPUTE)
 def graph_short_tensors(ctx: Context) -> None:
     def build(buf: Buf) -> bytes:
         nodes, tensors = add_graph(buf)
-        payload = graph_bytes(0, nodes, tensors)[REQUEST_HEADER_SIZE:]
+        payload = graph_bytes(ctx.protocol, 0, nodes, tensors)[REQUEST_HEADER_SIZE:]
         return raw_request(C.GRAPH_COMPUTE, payload[: -TENSOR_LAYOUT.size])  # the count still says 3
 
     bad_on_fresh(ctx, build, "GRAPH_COMPUTE claiming 3 tensors, carrying 2")
@@ -334,7 +347,7 @@ def graph_short_tensors(ctx: Context) -> None:
 def graph_unknown_node(ctx: Context) -> None:
     def build(buf: Buf) -> bytes:
         _nodes, tensors = add_graph(buf)
-        return graph_bytes(0, [0xDEAD], tensors)
+        return graph_bytes(ctx.protocol, 0, [0xDEAD], tensors)
 
     bad_on_fresh(ctx, build, "GRAPH_COMPUTE with node id 0xdead")
 
@@ -345,7 +358,7 @@ def graph_data_without_buffer(ctx: Context) -> None:
     def build(buf: Buf) -> bytes:
         nodes, tensors = add_graph(buf)
         tensors[0]["buffer"] = 0  # data still points somewhere: must not be trusted
-        return graph_bytes(0, nodes, tensors)
+        return graph_bytes(ctx.protocol, 0, nodes, tensors)
 
     bad_on_fresh(ctx, build, "GRAPH_COMPUTE whose source has buffer 0 and data != 0")
 
@@ -356,19 +369,19 @@ def graph_unresolved_src(ctx: Context) -> None:
     def build(buf: Buf) -> bytes:
         nodes, tensors = add_graph(buf)
         tensors[2]["src"][1] = 0xBEEF
-        return graph_bytes(0, nodes, tensors)
+        return graph_bytes(ctx.protocol, 0, nodes, tensors)
 
     bad_on_fresh(ctx, build, "GRAPH_COMPUTE whose node has src[1] = 0xbeef (absent)")
 
 
 @_check("FRAME-031", "GRAPH_COMPUTE with node id 0 (a null node) closes the connection", FR, section=C.GRAPH_COMPUTE)
 def graph_null_node(ctx: Context) -> None:
-    bad_on_fresh(ctx, lambda buf: graph_bytes(0, [0], []), "GRAPH_COMPUTE with node id 0 and no tensors")
+    bad_on_fresh(ctx, lambda buf: graph_bytes(ctx.protocol, 0, [0], []), "GRAPH_COMPUTE with node id 0 and no tensors")
 
 
 @_check("FRAME-032", "GRAPH_RECOMPUTE without a stored graph closes the connection", FR, section=C.GRAPH_RECOMPUTE)
 def recompute_without_graph(ctx: Context) -> None:
-    send_and_expect_close(ctx, ctx.connect(), encode_request(ctx.protocol, C.GRAPH_RECOMPUTE, {"device": 0}),
+    send_and_expect_close(ctx, ctx.connect(), recompute_bytes(ctx.protocol, 0),
                           "GRAPH_RECOMPUTE before any GRAPH_COMPUTE")
 
 
