@@ -14,12 +14,15 @@ server broken in exactly that rule): the test suite refuses a check that cannot 
 from __future__ import annotations
 
 import ggml_rpc.conformance.checks.cache
+import ggml_rpc.conformance.checks.comm
 import ggml_rpc.conformance.checks.compute
 import ggml_rpc.conformance.checks.data
 import ggml_rpc.conformance.checks.deaths
 import ggml_rpc.conformance.checks.framing
+import ggml_rpc.conformance.checks.graph_cache
 import ggml_rpc.conformance.checks.handshake
 import ggml_rpc.conformance.checks.isolation
+import ggml_rpc.conformance.checks.rows
 from ggml_rpc.conformance.checks._support import REGISTRY
 from ggml_rpc.conformance.harness import Category, Check
 

@@ -52,6 +52,7 @@ class Category(enum.Enum):
     CACHE_V7 = "cache-v7"
     ISOLATION = "isolation"
     COMPUTE = "compute"
+    COMM = "comm"
 
 
 @dataclass(frozen=True, slots=True)

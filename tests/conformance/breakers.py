@@ -35,6 +35,7 @@ from ggml_rpc.spec import (
     fnv1a64,
     tensor_nbytes,
 )
+from ggml_rpc.spec.checks import region_2d_span
 from ggml_rpc.spec.codec import REPLY_HEADER
 from ggml_rpc.spec.messages import Shape
 
@@ -586,3 +587,69 @@ BREAKERS: dict[str, Callable[[], Breaker]] = {
     "COMPUTE-015": lambda: CorruptOutputs([GgmlOp.SOFT_MAX]),
     "COMPUTE-010": lambda: Stateful(lambda conn, msg: Act(forward=None) if msg.cmd == C.GRAPH_RECOMPUTE else None),
 }
+
+
+# ---- 8.0.0: rows, graph uids, the communicator -------------------------------------------------------------------
+
+
+def is_(msg: Msg, *cmds: Command) -> bool:
+    """The request is one of these commands in the relayed version (ids are per version)."""
+    return msg.command in cmds and msg.fields is not None
+
+
+def rows_outside_tensor(conn: Conn, msg: Msg) -> bool:
+    f = msg.fields or {}
+    span = region_2d_span(f["size"], f["n_copies"], f["stride"])
+    return span is not None and f["offset"] + span > nbytes(f["tensor"])
+
+
+def _rows_contiguous(conn: Conn, msg: Msg) -> tuple[dict, bytes | None]:
+    return {**(msg.fields or {}), "stride": (msg.fields or {})["size"]}, msg.data
+
+
+def _uids(conn: Conn, msg: Msg, *, on_recompute: Callable[[Conn, Msg, set[int]], Act | None]) -> Act | None:
+    """Keeps the uids of the connection's GRAPH_COMPUTEs (and FREE_BUFFERs as uid -1) in its notes."""
+    seen: set[int] = conn.notes.setdefault("uids", set())
+    if is_(msg, C.GRAPH_COMPUTE):
+        seen.add(msg.fields["uid"])  # type: ignore[index]
+        conn.notes["last_uid"] = msg.fields["uid"]  # type: ignore[index]
+    elif is_(msg, C.FREE_BUFFER):
+        seen.add(-1)
+    elif is_(msg, C.GRAPH_RECOMPUTE):
+        return on_recompute(conn, msg, seen)
+    return None
+
+
+def _recompute_unknown(conn: Conn, msg: Msg, seen: set[int]) -> Act | None:
+    return Act(forward=None) if msg.fields["uid"] not in seen else None  # type: ignore[index]
+
+
+def _recompute_after_free(conn: Conn, msg: Msg, seen: set[int]) -> Act | None:
+    return Act(forward=None) if -1 in seen else None
+
+
+def _recompute_last(conn: Conn, msg: Msg, seen: set[int]) -> Act | None:
+    fields = {**(msg.fields or {}), "uid": conn.notes.get("last_uid", 0)}
+    return Act(forward=encode_request(conn.protocol, C.GRAPH_RECOMPUTE, fields))
+
+
+V8_BREAKERS: dict[str, Callable[[], Breaker]] = {
+    "DATA-031": lambda: RewriteRequest(lambda conn, msg: is_(msg, C.SET_TENSOR_2D), _rows_contiguous),
+    "DATA-032": lambda: RewriteReply(C.GET_TENSOR_2D, lambda conn, msg, body: body[::-1]),
+    "FRAME-041": lambda: AcceptBad(lambda conn, msg: is_(msg, C.SET_TENSOR_2D)
+                                   and msg.fields["size"] * msg.fields["n_copies"] != len(msg.data or b"")),
+    "FRAME-042": lambda: AcceptBad(lambda conn, msg: is_(msg, C.SET_TENSOR_2D, C.GET_TENSOR_2D)
+                                   and 0 in (msg.fields["size"], msg.fields["n_copies"])),
+    "FRAME-043": lambda: AcceptBad(lambda conn, msg: is_(msg, C.SET_TENSOR_2D, C.GET_TENSOR_2D)
+                                   and rows_outside_tensor(conn, msg)),
+    "FRAME-044": lambda: AcceptBad(lambda conn, msg: is_(msg, C.SET_TENSOR_2D, C.GET_TENSOR_2D) and region_2d_span(
+        msg.fields["size"], msg.fields["n_copies"], msg.fields["stride"]) is None),
+    "FRAME-045": lambda: Stateful(lambda conn, msg: _uids(conn, msg, on_recompute=_recompute_unknown)),
+    "FRAME-046": lambda: Stateful(lambda conn, msg: _uids(conn, msg, on_recompute=_recompute_after_free)),
+    "FRAME-047": lambda: AcceptBad(lambda conn, msg: msg.command is C.GRAPH_COMPUTE and msg.size < 20),
+    "COMPUTE-016": lambda: Stateful(lambda conn, msg: _uids(conn, msg, on_recompute=_recompute_last)),
+    "COMM-001": lambda: RewriteReply(C.COMM_INIT, lambda conn, msg, body: b"\x01"),
+    "COMM-002": lambda: AcceptBad(lambda conn, msg: is_(msg, C.COMM_ALLREDUCE)),
+    "COMM-003": lambda: AcceptBad(lambda conn, msg: is_(msg, C.COMM_ALLREDUCE)),
+}
+BREAKERS |= V8_BREAKERS

@@ -55,6 +55,8 @@ class Msg:
     payload: bytes
     fields: dict[str, Any] | None
     data: bytes | None
+    #: The command the id names in the relayed version (ids are per version: 19 is GET_TENSOR_2D in 8.0.0).
+    command: Command | None = None
 
     @property
     def raw(self) -> bytes:
@@ -107,7 +109,7 @@ class Breaker:
 
 
 def decode(protocol: Protocol, cmd: int, payload: bytes) -> tuple[dict[str, Any] | None, bytes | None]:
-    spec = protocol.spec(cmd) if cmd != Command.NONE else None
+    spec = protocol.spec(cmd) if cmd != protocol.sentinel else None
     if spec is None:
         return None, None
     req = spec.request
@@ -123,7 +125,7 @@ def decode(protocol: Protocol, cmd: int, payload: bytes) -> tuple[dict[str, Any]
 
 
 def reply_payload(protocol: Protocol, msg: Msg) -> Payload | None:
-    spec = protocol.spec(msg.cmd) if msg.cmd != Command.NONE else None
+    spec = protocol.spec(msg.cmd) if msg.cmd != protocol.sentinel else None
     if spec is None or not spec.has_reply:
         return None
     assert isinstance(spec.reply, Payload)
@@ -137,7 +139,7 @@ def fake_reply(protocol: Protocol, msg: Msg, fill: int = 0x41) -> bytes:
     if payload is None:
         return b""
     if payload.shape is Shape.RAW:
-        n = int(msg.fields["size"]) if msg.fields else 16
+        n = payload.reply_length(msg.fields) if msg.fields else 16
         n = min(n, 1 << 20)
     else:
         n = payload.header_size
@@ -221,7 +223,7 @@ class FaultyServer:
                 header = recv_exact(client, 9)
                 cmd, size = REQUEST_HEADER.unpack(header)
                 if size > RELAY_LIMIT:
-                    msg = Msg(cmd, size, b"", None, None)
+                    msg = Msg(cmd, size, b"", None, None, self.protocol.command_at(cmd))
                     act = self.breaker.request(conn, msg)
                     if act is not None and act.die:
                         self.die()
@@ -233,7 +235,7 @@ class FaultyServer:
                     return
                 payload = recv_exact(client, size)
                 fields, data = decode(self.protocol, cmd, payload)
-                msg = Msg(cmd, size, payload, fields, data)
+                msg = Msg(cmd, size, payload, fields, data, self.protocol.command_at(cmd))
                 if shared:
                     with self._shared_lock:
                         self._one(conn, msg, client, up, shared=True)
@@ -369,7 +371,7 @@ class RewriteReply(Breaker):
         self.fn = fn
 
     def reply(self, conn: Conn, msg: Msg, body: bytes) -> bytes:
-        return self.fn(conn, msg, body) if msg.cmd == self.cmd else body
+        return self.fn(conn, msg, body) if msg.command == self.cmd else body
 
 
 class RewriteRequest(Breaker):
@@ -382,7 +384,8 @@ class RewriteRequest(Breaker):
     def request(self, conn: Conn, msg: Msg) -> Act | None:
         if msg.fields is not None and self.pred(conn, msg):
             fields, data = self.fn(conn, msg)
-            return Act(forward=encode_request(conn.protocol, Command(msg.cmd), fields, data))
+            assert msg.command is not None  # fields were decoded, so the version names the command
+            return Act(forward=encode_request(conn.protocol, msg.command, fields, data))
         return None
 
 

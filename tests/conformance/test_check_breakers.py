@@ -11,12 +11,12 @@ from faulty import Breaker, faulty_server
 from ggml_rpc.conformance.checks import CATALOGUE
 from ggml_rpc.conformance.harness import Check, ExternalTarget, Outcome, Runner
 from ggml_rpc.reference import running_server
-from ggml_rpc.spec import V6, V7, V7_0_1, Protocol
+from ggml_rpc.spec import V6, V7, V7_0_1, V8, Protocol
 
 
 def protocol_for(check: Check) -> Protocol:
     """The reference version the check applies to (7.0.0 first)."""
-    for p in (V7, V6, V7_0_1):
+    for p in (V7, V6, V7_0_1, V8):
         if check.applies_to(p.version):
             return p
     raise AssertionError(f"{check.id} applies to no covered version")
