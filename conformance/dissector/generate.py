@@ -79,7 +79,9 @@ def generate(protocols: Sequence[Protocol] = PROTOCOLS, *, port: int = DEFAULT_P
     b = LayoutBuilder(value_fields)
     # Framing: the request header is (cmd u8, size u64), the reply header (size u64).
     header_fields = {
-        "cmd": b.add_field(f"{PROTO_NAME}.cmd", "Command", "u8", "request command byte", "VS_CMD"),
+        # No value string: a command's id belongs to a version (19 is GET_TENSOR_2D in 8.0.0), so the runtime names
+        # it from the connection's version table.
+        "cmd": b.add_field(f"{PROTO_NAME}.cmd", "Command", "u8", "request command byte"),
         "len": b.add_field(f"{PROTO_NAME}.len", "Payload length", "u64", "size header: payload bytes that follow"),
     }
     tables: list[str] = []
@@ -96,12 +98,13 @@ def generate(protocols: Sequence[Protocol] = PROTOCOLS, *, port: int = DEFAULT_P
                     hello_reply = spec.reply
             else:
                 reply_ref = "nil"
-            rows.append(f"    [{int(cmd)}] = {{ name = {lua_str(cmd.name)}, request = PAYLOADS[{req}], "
+            rows.append(f"    [{proto.wire_id(cmd)}] = {{ name = {lua_str(cmd.name)}, request = PAYLOADS[{req}], "
                         f"reply = {reply_ref}, doc = {lua_str(spec.doc)} }},")
         label = proto.label
         tables.append(
             f"PROTOCOLS[#PROTOCOLS + 1] = {{ label = {lua_str(label)}, major = {proto.version[0]}, "
-            f"minor = {proto.version[1]}, patch = {proto.version[2]}, commands = {{\n" + "\n".join(rows) + "\n} }"
+            f"minor = {proto.version[1]}, patch = {proto.version[2]}, sentinel = {proto.sentinel}, "
+            f"commands = {{\n" + "\n".join(rows) + "\n} }"
         )
     if hello_reply is None:
         raise GeneratorError("the tables have no HELLO reply: the version cannot be learnt")
@@ -152,7 +155,8 @@ def generate(protocols: Sequence[Protocol] = PROTOCOLS, *, port: int = DEFAULT_P
     add(f"local P = Proto({lua_str(PROTO_NAME)}, {lua_str('ggml RPC (llama.cpp rpc-server)')})")
     add("")
     add("-- value strings")
-    add(_value_table("VS_CMD", _enum_items(Command)))
+    # Names of the ids of 6.0.0-7.0.1, for a connection whose version is not known yet.
+    add(_value_table("VS_CMD", [(v, n) for v, n in _enum_items(Command) if v < 0x100]))
     add(_value_table("VS_TYPE", [(t.id, t.name) for t in TYPES.values()]))
     add(_value_table("VS_OP", _enum_items(GgmlOp)))
     add(_value_table("VS_UNARY", _enum_items(UnaryOp)))
@@ -195,10 +199,9 @@ def generate(protocols: Sequence[Protocol] = PROTOCOLS, *, port: int = DEFAULT_P
     add("-- payloads: shape, layout, size of the fixed part")
     add("local PAYLOADS = {}")
     for index, p in enumerate(b.payloads, 1):
-        length = "nil" if p.length_from_off is None else str(p.length_from_off)
-        width = "nil" if p.length_from_len is None else str(p.length_from_len)
+        length = "{ " + ", ".join(f"{{ {off}, {width} }}" for off, width in p.length_from) + " }"
         add(f"PAYLOADS[{index}] = {{ shape = {lua_str(p.shape)}, layout = LAYOUTS[{p.layout}], size = {p.size}, "
-            f"length_from_off = {length}, length_from_len = {width} }}")
+            f"length_from = {length} }}")
     add("")
     add("-- one table per protocol version, oldest first")
     add("local PROTOCOLS = {}")
@@ -224,7 +227,8 @@ def generate(protocols: Sequence[Protocol] = PROTOCOLS, *, port: int = DEFAULT_P
     add(f"  GRAPH_REASSEMBLE_MAX = {GRAPH_REASSEMBLE_MAX},")
     add(f"  UNARY_OP = {int(GgmlOp.UNARY)},")  # type: ignore[attr-defined]
     add(f"  GLU_OP = {int(GgmlOp.GLU)},")  # type: ignore[attr-defined]
-    add("  NEVER_ON_WIRE = { " + ", ".join(f"[{int(c)}] = true" for c in sorted(NEVER_ON_WIRE)) + " },")
+    add("  NEVER_ON_WIRE = { " + ", ".join(f"[{protocols[0].wire_id(c)}] = true" for c in sorted(NEVER_ON_WIRE))
+        + " },")
     add("}")
     add("")
     lines.append(RUNTIME)

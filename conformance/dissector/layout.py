@@ -78,14 +78,13 @@ class LayoutBuilder:
         """Index of the PAYLOADS entry for one payload (built once per Payload object)."""
         key = id(p)
         if key not in self._payload_of:
-            length_off = length_len = None
+            length: tuple[tuple[int, int], ...] = ()
             if p.shape is Shape.RAW:
-                if request is None or p.length_from is None:
-                    raise GeneratorError("a RAW reply needs the request field that gives its length")
-                length_off = offset_of(request.schema, p.length_from)
-                length_len = width_of(request.schema, p.length_from)
-            self.payloads.append(PayloadEntry(p.shape.name, self.layout(p.schema, ""), p.header_size, length_off,
-                                              length_len))
+                if request is None or not p.length_from:
+                    raise GeneratorError("a RAW reply needs the request fields that give its length")
+                length = tuple((offset_of(request.schema, name), width_of(request.schema, name))
+                               for name in p.length_from)
+            self.payloads.append(PayloadEntry(p.shape.name, self.layout(p.schema, ""), p.header_size, length))
             self._payload_of[key] = len(self.payloads)
         return self._payload_of[key]
 
@@ -190,6 +189,5 @@ class PayloadEntry:
     shape: str
     layout: int
     size: int
-    length_from_off: int | None = None
-    #: Width of the request field a RAW reply's length is read from.
-    length_from_len: int | None = None
+    #: RAW replies: (offset, width) of each request field whose product is the reply's length.
+    length_from: tuple[tuple[int, int], ...] = ()

@@ -29,7 +29,16 @@ function P.init()
   seen_pairs = {}
 end
 
-local function cmd_name(cmd)
+local PROTOCOL_BY_LABEL = {}
+for _, p in ipairs(PROTOCOLS) do PROTOCOL_BY_LABEL[p.label] = p end
+
+-- A command id's name in a version (ids belong to a version), else as 6.0.0-7.0.1 name it.
+local function cmd_name(cmd, label)
+  local proto = label and PROTOCOL_BY_LABEL[label]
+  if proto ~= nil then
+    if proto.commands[cmd] ~= nil then return proto.commands[cmd].name end
+    if cmd == proto.sentinel then return "NONE" end
+  end
   return VS_CMD[cmd] or ("CMD_" .. tostring(cmd))
 end
 
@@ -163,10 +172,11 @@ local function analyse_request(c, d, tvb, off, pinfo)
   elseif cmd == C.HELLO then
     err = "HELLO may be sent only once per connection"
   end
-  if err == nil and C.NEVER_ON_WIRE[cmd] then
-    err = "command " .. cmd .. " (" .. cmd_name(cmd) .. ") is a client-side sentinel, never sent"
-  end
   local proto = c.version
+  local sentinel = (proto ~= nil and cmd == proto.sentinel) or (proto == nil and C.NEVER_ON_WIRE[cmd])
+  if err == nil and sentinel then
+    err = "command " .. cmd .. " (NONE) is a client-side sentinel, never sent"
+  end
   if proto == nil and cmd == C.HELLO then proto = PROTOCOLS[1] end
   if err == nil and proto == nil then
     err = c.version_error or "protocol version unknown (no HELLO reply seen): cannot decode"
@@ -183,7 +193,7 @@ local function analyse_request(c, d, tvb, off, pinfo)
     else
       size = u64_num(size64)
       if req.shape == "FIXED" and size ~= req.size then
-        err = "size " .. size .. ", but " .. cmd_name(cmd) .. " is always " .. req.size .. " bytes"
+        err = "size " .. size .. ", but " .. cmd_name(cmd, proto.label) .. " is always " .. req.size .. " bytes"
       elseif (req.shape == "HEADER_DATA" or req.shape == "GRAPH") and size < req.size then
         err = "size " .. size .. " is below the minimum " .. req.size
       end
@@ -223,7 +233,10 @@ local function analyse_request(c, d, tvb, off, pinfo)
   if spec.reply ~= nil then
     local expected = spec.reply.size
     if spec.reply.shape == "RAW" then
-      expected = tvb(off + C.REQ_HDR + spec.reply.length_from_off, spec.reply.length_from_len):le_uint64()
+      expected = UInt64(1)
+      for _, f in ipairs(spec.reply.length_from) do
+        expected = expected * tvb(off + C.REQ_HDR + f[1], f[2]):le_uint64()
+      end
     else
       expected = UInt64(expected)
     end
@@ -342,6 +355,7 @@ local function analyse(tvb, pinfo)
       local n = skip_bytes(d, len - off, off == 0 and len)
       if n > 0 then
         res.items[#res.items + 1] = { kind = "cont", off = off, len = n, cmd = d.skip_cmd, frame = d.skip_frame,
+                                      version = c.version and c.version.label or nil,
                                       left = d.skip }
         off = off + n
       end
@@ -582,14 +596,16 @@ local function render_message(c, it, tvb, pinfo, tree, info)
   local item = tree:add(P, tvb(it.off, it.len))
   local ctx = { violations = 0, limit = it.off + hdr + body_len }
   local dir = is_req and "request" or "reply"
-  local name = it.cmd ~= nil and cmd_name(it.cmd) or "?"
+  local name = it.cmd ~= nil and cmd_name(it.cmd, it.version) or "?"
   item:set_text("ggml RPC " .. name .. " " .. dir)
   item:add(HF.dir, tvb(it.off, 0), dir)
   if is_req then
-    item:add(HF.cmd, tvb(it.off, C.CMD_LEN))
+    item:add(HF.cmd, tvb(it.off, C.CMD_LEN)):append_text(" (" .. name .. ")")
     item:add_le(HF.len, tvb(it.off + C.CMD_LEN, C.SIZE_LEN))
   else
-    if it.cmd ~= nil then item:add(HF.cmd, tvb(it.off, 0), it.cmd):set_generated() end
+    if it.cmd ~= nil then
+      item:add(HF.cmd, tvb(it.off, 0), it.cmd):append_text(" (" .. name .. ")"):set_generated()
+    end
     item:add_le(HF.len, tvb(it.off, C.SIZE_LEN))
   end
   if it.index ~= nil then item:add(HF.index, tvb(it.off, 0), it.index):set_generated() end
@@ -669,11 +685,11 @@ local function render(res, tvb, pinfo, tree)
   for _, it in ipairs(res.items) do
     if it.kind == "cont" then
       local item = tree:add(P, tvb(it.off, it.len))
-      item:set_text("ggml RPC, continuation of " .. cmd_name(it.cmd) .. " data (" .. it.len .. " bytes)")
+      item:set_text("ggml RPC, continuation of " .. cmd_name(it.cmd, it.version) .. " data (" .. it.len .. " bytes)")
       item:add(HF.cont, tvb(it.off, it.len), it.len)
       item:add(CONT_FRAME, tvb(it.off, 0), it.frame)
       item:add(HF.cont_left, tvb(it.off, 0), UInt64(it.left))
-      info[#info + 1] = "[" .. cmd_name(it.cmd) .. " data]"
+      info[#info + 1] = "[" .. cmd_name(it.cmd, it.version) .. " data]"
     elseif it.kind == "dead" then
       local item = tree:add(P, tvb(it.off, it.len))
       item:set_text("ggml RPC, " .. it.len .. " bytes after a violation")

@@ -167,12 +167,12 @@ def test_should_failure_fails_only_with_strict(tmp_path: Path) -> None:
         assert main(["check", "--server", address, "--checks", "HELLO-004", "--strict"]) == 1
 
 
-def test_major_8_is_not_covered_and_only_handshake_checks_run(tmp_path: Path) -> None:
-    eight = RewriteReply(Command.HELLO, lambda conn, msg, body: bytes([8, 0, 0]) + body[3:])
-    with running_server("7") as ref, faulty_server(ref.address, V7, eight) as bad:
+def test_major_9_is_not_covered_and_only_handshake_checks_run(tmp_path: Path) -> None:
+    nine = RewriteReply(Command.HELLO, lambda conn, msg, body: bytes([9, 0, 0]) + body[3:])
+    with running_server("7") as ref, faulty_server(ref.address, V7, nine) as bad:
         code, report = run_check(["--server", f"127.0.0.1:{bad.port}"], tmp_path)
     assert code == 0
-    assert report["server"]["verdict"] == "speaks 8.x: not covered by this kit"
+    assert report["server"]["verdict"] == "speaks 9.x: not covered by this kit"
     results = by_id(report)
     assert results["HELLO-001"]["outcome"] == "pass"
     assert results["HELLO-002"]["outcome"] == "unsupported" and "not covered" in results["HELLO-002"]["message"]
