@@ -377,10 +377,10 @@ def test_violations_are_expert_errors_where_decode_stops(lua, tmp_path, case):
 
 
 def test_version_not_covered(lua, tmp_path):
-    pcap = _raw(tmp_path, "v8.pcap", [*_hello((8, 0, 0)), _req(Command.DEVICE_COUNT, {})])
+    pcap = _raw(tmp_path, "v9.pcap", [*_hello((9, 0, 0)), _req(Command.DEVICE_COUNT, {})])
     rows = run_tshark(lua, pcap)
     assert_same_as_decode(pcap, dissected(rows))
-    assert any("server announces 8.0.0: not covered" in r[-1] for r in rows)
+    assert any("server announces 9.0.0: not covered" in r[-1] for r in rows)
 
 
 def test_large_graph_is_decoded_across_many_segments(lua, tmp_path):

@@ -227,6 +227,7 @@ def generate(protocols: Sequence[Protocol] = PROTOCOLS, *, port: int = DEFAULT_P
     add(f"  GRAPH_REASSEMBLE_MAX = {GRAPH_REASSEMBLE_MAX},")
     add(f"  UNARY_OP = {int(GgmlOp.UNARY)},")  # type: ignore[attr-defined]
     add(f"  GLU_OP = {int(GgmlOp.GLU)},")  # type: ignore[attr-defined]
+    add(f"  SENTINEL_NAME = {lua_str(Command.NONE.name)},")
     add("  NEVER_ON_WIRE = { " + ", ".join(f"[{protocols[0].wire_id(c)}] = true" for c in sorted(NEVER_ON_WIRE))
         + " },")
     add("}")

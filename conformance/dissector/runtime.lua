@@ -37,7 +37,7 @@ local function cmd_name(cmd, label)
   local proto = label and PROTOCOL_BY_LABEL[label]
   if proto ~= nil then
     if proto.commands[cmd] ~= nil then return proto.commands[cmd].name end
-    if cmd == proto.sentinel then return "NONE" end
+    if cmd == proto.sentinel then return C.SENTINEL_NAME end
   end
   return VS_CMD[cmd] or ("CMD_" .. tostring(cmd))
 end
@@ -175,7 +175,7 @@ local function analyse_request(c, d, tvb, off, pinfo)
   local proto = c.version
   local sentinel = (proto ~= nil and cmd == proto.sentinel) or (proto == nil and C.NEVER_ON_WIRE[cmd])
   if err == nil and sentinel then
-    err = "command " .. cmd .. " (NONE) is a client-side sentinel, never sent"
+    err = "command " .. cmd .. " (" .. C.SENTINEL_NAME .. ") is a client-side sentinel, never sent"
   end
   if proto == nil and cmd == C.HELLO then proto = PROTOCOLS[1] end
   if err == nil and proto == nil then

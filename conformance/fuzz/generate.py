@@ -160,6 +160,8 @@ def _hash(d: Draw, scope: Scope, info: FieldInfo) -> int:
 
 
 FieldDrawer = Callable[[Draw, Scope], Any]
+#: COMM_INIT world sizes no server serves (8.0.0 serves two ranks only).
+_NO_COMMUNICATOR = (0, 1, 3, 4, 0xFFFFFFFF)
 
 
 def _drawer(info: FieldInfo) -> FieldDrawer:
@@ -175,8 +177,17 @@ def _drawer(info: FieldInfo) -> FieldDrawer:
         return _handle
     if info.name == "hash":
         return lambda d, scope: _hash(d, scope, info)
-    if info.name in ("offset", "size"):
+    if info.name in ("offset", "size", "n_copies", "stride"):
         return lambda d, scope: 0  # fitted to the tensor afterwards
+    if info.name == "uid":
+        # 8.0.0 graph uids: a few, so that GRAPH_RECOMPUTE finds what a GRAPH_COMPUTE kept (0: kept nowhere).
+        return lambda d, scope: d.integer(0, 4)
+    if info.name == "world":
+        # A communicator of two ranks waits for its peer (upstream's rank 0: forever); the fuzzer asks only for
+        # the ones a server refuses at once.
+        return lambda d, scope: d.choice(_NO_COMMUNICATOR)
+    if info.name == "rank":
+        return lambda d, scope: d.integer(0, 3)
     return lambda d, scope: d.field(info)  # the schema's own full range
 
 
@@ -217,7 +228,10 @@ def valid_request(d: Draw, scope: Scope, command: Command) -> FuzzMessage:
     """A request of ``command`` that a correct server accepts, given what ``scope`` knows (mostly)."""
     payload = scope.protocol.commands[command].request
     if payload.shape is Shape.GRAPH:
-        return FuzzMessage(command, graph_fields(d, scope))
+        fields_ = graph_fields(d, scope)
+        if "uid" in (sc.name for sc in payload.graph_head.subcons):
+            fields_["uid"] = d.integer(0, 4)
+        return FuzzMessage(command, fields_)
     values = {name: drawer(d, scope) for name, drawer in _drawers(payload)}
     data = None
     tensor = values.get("tensor")
@@ -229,10 +243,13 @@ def valid_request(d: Draw, scope: Scope, command: Command) -> FuzzMessage:
         room = min(nbytes, 1 << 20)
         offset = d.integer(0, room)
         values["offset"] = offset
-        if "size" in values:
-            values["size"] = d.integer(0, min(room - offset, MAX_DATA))
-        if payload.shape is Shape.HEADER_DATA:
-            data = d.binary(min(room - offset, MAX_DATA))
+        if "n_copies" in values:
+            data = _fit_rows(d, values, room - offset, payload.shape is Shape.HEADER_DATA)
+        else:
+            if "size" in values:
+                values["size"] = d.integer(0, min(room - offset, MAX_DATA))
+            if payload.shape is Shape.HEADER_DATA:
+                data = d.binary(min(room - offset, MAX_DATA))
     elif "size" in values:
         values["size"] = alloc_size(d)
     if "src" in values and "dst" in values:
@@ -245,6 +262,22 @@ def valid_request(d: Draw, scope: Scope, command: Command) -> FuzzMessage:
     if payload.shape is Shape.HEADER_DATA and data is None:
         data = d.binary(MAX_DATA)
     return FuzzMessage(command, values, data)
+
+
+def _fit_rows(d: Draw, values: dict[str, Any], room: int, with_data: bool) -> bytes | None:
+    """8.0.0 rows that fit ``room`` bytes: 1-4 rows of at least one byte, stride apart (a stride below the row
+    size overlaps rows, which servers write in order); the data of SET_TENSOR_2D, ``size * n_copies`` bytes."""
+    room = min(room, MAX_DATA)
+    rows = d.integer(1, 4)
+    size = d.integer(1, max(1, room // rows))
+    stride = d.integer(0, max(0, (room - size) // max(1, rows - 1))) if rows > 1 else d.integer(0, 64)
+    if room == 0 or (rows - 1) * stride + size > room:
+        rows, size, stride = 1, max(1, room), 0  # a tensor of no bytes leaves nothing valid: the server refuses
+    values.update(size=size, n_copies=rows, stride=stride)
+    if not with_data:
+        return None
+    n = size * rows
+    return (d.binary(n) + bytes(n))[:n]  # exactly the rows' bytes: drawn bytes, zero-padded
 
 
 def _fit_copy(values: dict[str, Any], scope: Scope) -> None:

@@ -22,6 +22,7 @@ PAD_LIMIT = 4096
 _RELOCATED = ("remote_ptr", "tensor", "src", "dst", "op", "srcs", "tensors")
 
 Relocate = Callable[[dict[str, Any]], dict[str, Any]]
+_UID_COMMANDS = (Command.GRAPH_COMPUTE, Command.GRAPH_RECOMPUTE)
 
 
 @dataclass(slots=True)
@@ -62,8 +63,11 @@ class FuzzMessage:
         if spec is None:
             raise KeyError(f"{self.command.name} is not a command of protocol {protocol.label}")
         fields = relocate(self.fields) if relocate is not None else self.fields
+        if protocol.graph_cache_max is not None and "uid" not in fields and self.command in _UID_COMMANDS:
+            # A graph message written without a uid (the hunt's strategies predate 8.0.0) names graph 1.
+            fields = {**fields, "uid": 1}
         parts = encode_payload(spec.request, fields, self.data)
-        cmd = int(self.command) if self.wire_command is None else self.wire_command
+        cmd = protocol.wire_id(self.command) if self.wire_command is None else self.wire_command
         if self.patch is None and self.size is None and self.cut is None:
             # The common case (nothing broken at the wire level): header and parts joined in one copy.
             n = sum(memoryview(p).nbytes for p in parts)

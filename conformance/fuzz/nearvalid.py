@@ -43,7 +43,8 @@ RULES = ("size", "id", "bound", "type", "count", "truncation", "flag")
 FIELD_RULES: dict[str, str] = {
     "remote_ptr": "id", "buffer": "id", "id": "id", "src": "id", "view_src": "id", "nodes": "id",
     "offset": "bound", "size": "bound", "data": "bound", "view_offs": "bound", "ne": "bound", "nb": "bound",
-    "device": "bound",
+    "device": "bound", "n_copies": "bound", "stride": "bound", "rank": "bound",
+    "uid": "id",
     "type": "type", "op": "type",
     "cache_flag": "flag", "flags": "flag",
 }
@@ -165,6 +166,10 @@ def _bound_values(scope: Scope, values: dict[str, Any], parts: list[str], leaf: 
     elif leaf == "size":
         off = values.get("offset", 0)
         cands += [nbytes - off + 1, nbytes + 1, 1 << 32]
+    elif leaf in ("n_copies", "stride"):
+        # 8.0.0 rows: one row too many, a stride that runs past, and products that wrap 64 bits.
+        size = max(1, values.get("size", 1))
+        cands += [current + 1, nbytes // size + 1, (U64 // size) + 1, 1 << 32, 1 << 63]
     elif leaf in ("ne", "nb"):
         cands += [current + 1, current * 2, current * 4096]
     lo, hi = int_range(fmt)
@@ -222,7 +227,8 @@ def _leaf_paths(values: dict[str, Any], target: Target) -> list[list[str]]:
 def unknown_commands(protocol: Protocol) -> list[int]:
     """Command bytes a server of ``protocol`` must close on: sentinels, ids past the table, the top byte."""
     count = protocol.command_count
-    return sorted({*(int(c) for c in NEVER_ON_WIRE), count, count + 1, 0xFF} - {int(c) for c in protocol.commands})
+    defined = {protocol.wire_id(c) for c in protocol.commands}
+    return sorted({*(protocol.wire_id(c) for c in NEVER_ON_WIRE), count, count + 1, 0xFF} - defined)
 
 
 def size_claims(payload: Payload, actual: int) -> list[int]:

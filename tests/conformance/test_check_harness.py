@@ -17,7 +17,7 @@ from ggml_rpc.conformance.harness import (
     verdict_for,
 )
 from ggml_rpc.conformance.harness.report import Progress, catalogue_table, results_table
-from ggml_rpc.spec import V6, V7, V7_0_1
+from ggml_rpc.spec import V6, V7, V7_0_1, V8
 from rich.console import Console
 
 
@@ -49,15 +49,18 @@ def test_verdicts() -> None:
     assert verdict_for((7, 0, 0)) == (V7, "speaks 7.0")
     assert verdict_for((7, 0, 1)) == (V7_0_1, "speaks 7.0.1")
     assert verdict_for((7, 0, 3)) == (V7_0_1, "speaks 7.0.1")  # a later patch speaks at least 7.0.1
-    assert verdict_for((8, 0, 0)) == (None, "speaks 8.x: not covered by this kit")
+    assert verdict_for((8, 0, 0)) == (V8, "speaks 8.0")
+    assert verdict_for((9, 0, 0)) == (None, "speaks 9.x: not covered by this kit")
     assert verdict_for((7, 1, 0)) == (None, "speaks 7.1.0: not covered by this kit")
 
 
 def test_catalogue_is_data() -> None:
     c = by_id("CACHE-V7-003")
-    assert c.majors == (7,) and c.level is Level.MUST and c.category is Category.CACHE_V7
-    assert c.applies_to((7, 0, 0)) and not c.applies_to((6, 0, 0))
+    assert c.majors == (7, 8) and c.level is Level.MUST and c.category is Category.CACHE_V7
+    assert c.applies_to((7, 0, 0)) and c.applies_to((8, 0, 0)) and not c.applies_to((6, 0, 0))
     assert by_id("DATA-020").applies_to((7, 0, 1)) and not by_id("DATA-020").applies_to((7, 0, 0))
+    assert not by_id("DATA-020").applies_to((8, 0, 0))  # 8.0.0's id 19 is GET_TENSOR_2D
+    assert by_id("DATA-031").applies_to((8, 0, 0)) and not by_id("DATA-031").applies_to((7, 0, 1))
     assert by_id("FRAME-003").applies_to((7, 0, 0)) and not by_id("FRAME-003").applies_to((7, 0, 1))
     assert by_id("CACHE-V7-003").spec_link(V7) == "spec/PROTOCOL.md#v7-set_tensor"
     assert by_id("FRAME-001").spec_link(V6) == "spec/PROTOCOL.md#enum-commands"
