@@ -37,7 +37,7 @@ from .enums import (
     TensorFlag,
     UnaryOp,
 )
-from .facts import hello_reply
+from .facts import COMM_BF16_FROM_ELEMENTS, CONN_CAPS_SIZE, hello_reply
 from .messages import NO_REPLY, Payload, Shape
 from .schema_walk import fields, int_label
 from .tensor import RpcTensor
@@ -215,9 +215,45 @@ def _version_section(protocol: Protocol, rendered: frozenset[str]) -> str:
     out.append("| property | value |\n|---|---|\n")
     out += [f"| `{name}` | `{value}` |\n" for name, value in _cache_rule_rows(protocol)]
     out.append("\n")
+    if protocol.graph_cache_max is not None:
+        out.append(_anchor(f"{slug}-graph-cache"))
+        out.append(f"### Graph cache — {protocol.label}\n\n"
+                   f"A GRAPH_COMPUTE with a non-zero `uid` is kept under (device, uid); one with uid 0 is not kept. "
+                   f"Before keeping a graph, a device that holds {protocol.graph_cache_max} (GRAPH_CACHE_MAX) drops "
+                   "them all; the client counts alike, so both sides forget at the same point of the stream. "
+                   "GRAPH_RECOMPUTE names the uid; one never computed (or forgotten) closes the connection. Any "
+                   "FREE_BUFFER forgets every kept graph (their uids still count towards the limit). Graphs compute "
+                   "asynchronously: every command that reads or writes buffer data waits for them first.\n\n")
+    if Command.COMM_INIT in protocol.commands:
+        out.append(_peer_link_section(protocol))
     for spec in protocol.commands.values():
         out.append(_command_section(protocol, spec, rendered))
     return "".join(out)
+
+
+def _peer_link_section(protocol: Protocol) -> str:
+    """The servers' own link that COMM_INIT opens: not a client message, so described here from the facts."""
+    slug = version_slug(protocol)
+    link = [_anchor(f"{slug}-peer-link"), f"### The servers' link — {protocol.label}\n\n"]
+    link.append(
+        f"[COMM_INIT](#{command_anchor(protocol, Command.COMM_INIT)}) makes two servers open a TCP connection of their "
+        "own: rank 0 listens on `port`, rank 1 connects to `host:port` (retrying for about five seconds; genuine "
+        "clients pick the rank-0 server's RPC port + 1000). The link carries no headers and no command bytes:\n\n"
+        f"1. the connector (rank 1) sends its {CONN_CAPS_SIZE} caps bytes, then rank 0 answers with its own "
+        "(all zero over plain TCP, as in HELLO);\n"
+        f"2. for every [COMM_ALLREDUCE](#{command_anchor(protocol, Command.COMM_ALLREDUCE)}) (the client sends one "
+        "to each rank for the same tensor), rank 0 sends its copy of the tensor and then receives rank 1's, rank 1 "
+        "receives first and then sends (so large tensors cannot deadlock). An F32 tensor of "
+        f"{COMM_BF16_FROM_ELEMENTS:,} elements or more travels as BF16 (rounded to nearest even), any other as its "
+        "`nbytes`; a tensor of no bytes sends nothing;\n"
+        "3. each rank adds the copy it received to its own tensor, in place (with BF16 on the link, the two ranks' "
+        "sums differ in the last bits); [COMM_FREE](#"
+        f"{command_anchor(protocol, Command.COMM_FREE)}) closes the link.\n\n"
+        "A capture of both servers' client connections therefore decodes the link exchange by exchange, from the "
+        "rank-0 connection's COMM_ALLREDUCE sequence. Only `world` = 2 is served: any other COMM_INIT answers "
+        "`ok` = 0 and the connection goes on; a device already in a communicator answers 1 again.\n\n"
+    )
+    return "".join(link)
 
 
 # ---- generated differences ---------------------------------------------------------------------------------------

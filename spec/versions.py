@@ -277,8 +277,11 @@ V8 = V7.derive(
         "SET_TENSOR_2D = 18, GET_TENSOR_2D = 19, COMM_INIT = 20, COMM_ALLREDUCE = 21 (no reply), COMM_FREE = 22 "
         "(no reply) added; the NONE sentinel moves 18 -> 23 (RPC_CMD_COUNT 24)",
         "graphs compute asynchronously; every command that reads or writes buffer data waits for them first",
-        "COMM_INIT makes two servers open a TCP link of their own (the peer link), which carries COMM_ALLREDUCE's "
-        "partial sums",
+        "COMM_INIT makes two servers open a TCP link of their own (the servers' link), which carries "
+        "COMM_ALLREDUCE's partial sums",
+        "7.0.1's GET_DEVICE_SUPPORTS_OP (id 19, a branch never released) is not in 8.0.0, whose id 19 is "
+        "GET_TENSOR_2D: a 7.0.1 client's question is a malformed GET_TENSOR_2D to an 8.0.0 server (3,260 bytes, "
+        "not 328: it closes)",
     ),
 )
 
