@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                               description="Scenarios: " + "; ".join(f"{s.name} (v{'/v'.join(map(str, s.majors))}): "
                                                                       f"{s.exercises}" for s in SCENARIOS.values()))
     rec.add_argument("--scenario", choices=sorted(SCENARIOS), help="the session to run")
-    rec.add_argument("--proto", default="7", choices=["6", "7"], help="protocol version (default 7)")
+    rec.add_argument("--proto", default="7", choices=["6", "7", "8"], help="protocol version (default 7)")
     rec.add_argument("-o", "--output", help="pcap file to write")
     rec.add_argument("--server", default=None, metavar="HOST:PORT",
                      help="record against this server (default: a fresh reference server with the hash cache on)")

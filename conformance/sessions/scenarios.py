@@ -182,6 +182,41 @@ def inference(s: Session) -> None:
         c.free_buffer(wbuf.handle)
 
 
+# ---- rows-and-uids (8.0.0) -----------------------------------------------------------------------------------------
+
+
+def rows_and_uids(s: Session) -> None:
+    """8.0.0's new paths as a tensor-split client uses them: a weight written as rows (SET_TENSOR_2D), two graphs
+    kept under their uids and recomputed by uid, the output read as rows (GET_TENSOR_2D)."""
+    k, n, m = 64, 32, 4
+    with s.connect() as c:
+        c.device_count()
+        wbuf = _alloc(c, 64 * 1024)
+        cbuf = _alloc(c, 16 * 1024)
+        w = _weight(wbuf, 0x10, "w", F32, (k, n), k * n * 4)
+        half = k * 4 // 2  # this rank's half of each row of w, as split by rows of the full matrix
+        rows = _f32(31, n, k // 2)
+        c.set_tensor(w, 0, bytes(k * n * 4))
+        c.set_tensor_2d(w, 0, half, k * 4, rows)
+        x = make_tensor(id=0x20, type=F32, ne=(k, m), buffer=cbuf.handle, data=cbuf.place(k * m * 4), name="x",
+                        flags=int(TensorFlag.INPUT))
+        mm = make_tensor(id=0x21, type=F32, ne=(n, m), buffer=cbuf.handle, data=cbuf.place(n * m * 4), name="wx",
+                         op=int(GgmlOp.MUL_MAT), src=[w["id"], x["id"]], flags=COMPUTE | int(TensorFlag.OUTPUT))
+        sq = make_tensor(id=0x22, type=F32, ne=(k, m), buffer=cbuf.handle, data=cbuf.place(k * m * 4), name="xx",
+                         op=int(GgmlOp.MUL), src=[x["id"], x["id"]], flags=COMPUTE | int(TensorFlag.OUTPUT))
+        c.set_tensor(x, 0, _f32(32, m, k))
+        c.graph_compute(0, [mm["id"]], [w, x, mm], uid=1)
+        c.graph_compute(0, [sq["id"]], [x, sq], uid=2)
+        c.get_tensor_2d(mm, 0, n * 4 // 2, m, n * 4)  # the first half of every output row
+        c.set_tensor(x, 0, _f32(33, m, k))  # next token
+        c.graph_recompute(0, uid=1)
+        c.graph_recompute(0, uid=2)
+        c.get_tensor(mm, 0, n * m * 4)
+        c.get_tensor_2d(sq, 4, 8, m, k * 4)
+        c.free_buffer(cbuf.handle)
+        c.free_buffer(wbuf.handle)
+
+
 # ---- cache-flags ------------------------------------------------------------------------------------------------
 
 
@@ -254,9 +289,9 @@ def bad_input(s: Session) -> None:
     def _(c: RpcClient) -> None:
         _raw(c, int(Command.HELLO), bytes(CONN_CAPS_SIZE))
 
-    @case("command 18 (NONE, never on the wire)")
+    @case(f"command {s.protocol.sentinel} (NONE, never on the wire)")
     def _(c: RpcClient) -> None:
-        _raw(c, int(Command.NONE), b"")
+        _raw(c, s.protocol.sentinel, b"")
 
     @case("fixed-size request of the wrong size")
     def _(c: RpcClient) -> None:
@@ -295,7 +330,7 @@ def bad_input(s: Session) -> None:
     def _(c: RpcClient) -> None:
         buf = _alloc(c, 1024)
         t = make_tensor(id=5, ne=(4,), buffer=buf.handle, data=buf.base, name="t", flags=COMPUTE)
-        c.send_raw(encode_request(s.protocol, Command.GRAPH_COMPUTE, {"device": 0, "nodes": [99], "tensors": [t]}))
+        c.graph_compute(0, [99], [t])
 
     for what, fn, hello in cases:
         with s.connect(hello=hello) as c:
@@ -330,7 +365,7 @@ class Scenario:
     name: str
     run: Callable[[Session], None]
     exercises: str
-    majors: tuple[int, ...] = (6, 7)
+    majors: tuple[int, ...] = (6, 7, 8)
     #: Whether ``ggml-rpc lint`` finds nothing in the recording.
     lint_clean: bool = True
 
@@ -349,7 +384,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "its buffer, bad type, RECOMPUTE without graph, unknown graph node; each ends with the server closing",
              lint_clean=False),
     Scenario("cache-flag-abuse", cache_flag_abuse, "a client breaking the v7 cache-flag rule three ways (lint "
-             "must flag them)", majors=(7,), lint_clean=False),
+             "must flag them)", majors=(7, 8), lint_clean=False),
+    Scenario("rows-and-uids", rows_and_uids, "8.0.0: a weight written as rows (SET_TENSOR_2D), two graphs kept "
+             "under their uids and recomputed by uid, outputs read as rows (GET_TENSOR_2D)", majors=(8,)),
 )}
 
 
