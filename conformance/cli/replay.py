@@ -28,9 +28,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", default=None, metavar="HOST:PORT",
                    help="target server (default: the embedded reference server of the captures' version, with a "
                    "fresh hash cache)")
-    p.add_argument("--proto", default="auto", help="version of the captures: auto (from each HELLO reply), 6 or 7")
-    p.add_argument("--as", dest="as_proto", default=None, choices=["6", "7"],
-                   help="rewrite the session for a server of this version")
+    p.add_argument("--proto", default="auto", help="version of the captures: auto (from each HELLO reply), 6, 7 "
+                   "or 8")
+    p.add_argument("--as", dest="as_proto", default=None, choices=["6", "7", "8"],
+                   help="rewrite the session for a server of this version (cache_flag, graph uids; refused, before "
+                   "anything is sent, for commands the version does not have)")
     p.add_argument("--nmse", type=float, default=DEFAULT_NMSE, help=f"tolerance for computed reads "
                    f"(default {DEFAULT_NMSE:g})")
     p.add_argument("--until-compute", action="store_true",

@@ -6,7 +6,8 @@ reply is compared with the recorded one by class (exact, recorded, computed with
 hash cache is modelled (:mod:`.relocate`).
 
 ``as_protocol`` rewrites the session for a server of another version: SET_TENSOR gains or loses its cache_flag
-byte (set, as the v7 client does, only on the SET_TENSOR that follows a hash miss).
+byte (set, as the v7 client does, only on the SET_TENSOR that follows a hash miss); graph uids are added or
+dropped (:mod:`.rewrite`, which also refuses what has no sound equivalent).
 
 A client that closed before reading its replies (its FIN precedes them in the capture) is replayed the same way:
 its requests are sent and the connection closed without reading (a server must outlive that; a server that dies of
@@ -41,6 +42,7 @@ from .compare import DEFAULT_NMSE, Mismatch, ReplayReport, ReplyComparer, tensor
 from .decode import DecodedConnection, decode_file
 from .lint import follows_miss
 from .relocate import Relocator, TargetCache
+from .rewrite import GraphRewrite, RewriteRefused, check_rewritable
 
 
 class ReplayError(Exception):
@@ -115,6 +117,11 @@ class Replayer:
         self.host, self.port = host, port
         self.timeout = timeout
         self._by_hash: dict[int, memoryview] | None = None
+        if as_protocol is not None:
+            try:
+                check_rewritable(((cap.path, dc) for cap in self.captures for dc in cap.connections), as_protocol)
+            except RewriteRefused as exc:
+                raise ReplayError(str(exc)) from None
         report = ReplayReport(target=f"{host}:{port}", source_versions=labels, target_version=self.target.label)
         self.compare = ReplyComparer(self.target, report, TargetCache(self.target), nmse_tolerance)
 
@@ -169,6 +176,7 @@ class Replayer:
         # Regions written since the last graph ran (recorded address -> bytes): reading one back is exact.
         written: dict[int, int] = {}
         last_miss: Request | None = None
+        graphs = GraphRewrite(dc.protocol or self.source, self.target)
         left_at = left_before_reply(dc)
         try:
             client = RpcClient(socket.create_connection((self.host, self.port), timeout=self.timeout),
@@ -187,6 +195,7 @@ class Replayer:
                 self.report.requests += 1
                 rec = replies.get(id(req))
                 fields = reloc.fields(req.fields)
+                cmd, fields = graphs.request(cmd, fields)
                 data = req.data
                 if cmd is Command.SET_TENSOR:
                     fields = self._set_tensor_fields(fields, last_miss, req, dc.protocol)
