@@ -15,13 +15,16 @@ from .options import UsageError, os_reason, output_file, parse_address
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = (
-        "Forwards every connection made to --listen to --upstream, decoding both "
+        "Forwards every connection made to --listen to --upstream (several pairs: a fleet), decoding both "
         "directions on the way; --pcap records what passed, --check reports spec violations of "
         "either side as they happen (the rules of `ggml-rpc lint`)."
     )
-    p.add_argument("--listen", default="127.0.0.1:50053", metavar="HOST:PORT",
-                   help="address to listen on (port 0: any free port, printed at start)")
-    p.add_argument("--upstream", required=True, metavar="HOST:PORT", help="the real server")
+    p.add_argument("--listen", action="append", default=None, metavar="HOST:PORT",
+                   help="address to listen on (port 0: any free port, printed at start; default 127.0.0.1:50053); "
+                   "with several --upstream, one --listen each (or one with port 0 for all)")
+    p.add_argument("--upstream", action="append", required=True, metavar="HOST:PORT",
+                   help="the real server; repeat it to front a fleet (a split model): one listening port per "
+                   "server, one recording, one report")
     p.add_argument("--pcap", default=None, metavar="OUT", help="write what passed as a pcap file")
     p.add_argument("--check", action="store_true", help="report spec violations as they happen")
     p.add_argument("--mss", type=int, default=None, help="segment size of the recorded TCP packets")
@@ -30,8 +33,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
 
-    listen = parse_address(args.listen, "--listen", any_port=True)
-    upstream = parse_address(args.upstream, "--upstream")
+    upstreams = [parse_address(text, "--upstream") for text in args.upstream]
+    listens = [parse_address(text, "--listen", any_port=True) for text in args.listen or ["127.0.0.1:50053"]]
+    if len(upstreams) > 1 and not args.listen:
+        listens = [("127.0.0.1", 0)]
+    if len(listens) != len(upstreams) and not (len(listens) == 1 and listens[0][1] == 0):
+        raise UsageError(f"{len(upstreams)} --upstream need as many --listen (or one with port 0): "
+                         f"{len(listens)} given")
     if args.mss is not None and not 1 <= args.mss <= MAX_MSS:
         raise UsageError(f"--mss must be 1..{MAX_MSS}")
     if args.pcap:
@@ -41,12 +49,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"VIOLATION {v.line()}", file=sys.stdout, flush=True)
 
     try:
-        proxy = Proxy(upstream, listen, pcap=args.pcap, check=args.check, on_violation=show, mss=args.mss)
+        proxy = Proxy(upstreams, listens, pcap=args.pcap, check=args.check, on_violation=show, mss=args.mss)
     except OSError as exc:
         if exc.filename is not None:  # the pcap could not be created
             raise UsageError(f"cannot write {exc.filename}: {os_reason(exc)}") from None
-        raise UsageError(f"cannot listen on {args.listen}: {os_reason(exc)}") from None
-    print(f"ggml-rpc proxy: {format_address(proxy.host, proxy.port)} -> {format_address(*upstream)}"
+        where = ", ".join(format_address(*at) for at in listens)
+        raise UsageError(f"cannot listen on {where}: {os_reason(exc)}") from None
+    fronts = ", ".join(f"{format_address(*at)} -> {format_address(*up)}"
+                       for at, up in zip(proxy.addresses, upstreams, strict=True))
+    print(f"ggml-rpc proxy: {fronts}"
           f"{' recording ' + args.pcap if args.pcap else ''}{' checking' if args.check else ''}", flush=True)
     thread = threading.Thread(target=proxy.serve_forever, daemon=True)
     thread.start()

@@ -12,8 +12,10 @@ from typing import TextIO
 
 from ggml_rpc.spec import Protocol
 
+from ..harness import free_port
 from ..sessions.capture import CaptureError
 from ..sessions.compare import DEFAULT_NMSE, ReplayReport
+from ..sessions.fleet import recorded_servers, replay_fleet
 from ..sessions.replay import Replayer, ReplayError, load_captures, source_protocol
 from .options import UsageError, output_file, parse_address, parse_proto
 
@@ -25,9 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(exact, recorded, computed within an NMSE tolerance). Exit code 1 on any mismatch."
     )
     p.add_argument("pcap", nargs="+", help="capture file(s), replayed in the order given")
-    p.add_argument("--server", default=None, metavar="HOST:PORT",
+    p.add_argument("--server", action="append", default=None, metavar="HOST:PORT",
                    help="target server (default: the embedded reference server of the captures' version, with a "
-                   "fresh hash cache)")
+                   "fresh hash cache; one per recorded server when the captures hold several). Give it once to "
+                   "send every connection to one server, or once per recorded server (in the order of their first "
+                   "connection) to replay a split model's fleet, all servers at once")
     p.add_argument("--proto", default="auto", help="version of the captures: auto (from each HELLO reply), 6, 7 "
                    "or 8")
     p.add_argument("--as", dest="as_proto", default=None, choices=["6", "7", "8"],
@@ -77,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--nmse must be a non-negative number")
     if not args.timeout > 0:
         raise UsageError("--timeout must be positive")
-    server = parse_address(args.server, "--server") if args.server else None
+    servers = [parse_address(text, "--server") for text in args.server or ()]
     if args.json and args.json != "-":
         output_file(args.json, "--json")
     try:
@@ -91,9 +95,23 @@ def run(args: argparse.Namespace) -> int:
         return Replayer(captures, host, port, as_protocol=as_protocol, nmse_tolerance=args.nmse,
                         timeout=args.timeout, until_compute=args.until_compute).run()
 
+    def replay_fleet_to(targets: list[tuple[str, int]]) -> ReplayReport:
+        if as_protocol is not None or args.until_compute:
+            raise UsageError("a fleet replay takes neither --as nor --until-compute")
+        return replay_fleet(captures, targets, free_port=free_port, nmse_tolerance=args.nmse, timeout=args.timeout)
+
+    fleet = len(recorded_servers(captures))
     try:
-        if server is not None:
-            report = replay_to(*server)
+        if len(servers) > 1:
+            report = replay_fleet_to(servers)
+        elif servers:
+            report = replay_to(*servers[0])
+        elif fleet > 1:
+            with contextlib.ExitStack() as stack:
+                targets = [stack.enter_context(embedded_server(target)) for _ in range(fleet)]
+                report = replay_fleet_to(targets)
+                report.target = f"{fleet} embedded reference servers {target.label} (" + ", ".join(
+                    f"{h}:{p}" for h, p in targets) + ")"
         else:
             with embedded_server(target) as (host, port):
                 report = replay_to(host, port)

@@ -23,7 +23,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,25 +120,56 @@ class ProxyStats:
     violations: list[Violation] = field(default_factory=list)
 
 
+Address = tuple[str, int]
+
+
+def _listener(listen: Address) -> socket.socket:
+    family = socket.AF_INET6 if ":" in listen[0] else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(listen)
+        sock.listen(16)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 class Proxy:
-    """Listens on ``listen``, connects each client to ``upstream``, forwards, records and checks."""
+    """Listens on ``listen``, connects each client to ``upstream``, forwards, records and checks.
+
+    A fleet (a model split over several servers) is fronted by one proxy: ``upstream`` and ``listen`` are then
+    lists, one listening address per server, and every connection of every server goes into one recording and one
+    report.
+    """
 
     def __init__(
         self,
-        upstream: tuple[str, int],
-        listen: tuple[str, int] = ("127.0.0.1", 0),
+        upstream: Address | Sequence[Address],
+        listen: Address | Sequence[Address] = ("127.0.0.1", 0),
         *,
         pcap: str | Path | None = None,
         check: bool = False,
         on_violation: Callable[[Violation], None] | None = None,
         mss: int | None = None,
     ) -> None:
-        self.upstream = upstream
-        family = socket.AF_INET6 if ":" in listen[0] else socket.AF_INET
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(listen)
-        self.sock.listen(16)
+        upstreams = [upstream] if isinstance(upstream[0], str) else list(upstream)  # type: ignore[list-item]
+        listens = [listen] if isinstance(listen[0], str) else list(listen)  # type: ignore[list-item]
+        if len(listens) == 1 and len(upstreams) > 1:
+            listens = [(listens[0][0], 0)] * len(upstreams) if listens[0][1] == 0 else listens
+        if len(listens) != len(upstreams):
+            raise ValueError(f"{len(upstreams)} upstream(s) need as many listening addresses ({len(listens)} given)")
+        #: (listening socket, upstream address) per fronted server.
+        self._fronts: list[tuple[socket.socket, Address]] = []
+        try:
+            for at, up in zip(listens, upstreams, strict=True):
+                self._fronts.append((_listener(at), up))
+        except OSError:
+            for sock, _ in self._fronts:
+                sock.close()
+            raise
+        self.sock, self.upstream = self._fronts[0]
         self.host, self.port = self.sock.getsockname()[:2]
         self.check = check
         self.on_violation = on_violation
@@ -156,6 +187,11 @@ class Proxy:
     def address(self) -> tuple[str, int]:
         return self.host, self.port
 
+    @property
+    def addresses(self) -> list[Address]:
+        """Where each fronted server is listened for, in the order of the upstreams."""
+        return [sock.getsockname()[:2] for sock, _ in self._fronts]
+
     def _report(self, v: Violation) -> None:
         with self._stats_lock:
             self.stats.violations.append(v)
@@ -163,25 +199,36 @@ class Proxy:
             self.on_violation(v)
 
     def serve_forever(self) -> None:
+        """Accept on every listening address until :meth:`stop` (the first on this thread, others on their own)."""
+        extra = [threading.Thread(target=self._accept, args=(sock, up), daemon=True, name="ggml-rpc-proxy-accept")
+                 for sock, up in self._fronts[1:]]
+        for t in extra:
+            t.start()
+        self._accept(*self._fronts[0])
+        for t in extra:
+            t.join(timeout=10)
+
+    def _accept(self, sock: socket.socket, upstream: Address) -> None:
+        listen = sock.getsockname()[:2]
         while not self._stopping.is_set():
             try:
-                client, peer = self.sock.accept()
+                client, peer = sock.accept()
             except OSError:
                 break
             with self._stats_lock:
                 index = self.stats.connections
                 self.stats.connections += 1
-            t = threading.Thread(target=self._session, args=(client, peer, index), daemon=True,
+            t = threading.Thread(target=self._session, args=(client, peer, index, upstream, listen), daemon=True,
                                  name=f"ggml-rpc-proxy-{index}")
             t.start()
-            self._threads.append(t)
+            with self._stats_lock:
+                self._threads.append(t)
 
-    def _session(self, client: socket.socket, peer: tuple, index: int) -> None:
+    def _session(self, client: socket.socket, peer: tuple, index: int, target: Address, listen: Address) -> None:
         try:
-            upstream = socket.create_connection(self.upstream)
+            upstream = socket.create_connection(target)
         except OSError as exc:
-            print(f"ggml-rpc proxy: cannot reach upstream {self.upstream[0]}:{self.upstream[1]}: {exc}",
-                  file=sys.stderr)
+            print(f"ggml-rpc proxy: cannot reach upstream {target[0]}:{target[1]}: {exc}", file=sys.stderr)
             client.close()
             return
         with self._stats_lock:
@@ -193,7 +240,7 @@ class Proxy:
         if self._pcap is not None:
             with self._pcap_lock:
                 kwargs = {"mss": self._mss} if self._mss else {}
-                flow = self._pcap.flow(client=(peer[0], peer[1]), server=(self.host, self.port), **kwargs)
+                flow = self._pcap.flow(client=(peer[0], peer[1]), server=listen, **kwargs)
             assert self._recorder is not None
             self._recorder.submit("open", flow, time.time())
         closed_first: list[bool] = []
@@ -278,25 +325,28 @@ class Proxy:
     def stop(self, grace: float = 5.0) -> None:
         """Stop accepting, give open sessions ``grace`` seconds to end, then cut them; close the pcap."""
         self._stopping.set()
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
+        for sock, _ in self._fronts:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
         deadline = time.monotonic() + grace
-        for t in self._threads:
+        with self._stats_lock:
+            threads = list(self._threads)
+        for t in threads:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
         with self._stats_lock:
             active = list(self._active)
         for s in active:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-        for t in self._threads:
+        for t in threads:
             t.join(timeout=30)
         if self._recorder is not None:
             self._recorder.close()
 
 
 @contextlib.contextmanager
-def running_proxy(upstream: tuple[str, int], *, pcap: str | Path | None = None, check: bool = False,
+def running_proxy(upstream: Address | Sequence[Address], *, pcap: str | Path | None = None, check: bool = False,
                   on_violation: Callable[[Violation], None] | None = None, mss: int | None = None
                   ) -> Iterator[Proxy]:
     """A proxy on an ephemeral loopback port, serving on a thread until the block ends."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,8 +106,11 @@ class Replayer:
         nmse_tolerance: float = DEFAULT_NMSE,
         timeout: float = 120.0,
         until_compute: bool = False,
+        rewrite_fields: Callable[[Command, dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
         self.captures = list(captures)
+        #: A fleet replay readdresses COMM_INIT (:mod:`.fleet`): applied to every relocated request.
+        self.rewrite_fields = rewrite_fields
         self.until_compute = until_compute
         # With --as, captures of different versions may be mixed: each connection is rewritten from its own.
         self.source = source_protocol(self.captures, as_protocol) if as_protocol is None else as_protocol
@@ -164,6 +167,8 @@ class Replayer:
         start = time.perf_counter()
         for cap in self.captures:
             for dc in cap.connections:
+                if dc.link is not None:
+                    continue  # a servers' link (8.0.0): the servers open their own when replayed
                 self.report.connections += 1
                 self._connection(cap.path, dc)
         self.report.seconds = time.perf_counter() - start
@@ -196,6 +201,8 @@ class Replayer:
                 rec = replies.get(id(req))
                 fields = reloc.fields(req.fields)
                 cmd, fields = graphs.request(cmd, fields)
+                if self.rewrite_fields is not None:
+                    fields = self.rewrite_fields(cmd, fields)
                 data = req.data
                 if cmd is Command.SET_TENSOR:
                     fields = self._set_tensor_fields(fields, last_miss, req, dc.protocol)
