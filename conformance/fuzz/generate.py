@@ -240,8 +240,14 @@ def valid_request(d: Draw, scope: Scope, command: Command) -> FuzzMessage:
             nbytes = ggml_nbytes(tensor["type"], tensor["ne"], tensor["nb"])
         except (KeyError, ValueError):
             nbytes = 0
+        if "n_copies" in values and nbytes == 0:
+            # Rows need at least one byte: a tensor of none has no valid 2-D request; another live one has.
+            sized = [t for t in scope.tensors if t.nbytes]
+            if sized:
+                values["tensor"] = tensor = d.choice(sized).fields
+                nbytes = ggml_nbytes(tensor["type"], tensor["ne"], tensor["nb"])
         room = min(nbytes, 1 << 20)
-        offset = d.integer(0, room)
+        offset = d.integer(0, max(0, room - 1) if "n_copies" in values else room)
         values["offset"] = offset
         if "n_copies" in values:
             data = _fit_rows(d, values, room - offset, payload.shape is Shape.HEADER_DATA)
