@@ -14,7 +14,7 @@ from ggml_rpc.spec import Protocol
 
 from ..sessions.capture import CaptureError
 from ..sessions.compare import DEFAULT_NMSE, ReplayReport
-from ..sessions.replay import Replayer, ReplayError, load_captures, source_protocol
+from ..sessions.replay import DEATH, Replayer, ReplayError, load_captures, source_protocol
 from .options import UsageError, output_file, parse_address, parse_proto
 
 
@@ -22,7 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = (
         "Replays the client side of every connection of the captures, in order, against "
         "one server, relocating buffer handles and addresses, and compares each reply by class "
-        "(exact, recorded, computed within an NMSE tolerance). Exit code 1 on any mismatch."
+        "(exact, recorded, computed within an NMSE tolerance). Exit code 1 on any mismatch, and when the server "
+        "stopped accepting connections during the replay (reported with the last message sent); 2 when it cannot "
+        "be reached at all."
     )
     p.add_argument("pcap", nargs="+", help="capture file(s), replayed in the order given")
     p.add_argument("--server", default=None, metavar="HOST:PORT",
@@ -62,9 +64,14 @@ def print_report(report: ReplayReport, out: TextIO | None = None) -> None:
               f"{c['close']} expected close(s); {c['recorded']} recorded only\n")
     for note in report.notes:
         out.write(f"note: {note}\n")
+    deaths = [m for m in report.mismatches if m.kind == DEATH]
     for m in report.mismatches:
-        out.write(f"MISMATCH {m.line()}\n")
-    out.write(f"{len(report.mismatches)} mismatch(es)\n")
+        if m.kind != DEATH:
+            out.write(f"MISMATCH {m.line()}\n")
+    for m in deaths:
+        out.write(f"DIED: {m.got}\n")
+    out.write(f"{len(report.mismatches) - len(deaths)} mismatch(es)"
+              + (", and the server died" if deaths else "") + "\n")
 
 
 def run(args: argparse.Namespace) -> int:
