@@ -151,3 +151,20 @@ def test_the_help_documents_the_verdicts_and_exit_codes(capsys: pytest.CaptureFi
     for words in ("0 conformant", "1 not conformant", "3 not covered", "4 incomplete", "2 usage error",
                   "130 interrupted"):
         assert words in text
+
+
+def test_the_check_page_marks_the_failing_step_and_its_evidence_wraps(tmp_path: Path) -> None:
+    from breakers import BREAKERS
+
+    with running_server("7") as ref, faulty_server(ref.address, V7, BREAKERS["DATA-007"]()) as bad:
+        code, *_, index = run_all_formats(["--server", f"127.0.0.1:{bad.port}", "--checks",
+                                                             "DATA-007"], tmp_path)
+    assert code == 1
+    page = (tmp_path / "html" / "checks" / "DATA-007.html").read_text()
+    assert page.count('class="failing-step"') == 1 and "✗ failing step:" in page
+    css = (tmp_path / "html" / "style.css").read_text()
+    assert "overflow-wrap: anywhere" in css and "white-space: pre-wrap" in css
+    # The index names the failing check before the first category table, with its level and reason.
+    failures = index.index('id="failures"')
+    assert failures < index.index('<h2 id="data"') and index.index("DATA-007", failures) < index.index('<h2 id="data"')
+    assert "Legend" in index and "kit version" in index and "date" in index
