@@ -9,7 +9,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ggml_rpc.conformance.client import ConnectionClosed, RpcClient
-from ggml_rpc.conformance.harness import Category, Check, CheckFailed, Context, Level, hexdump
+from ggml_rpc.conformance.harness import (
+    Blocked,
+    Category,
+    Check,
+    CheckFailed,
+    Context,
+    Level,
+    Unsupported,
+    hexdump,
+)
 from ggml_rpc.spec import V6, Command, GgmlType, make_tensor
 from ggml_rpc.spec.codec import REPLY_HEADER, REQUEST_HEADER
 
@@ -39,12 +48,52 @@ def check(
     def deco(func: Callable[[Context], str | None]) -> Callable[[Context], str | None]:
         if any(c.id == id for c in REGISTRY):
             raise ValueError(f"duplicate check id {id}")
+        body = _declined_only_if_computing(func) if category is Category.COMPUTE else func
         REGISTRY.append(
-            Check(id, title, category, level, majors, section, func, min_version, max_version, any_version)
+            Check(id, title, category, level, majors, section, body, min_version, max_version, any_version)
         )
         return func
 
     return deco
+
+
+def _declined_only_if_computing(func: Callable[[Context], str | None]) -> Callable[[Context], str | None]:
+    """A compute check whose op the server declines is "unsupported" only when the server computes something:
+    a server that closes on every GRAPH_COMPUTE has no compute at all, which fails the check (a server must
+    compute graphs; declining one op family is allowed, declining them all is not)."""
+
+    def body(ctx: Context) -> str | None:
+        try:
+            return func(ctx)
+        except Unsupported as exc:
+            why = ctx.shared("no-compute", lambda: _no_compute(ctx))
+            if why is None:
+                raise
+            raise fail(f"the server computes no graph at all: {why}; {exc}", expected="a computed ADD",
+                       got=why) from None
+
+    body.__name__ = func.__name__
+    body.__doc__ = func.__doc__
+    return body
+
+
+def _no_compute(ctx: Context) -> str | None:
+    """Why the server computes nothing (it closes on the smallest graph, ADD of two f32 tensors), or None."""
+    import numpy as np
+    from ggml_rpc.conformance.checks.compute import GraphBuilder
+    from ggml_rpc.spec import GgmlOp
+
+    g = GraphBuilder(ctx, 4096)
+    a = g.input(F32, (4,), np.arange(4, dtype=np.float32))
+    out = g.op(GgmlOp.ADD, [a, a], (4,))
+    try:
+        g.client.graph_compute(0, g.nodes, g.tensors)
+        g.client.get_tensor(out, 0, 16)
+    except (ConnectionClosed, OSError):
+        ctx.note("probe: GRAPH_COMPUTE of ADD of two 4-element f32 tensors", expected="a computed result",
+                 got="connection closed")
+        return "it closed the connection even on ADD of two 4-element f32 tensors"
+    return None
 
 
 def fail(message: str, *, sent: str | None = None, expected: str | None = None, got: str | None = None,
@@ -81,11 +130,13 @@ class Buf:
 
 
 def alloc(client: RpcClient, size: int, device: int = 0) -> Buf:
-    """ALLOC_BUFFER + BUFFER_GET_BASE; fails the check if the server cannot give ``size`` bytes."""
+    """ALLOC_BUFFER + BUFFER_GET_BASE; :class:`Blocked` if the server cannot give ``size`` bytes."""
     handle, got = client.alloc_buffer(device, size)
     if handle == 0 or got < size:
-        raise fail(f"ALLOC_BUFFER of {size} bytes was refused", expected=f"handle != 0, remote_size >= {size}",
-                   got=f"handle {handle:#x}, remote_size {got}")
+        # Blocked, not failed: a check that needs this buffer cannot test its rule (DATA-001 judges ALLOC_BUFFER).
+        raise Blocked(f"ALLOC_BUFFER of {size} bytes was refused", expected=f"handle != 0, remote_size >= {size}",
+                      got=f"handle {handle:#x}, remote_size {got}",
+                      cause="ALLOC_BUFFER refused the buffers the checks write into (256 bytes to 1 MiB)")
     base = client.buffer_get_base(handle)
     return Buf(client, handle, base, got)
 

@@ -27,8 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = (
         "Run the conformance checks against a live ggml RPC server. Without --server or --spawn the "
         "embedded reference server is started on an ephemeral loopback port (protocol 7 with a temporary cache "
-        "directory; --proto 6 starts a protocol 6 one). Exit code 0: no MUST rule failed (--strict: no SHOULD "
-        "either); 1: some did; 2: usage error or unreachable server."
+        "directory; --proto 6 starts a protocol 6 one). The run ends with one verdict, the same in every report "
+        "and the exit code: 0 conformant (every applicable MUST rule passed, nothing died, every selected check "
+        "could judge the server); 1 not conformant (a MUST rule failed, the server died, a check crashed; "
+        "--strict: a SHOULD rule failed); 3 not covered (the server announces a protocol version this kit does "
+        "not cover); 4 incomplete (the server refused the harness's own setup, so checks were blocked); "
+        "2 usage error or unreachable server; 130 interrupted."
     )
     p.add_argument("--server", metavar="HOST:PORT", help="address of the server under test")
     p.add_argument("--spawn", metavar="CMD", help="start the server under test with CMD ({port} is replaced by a "
@@ -41,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", metavar="DIR", help="the server's cache directory: enables white-box cache checks "
                    "and makes a missing cache a failure")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
-    p.add_argument("--junit", metavar="FILE", help="write the results as JUnit XML")
+    p.add_argument("--junit", metavar="FILE", help="write the results as JUnit XML (the verdict is a test case too)")
+    p.add_argument("--sarif", metavar="FILE", help="write the failed and blocked checks as SARIF 2.1.0")
     p.add_argument("--html", metavar="DIR", help="write a static HTML report: DIR/index.html, a page per check with "
                    "its exchange decoded by the spec, DIR/protocol.html")
     p.add_argument("--pcap-dir", metavar="DIR", help="write each failing check's exchange as DIR/<ID>.pcap (real "
@@ -79,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..harness import report
     from ..harness.artifacts import write_html, write_pcaps
-    from ..harness.report_files import write_json, write_junit
+    from ..harness.report_files import write_json, write_junit, write_sarif
 
     probe = Console()
     # Logs and pipes get a wide table instead of rich's 80-column default (COLUMNS still wins when set).
@@ -98,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     for option, folder in (("--html", args.html), ("--pcap-dir", args.pcap_dir)):
         if folder and Path(folder).exists() and not Path(folder).is_dir():
             raise UsageError(f"{option} {folder}: exists and is not a directory")
-    for option, path in (("--json", args.json), ("--junit", args.junit)):
+    for option, path in (("--json", args.json), ("--junit", args.junit), ("--sarif", args.sarif)):
         if path:
             output_file(path, option)
     proto = parse_proto(args.proto)
@@ -123,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         runner.stop()
     console.print(report.results_table(runner.results))
     report.failure_details(console, runner.results)
+    report.setup_errors(console, runner)
     console.print(report.summary_line(runner, args.strict), soft_wrap=True)
     try:
         # pcaps first, then the HTML pages that link them, then the reports that name both.
@@ -130,12 +136,14 @@ def run(args: argparse.Namespace) -> int:
             n = write_pcaps(runner.results, args.pcap_dir, every=args.pcap_all)
             console.print(f"{n} pcap(s) in {args.pcap_dir}")
         if args.html:
-            index = write_html(runner, args.html)
+            index = write_html(runner, args.html, args.strict)
             console.print(f"HTML report: {index}")
         if args.json:
             write_json(runner, args.json, args.strict)
         if args.junit:
-            write_junit(runner, args.junit)
+            write_junit(runner, args.junit, args.strict)
+        if args.sarif:
+            write_sarif(runner, args.sarif, args.strict)
     except OSError as exc:
         raise UsageError(f"cannot write the report: {exc.strerror or exc}: {exc.filename}") from None
     return runner.exit_code(args.strict)

@@ -16,7 +16,7 @@ from ..harness import free_port
 from ..sessions.capture import CaptureError
 from ..sessions.compare import DEFAULT_NMSE, ReplayReport
 from ..sessions.fleet import recorded_servers, replay_fleet
-from ..sessions.replay import Replayer, ReplayError, load_captures, source_protocol
+from ..sessions.replay import DEATH, Replayer, ReplayError, load_captures, source_protocol
 from .options import UsageError, output_file, parse_address, parse_proto
 
 
@@ -24,7 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = (
         "Replays the client side of every connection of the captures, in order, against "
         "one server, relocating buffer handles and addresses, and compares each reply by class "
-        "(exact, recorded, computed within an NMSE tolerance). Exit code 1 on any mismatch."
+        "(exact, recorded, computed within an NMSE tolerance). Exit code 1 on any mismatch, and when the server "
+        "stopped accepting connections during the replay (reported with the last message sent); 2 when it cannot "
+        "be reached at all."
     )
     p.add_argument("pcap", nargs="+", help="capture file(s), replayed in the order given")
     p.add_argument("--server", action="append", default=None, metavar="HOST:PORT",
@@ -68,9 +70,14 @@ def print_report(report: ReplayReport, out: TextIO | None = None) -> None:
               f"{c['close']} expected close(s); {c['recorded']} recorded only\n")
     for note in report.notes:
         out.write(f"note: {note}\n")
+    deaths = [m for m in report.mismatches if m.kind == DEATH]
     for m in report.mismatches:
-        out.write(f"MISMATCH {m.line()}\n")
-    out.write(f"{len(report.mismatches)} mismatch(es)\n")
+        if m.kind != DEATH:
+            out.write(f"MISMATCH {m.line()}\n")
+    for m in deaths:
+        out.write(f"DIED: {m.got}\n")
+    out.write(f"{len(report.mismatches) - len(deaths)} mismatch(es)"
+              + (", and the server died" if deaths else "") + "\n")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,7 +107,11 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("a fleet replay takes neither --as nor --until-compute")
         return replay_fleet(captures, targets, free_port=free_port, nmse_tolerance=args.nmse, timeout=args.timeout)
 
-    fleet = len(recorded_servers(captures))
+    # A fleet is one capture holding several servers' connections (a split model); separate captures (of one
+    # server each, maybe recorded on other ports) replay one after the other as always.
+    fleet = max((len(recorded_servers([cap])) for cap in captures), default=1)
+    if fleet > 1 and len(captures) > 1:
+        raise UsageError("a capture holding several servers (a fleet) is replayed on its own: give one file")
     try:
         if len(servers) > 1:
             report = replay_fleet_to(servers)

@@ -11,6 +11,7 @@ Category, Context, Level``), so a check does not depend on which module of the h
 from .context import Context, ServerInfo, verdict_for
 from .model import (
     SPEC_DOC,
+    Blocked,
     Category,
     Check,
     CheckFailed,
@@ -40,8 +41,8 @@ from .targets import (
 )
 
 __all__ = [
-    "SPEC_DOC", "Category", "Check", "CheckFailed", "Context", "EmbeddedTarget", "Evidence", "ExternalTarget",
-    "Level", "Outcome", "ProgressFn", "Result", "Runner", "ServerGone", "ServerInfo", "Skipped", "SpawnedTarget",
-    "Target", "TargetError", "Unsupported", "exit_status", "format_address", "free_port", "hexdump", "iter_groups",
-    "parse_address", "select", "verdict_for", "wait_for_port",
+    "SPEC_DOC", "Blocked", "Category", "Check", "CheckFailed", "Context", "EmbeddedTarget", "Evidence",
+    "ExternalTarget", "Level", "Outcome", "ProgressFn", "Result", "Runner", "ServerGone", "ServerInfo", "Skipped",
+    "SpawnedTarget", "Target", "TargetError", "Unsupported", "exit_status", "format_address", "free_port", "hexdump",
+    "iter_groups", "parse_address", "select", "verdict_for", "wait_for_port",
 ]

@@ -35,10 +35,16 @@ def write_pcaps(results: list[Result], directory: str | Path, *, every: bool = F
     return n
 
 
-def write_html(runner: Runner, directory: str | Path) -> Path:
+def write_html(runner: Runner, directory: str | Path, strict: bool = False) -> Path:
+    from datetime import UTC, datetime
+
+    from .. import kit_version
     from .html import write_html_report
 
     info = runner.info
+    started = datetime.fromtimestamp(runner.started_at or 0, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     server = [("target", runner.target.description), ("address", runner.target.address),
-              ("announced version", info.version_label), ("verdict", info.verdict)]
-    return write_html_report(directory, runner.results, server, info.protocol, runner.summary())
+              ("announced version", info.version_label), ("protocol", info.verdict), ("date", started),
+              ("kit version", kit_version())]
+    return write_html_report(directory, runner.results, server, info.protocol, runner.summary(),
+                             verdict=runner.verdict(strict))

@@ -40,6 +40,9 @@ class Outcome(enum.Enum):
     NOT_RUN = "not run"
     #: The check itself broke (a bug in the kit, not a finding about the server): counts as a failure.
     ERROR = "error"
+    #: The server refused the harness's own setup (e.g. the buffer a check writes into), so the rule under test
+    #: never ran: neither a pass nor a failure of that rule (see :class:`Blocked`).
+    BLOCKED = "blocked"
 
 
 class Category(enum.Enum):
@@ -88,6 +91,19 @@ class CheckFailed(Exception):
 
 class ServerGone(CheckFailed):
     """A step found no server to talk to: the server died earlier in this check (the death is the finding)."""
+
+
+class Blocked(CheckFailed):
+    """The server refused what the harness needs to test a rule (its setup), not the rule itself.
+
+    ``cause`` names the refusal in words shared by every check it blocks (the report gives it once); the message
+    and evidence say what this check asked for.  A subclass of :class:`CheckFailed` so that code catching failures
+    around a setup step keeps working.
+    """
+
+    def __init__(self, message: str, *, cause: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.cause = cause
 
 
 class Skipped(Exception):

@@ -15,10 +15,13 @@ from rich.table import Table
 from rich.text import Text
 
 from .context import ServerInfo
-from .model import Category, Check, Level, Outcome, Result, iter_groups
+from .model import Category, Check, Outcome, Result, iter_groups
 from .runner import Runner
+from .verdict import State, died
+from .verdict import label as verdict_label
 
 STYLE = {
+    Outcome.BLOCKED: "bold yellow",
     Outcome.PASS: "green",
     Outcome.FAIL: "bold red",
     Outcome.ERROR: "bold magenta",
@@ -29,9 +32,8 @@ STYLE = {
 
 
 def outcome_label(r: Result) -> str:
-    if r.failed and r.failed_level is Level.SHOULD:
-        return f"{r.outcome.value} (SHOULD)"
-    return r.outcome.value
+    """The result's label, as every format shows it (:func:`.verdict.label`)."""
+    return verdict_label(r)
 
 
 def _counts(results: Sequence[Result]) -> str:
@@ -116,6 +118,11 @@ def failure_details(console: Console, results: Sequence[Result]) -> None:
     for r in failed:
         console.print(Text(f"\n{r.check.id} {outcome_label(r).upper()}: {r.message}", style=STYLE[r.outcome]),
                       soft_wrap=True)
+        if died(r) and r.server_death:
+            d = r.server_death
+            console.print(f"  death: {d.get('status')} during step {d.get('step') or '(unknown)'}"
+                          + (f"; bytes sent: {d['sent']}" if d.get("sent") else ""),
+                          soft_wrap=True, markup=False, highlight=False)
         console.print(f"  rule: {r.check.title} ({r.check.level.value}) — {r.spec}", soft_wrap=True, markup=False)
         for e in r.evidence:
             console.print(f"  - {e.step}", soft_wrap=True, markup=False)
@@ -128,14 +135,24 @@ def failure_details(console: Console, results: Sequence[Result]) -> None:
                 console.print(f"      {line}", markup=False, highlight=False, soft_wrap=True)
 
 
+def setup_errors(console: Console, runner: Runner) -> None:
+    """One error per distinct setup refusal, instead of a failure per check it blocked."""
+    for cause, n in runner.verdict().setup_refusals:
+        console.print(Text(f"\nsetup error: the server refused the harness's own setup: {cause} — {n} "
+                           f"check{'s' * (n != 1)} blocked (their rules never ran)", style="bold yellow"),
+                      soft_wrap=True)
+
+
 def summary_line(runner: Runner, strict: bool) -> Text:
+    """The counts, then the verdict line (:meth:`.verdict.Verdict.line`)."""
     s = runner.summary()
-    code = runner.exit_code(strict)
-    text = Text(f"\n{s['total']} checks: {s['pass']} pass, {s['fail']} fail, {s['error']} error, {s['skip']} skip, "
-                f"{s['unsupported']} unsupported, {s['not run']} not run — MUST failures {s['must_failures']}, "
-                f"SHOULD failures {s['should_failures']}")
-    text.append("  → " + ("conformant" if code == 0 else "NOT conformant") + (" (strict)" if strict else ""),
-                style="bold green" if code == 0 else "bold red")
+    verdict = runner.verdict(strict)
+    text = Text(f"\n{s['total']} checks: {s['pass']} pass, {s['fail']} fail, {s['error']} error, "
+                f"{s['blocked']} blocked, {s['skip']} skip, {s['unsupported']} unsupported, {s['not run']} not run — "
+                f"MUST failures {s['must_failures']}, SHOULD failures {s['should_failures']}\n")
+    style = {State.CONFORMANT: "bold green", State.NOT_CONFORMANT: "bold red"}.get(verdict.state, "bold yellow")
+    text.append(verdict.line(), style=style)
+    text.append(f" (exit code {verdict.exit_code})")
     return text
 
 

@@ -8,11 +8,14 @@ JSON shape (``format`` names it; fields are only ever added)::
       "server": {"target": "...", "address": "127.0.0.1:50052", "hello": "7.0.0", "verdict": "speaks 7.0",
                  "devices": 1, "cache": true | false | null},
       "started": "2026-12-02T10:00:00+00:00", "duration_s": 1.23, "strict": false, "exit_code": 0,
+      "verdict": {"state": "conformant" | "not conformant" | "not covered" | "incomplete", "exit_code": 0,
+                  "line": "→ conformant — robustness: 0 deaths, 0 leaks", "reasons": [...], "deaths": 0, "leaks": 0,
+                  "blocked": 0, "setup_refusals": [{"cause": "...", "blocked": 79}], "failures": ["FRAME-031"], ...},
       "summary": {"total": 96, "pass": 90, "fail": 0, "skip": 1, "unsupported": 5, "not run": 0, "error": 0,
                   "must_failures": 0, "should_failures": 0},
       "results": [{"id": "HELLO-001", "title": "...", "category": "handshake", "level": "MUST", "versions": "any",
                    "spec": "spec/PROTOCOL.md#v7-hello", "outcome": "pass" | "fail" | "skip" | "unsupported" |
-                   "not run" | "error", "failed_level": null | "MUST" | "SHOULD", "message": "...",
+                   "not run" | "error" | "blocked", "failed_level": null | "MUST" | "SHOULD", "message": "...",
                    "duration_s": 0.001, "evidence": [{"step": "...", "sent": "hex…", "expected": "...",
                    "got": "hex…"}], "server_death": null | {"status": "killed by signal SIGABRT", "exit_code": -6,
                    "log_tail": ["..."]}, "pcap": null | "DIR/ID.pcap", "html": null | "DIR/checks/ID.html"}]
@@ -20,10 +23,18 @@ JSON shape (``format`` names it; fields are only ever added)::
 
 JUnit: one ``<testsuite>`` per category inside ``<testsuites>``; a check is a ``<testcase>`` (classname
 ``ggml_rpc.conformance.<category>``, name ``<ID> <title>``); a failure is ``<failure>`` (type = the failed
-level), a crashed check ``<error>``, skip/unsupported/not run ``<skipped>``; evidence goes to the case's
-``<system-out>``.  Elements, attributes and their order follow the widely used JUnit XML schema of Jenkins
-(``junit-10.xsd``): ``<testsuites>`` carries name/tests/failures/errors/time, each ``<testsuite>`` adds skipped,
-timestamp, hostname, id and package, then properties, testcases, system-out and system-err in that order.
+level; a death's message starts with "died"), a crashed check ``<error>`` (type ``check-error``), a blocked one
+``<error>`` (type ``blocked``), skip/unsupported/not run ``<skipped>``; evidence goes to the case's
+``<system-out>``.  A last ``<testsuite name="verdict">`` holds one case, the run's verdict (:mod:`.verdict`):
+failed unless the run is conformant, so a CI system reading only JUnit sees what the exit code says.
+
+SARIF 2.1.0 (``--sarif``): one rule per check of the run, one result per failed or blocked check (level
+``error`` for a MUST failure or a death, ``warning`` for a SHOULD failure, ``note`` for a blocked check), the
+verdict in the run's ``properties`` and the exit code in its invocation.
+
+JUnit elements, attributes and their order follow the widely used JUnit XML schema of Jenkins (``junit-10.xsd``):
+``<testsuites>`` carries name/tests/failures/errors/time, each ``<testsuite>`` adds skipped, timestamp, hostname, id
+and package, then properties, testcases, system-out and system-err in that order.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ from typing import Any
 from .. import kit_version
 from .model import Outcome, Result, iter_groups
 from .runner import Runner
+from .verdict import State, died, reason
 
 FORMAT = "ggml-rpc-check/1"
 
@@ -48,6 +60,7 @@ def _iso(ts: float) -> str:
 
 def to_json(runner: Runner, strict: bool = False) -> dict[str, Any]:
     info = runner.info
+    verdict = runner.verdict(strict)
     return {
         "format": FORMAT,
         "kit_version": kit_version(),
@@ -62,7 +75,8 @@ def to_json(runner: Runner, strict: bool = False) -> dict[str, Any]:
         "started": _iso(runner.started_at),
         "duration_s": round(max(0.0, (runner.finished_at or runner.started_at) - runner.started_at), 3),
         "strict": strict,
-        "exit_code": runner.exit_code(strict),
+        "exit_code": verdict.exit_code,
+        "verdict": verdict.as_dict(),
         "summary": runner.summary(),
         "results": [r.as_dict() for r in runner.results],
     }
@@ -81,7 +95,9 @@ def evidence_lines(r: Result) -> list[str]:
             if value:
                 lines.append(f"    {label}: {value}")
     if r.server_death:
-        lines.append(f"server death: {r.server_death.get('status')}")
+        d = r.server_death
+        lines.append(f"server death: {d.get('status')}" + (f" during step '{d['step']}'" if d.get("step") else "")
+                     + (f"; bytes sent: {d['sent']}" if d.get("sent") else ""))
     return lines
 
 
@@ -94,15 +110,16 @@ def _evidence_text(r: Result) -> str:
     return "\n".join(lines)
 
 
-def to_junit(runner: Runner) -> ET.Element:
+def to_junit(runner: Runner, strict: bool = False) -> ET.Element:
     root = ET.Element("testsuites", name="ggml-rpc check")
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     total_time = 0.0
     host = socket.gethostname()
     stamp = datetime.fromtimestamp(runner.started_at, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    verdict = runner.verdict(strict)
     for i, (cat, results) in enumerate(iter_groups(runner.results)):
         failures = sum(1 for r in results if r.outcome is Outcome.FAIL)
-        errors = sum(1 for r in results if r.outcome is Outcome.ERROR)
+        errors = sum(1 for r in results if r.outcome in (Outcome.ERROR, Outcome.BLOCKED))
         skipped = sum(1 for r in results if r.outcome in (Outcome.SKIP, Outcome.UNSUPPORTED, Outcome.NOT_RUN))
         time_s = sum(r.duration for r in results)
         suite = ET.SubElement(root, "testsuite", {
@@ -112,7 +129,8 @@ def to_junit(runner: Runner) -> ET.Element:
         })
         props = ET.SubElement(suite, "properties")
         for name, value in (("server", runner.target.address), ("hello", runner.info.version_label),
-                            ("verdict", runner.info.verdict)):
+                            ("protocol", runner.info.verdict), ("verdict", verdict.state.value),
+                            ("verdict line", verdict.line())):
             ET.SubElement(props, "property", name=name, value=value)
         for r in results:
             case = ET.SubElement(suite, "testcase", {
@@ -121,11 +139,16 @@ def to_junit(runner: Runner) -> ET.Element:
                 "time": f"{r.duration:.4f}",
             })
             if r.outcome is Outcome.FAIL:
-                el = ET.SubElement(case, "failure", message=r.message,
+                # A death's message already starts "server died …": the failure says it is a death.
+                message = f"died: {r.message}" if died(r) and not r.message.startswith("server") else r.message
+                el = ET.SubElement(case, "failure", message=message,
                                    type=r.failed_level.value if r.failed_level else "MUST")
                 el.text = _evidence_text(r)
             elif r.outcome is Outcome.ERROR:
                 el = ET.SubElement(case, "error", message=r.message, type="check-error")
+                el.text = _evidence_text(r)
+            elif r.outcome is Outcome.BLOCKED:
+                el = ET.SubElement(case, "error", message=f"blocked: {r.message}", type="blocked")
                 el.text = _evidence_text(r)
             elif r.outcome is not Outcome.PASS:
                 ET.SubElement(case, "skipped", message=f"{r.outcome.value}: {r.message}")
@@ -138,6 +161,23 @@ def to_junit(runner: Runner) -> ET.Element:
         totals["errors"] += errors
         totals["skipped"] += skipped
         total_time += time_s
+    # The verdict as a case of its own: a JUnit reader that ignores exit codes still sees a run that is not
+    # conformant (a version not covered, a blocked setup, deaths) as failed.
+    suite = ET.SubElement(root, "testsuite", {
+        "name": "verdict", "tests": "1", "failures": str(int(verdict.state is not State.CONFORMANT)), "errors": "0",
+        "skipped": "0", "time": "0.0000", "timestamp": stamp, "hostname": host, "id": str(len(root) - 1),
+        "package": "ggml_rpc.conformance",
+    })
+    ET.SubElement(suite, "properties")
+    case = ET.SubElement(suite, "testcase", {"name": f"verdict: {verdict.state.value}",
+                                             "classname": "ggml_rpc.conformance.verdict", "time": "0.0000"})
+    if verdict.state is not State.CONFORMANT:
+        el = ET.SubElement(case, "failure", message=verdict.line(), type=verdict.state.value)
+        el.text = "\n".join([verdict.line(), *(f"{r.check.id}: {reason(r)}" for r in verdict.failures)])
+    ET.SubElement(suite, "system-out").text = verdict.line()
+    ET.SubElement(suite, "system-err").text = ""
+    totals["tests"] += 1
+    totals["failures"] += int(verdict.state is not State.CONFORMANT)
     root.set("tests", str(totals["tests"]))
     root.set("failures", str(totals["failures"]))
     root.set("errors", str(totals["errors"]))
@@ -146,7 +186,59 @@ def to_junit(runner: Runner) -> ET.Element:
     return root
 
 
-def write_junit(runner: Runner, path: str | Path) -> None:
-    tree = ET.ElementTree(to_junit(runner))
+def write_junit(runner: Runner, path: str | Path, strict: bool = False) -> None:
+    tree = ET.ElementTree(to_junit(runner, strict))
     ET.indent(tree)
     tree.write(path, encoding="utf-8", xml_declaration=True)
+
+
+SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+
+
+def to_sarif(runner: Runner, strict: bool = False) -> dict[str, Any]:
+    """The run as SARIF 2.1.0: the checks as rules, failed and blocked checks as results, the verdict in the run's
+    properties (the same verdict as every other format)."""
+    verdict = runner.verdict(strict)
+    rules, index = [], {}
+    for r in runner.results:
+        if r.check.id not in index:
+            index[r.check.id] = len(rules)
+            rules.append({"id": r.check.id, "name": r.check.id, "shortDescription": {"text": r.check.title},
+                          "helpUri": r.spec or None, "properties": {"level": r.check.level.value,
+                                                                    "category": r.check.category.value}})
+    results = []
+    for r in runner.results:
+        if not (r.failed or r.outcome is Outcome.BLOCKED):
+            continue
+        if r.outcome is Outcome.BLOCKED:
+            level = "note"
+        elif died(r) or (r.failed_level or r.check.level).value == "MUST" or r.outcome is Outcome.ERROR:
+            level = "error"
+        else:
+            level = "warning"
+        result: dict[str, Any] = {
+            "ruleId": r.check.id, "ruleIndex": index[r.check.id], "level": level,
+            "message": {"text": f"{r.check.id} {r.outcome.value}: {r.message}"},
+            "properties": {"outcome": r.outcome.value, "failedLevel": r.failed_level.value if r.failed_level else None,
+                           "evidence": evidence_lines(r), "serverDeath": r.server_death},
+        }
+        if r.pcap:
+            result["locations"] = [{"physicalLocation": {"artifactLocation": {"uri": Path(r.pcap).as_posix()}}}]
+        results.append(result)
+    return {
+        "$schema": SARIF_SCHEMA,
+        "version": "2.1.0",
+        "runs": [{
+            "tool": {"driver": {"name": "ggml-rpc check", "version": kit_version(), "rules": rules}},
+            "invocations": [{"executionSuccessful": verdict.state is State.CONFORMANT,
+                             "exitCode": verdict.exit_code,
+                             "startTimeUtc": _iso(runner.started_at)}],
+            "results": results,
+            "properties": {"target": runner.target.description, "address": runner.target.address,
+                           "protocol": runner.info.verdict, "verdict": verdict.as_dict()},
+        }],
+    }
+
+
+def write_sarif(runner: Runner, path: str | Path, strict: bool = False) -> None:
+    Path(path).write_text(json.dumps(to_sarif(runner, strict), indent=2) + "\n", encoding="utf-8")

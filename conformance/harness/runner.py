@@ -2,11 +2,12 @@
 
 The :class:`Runner` learns the server's version from HELLO before anything version-dependent is sent, runs each
 selected check on fresh connections, and after every check makes sure the server still accepts a connection.  A
-server that dies during a check is that check's SHOULD failure (never a MUST one, never a "connection refused"),
-naming the exit status, the step and the bytes sent.  A spawned server is then restarted and waited for until it
-answers HELLO, so the next check never races its start; a death found before a check started is reported as
-unexplained instead of blamed on it.  An external server that died, or a failed restart, ends the run: the
-remaining checks are "not run".
+server that dies during a check fails that check at the check's own level (never a "connection refused"), naming
+the exit status, the step and the bytes sent.  A check whose setup the server refuses (:class:`Blocked`) is
+"blocked", not failed: its rule never ran.  A spawned server that died
+is then restarted and waited for until it answers HELLO, so the next check never races its start; a death found
+before a check started is reported as unexplained instead of blamed on it.  An external server that died, or a
+failed restart, ends the run: the remaining checks are "not run".
 """
 
 from __future__ import annotations
@@ -20,8 +21,20 @@ from ggml_rpc.spec import V6, HandshakeError, Protocol, ProtocolError
 
 from ..client import ConnectionClosed, RpcClient
 from .context import Context, ServerInfo, verdict_for
-from .model import Check, CheckFailed, Evidence, Level, Outcome, Result, ServerGone, Skipped, Unsupported
+from .model import (
+    Blocked,
+    Check,
+    CheckFailed,
+    Evidence,
+    Level,
+    Outcome,
+    Result,
+    ServerGone,
+    Skipped,
+    Unsupported,
+)
 from .targets import Target, TargetError
+from .verdict import Verdict, judge
 
 ProgressFn = Callable[[Result], None]
 
@@ -182,9 +195,14 @@ class Runner:
             note = check.func(ctx)
             result = Result(check, Outcome.PASS, note or "")
         except CheckFailed as exc:
-            level = exc.level or check.level
-            result = Result(check, Outcome.FAIL, exc.message, failed_level=level,
-                            interrupted=isinstance(exc, ServerGone) or _lost_connection(exc))
+            if isinstance(exc, Blocked):
+                # The refused request is the harness's setup, not the rule: the rule never ran.  The message is the
+                # shared cause, so that the report names it once for every check it blocked.
+                result = Result(check, Outcome.BLOCKED, exc.cause)
+            else:
+                level = exc.level or check.level
+                result = Result(check, Outcome.FAIL, exc.message, failed_level=level,
+                                interrupted=isinstance(exc, ServerGone) or _lost_connection(exc))
             ctx.evidence.append(exc.evidence)
         except Skipped as exc:
             result = Result(check, Outcome.SKIP, str(exc))
@@ -240,13 +258,15 @@ class Runner:
                                         expected="the server keeps accepting connections", got=death.get("status")))
         death_line = f"{what}{where} ({death.get('status')})"
         if not result.failed or result.interrupted:
-            # A death is a SHOULD failure of the check that caused it, never a MUST failure nor a refused connect.
+            # The death is the verdict, not the refused connect or the broken read it caused.
             said = f"; check said: {result.message}" if result.message and not result.interrupted else ""
             result.outcome = Outcome.FAIL
-            result.failed_level = Level.SHOULD
             result.message = death_line + said
         else:
             result.message = f"{result.message}; then {death_line}"
+        # A death fails the check at the check's own level (a MUST check's "never a crash" is a MUST), whatever
+        # level the check's own failure had.
+        result.failed_level = check.level
         error = self._revive(check.id, f"server stopped answering after {check.id}")
         if error is not None:
             result.evidence.append(Evidence("restart failed", got=error))
@@ -300,11 +320,13 @@ class Runner:
                     must += 1
         return {"total": len(self.results), **counts, "must_failures": must, "should_failures": should}
 
+    def verdict(self, strict: bool = False) -> Verdict:
+        """The run's one verdict (see :mod:`.verdict`), which every report and the exit code take."""
+        return judge(self.results, covered=self.info.covered or self.info.version is None, server=self.info.verdict,
+                     strict=strict, unexplained_deaths=len(self.unexplained_deaths))
+
     def exit_code(self, strict: bool = False) -> int:
-        s = self.summary()
-        if s["must_failures"] or (strict and s["should_failures"]):
-            return 1
-        return 0
+        return self.verdict(strict).exit_code
 
 
 def _lost_connection(exc: BaseException) -> bool:

@@ -15,6 +15,11 @@ SIGPIPE shows as the next connection being refused).
 
 When a capture needs a cache hit the target cannot have, the replayer says so and sends the data instead, taken
 from any SET_TENSOR of the loaded captures with that hash, or reports that no capture holds it.
+
+A target that stops accepting connections during the replay (a refused connect after the first connection), or
+that no longer answers HELLO once the replay is done, died of what was sent: that is reported as a mismatch of
+kind ``death`` naming the last message sent (file, connection, index, command), never as "0 mismatches" nor as a
+target that could not be reached.
 """
 
 from __future__ import annotations
@@ -47,6 +52,14 @@ from .rewrite import GraphRewrite, RewriteRefused, check_rewritable
 
 class ReplayError(Exception):
     """The captures cannot be replayed at all (undecodable, mixed versions without ``--as``...)."""
+
+
+class _TargetStopped(Exception):
+    """The target refused a connection after having accepted earlier ones (it died of the replay)."""
+
+
+#: The kind of the mismatch that reports a target that died during the replay.
+DEATH = "death"
 
 
 # ---- loading -----------------------------------------------------------------------------------------------------
@@ -163,16 +176,51 @@ class Replayer:
 
     # -- running --
 
-    def run(self) -> ReplayReport:
+    def run(self, *, check_alive: bool = True) -> ReplayReport:
+        """Replay every connection; with ``check_alive``, then make sure the target still answers HELLO (a target
+        that died of the last message closes "as recorded" and would otherwise pass)."""
         start = time.perf_counter()
-        for cap in self.captures:
-            for dc in cap.connections:
-                if dc.link is not None:
-                    continue  # a servers' link (8.0.0): the servers open their own when replayed
-                self.report.connections += 1
-                self._connection(cap.path, dc)
+        #: The last request sent: (file, connection, message index, command), for attributing a death.
+        self._last: tuple[str, int, int, str] | None = None
+        #: The last request the target answered (index, command): the death came after it.
+        self._answered: tuple[int, str] | None = None
+        try:
+            for cap in self.captures:
+                for dc in cap.connections:
+                    if dc.link is not None:
+                        continue  # a servers' link (8.0.0): the servers open their own when replayed
+                    self.report.connections += 1
+                    self._connection(cap.path, dc)
+        except _TargetStopped as exc:
+            self.report.connections -= 1  # the refused connection was not replayed
+            self._died(str(exc))
+        else:
+            self.report.seconds = time.perf_counter() - start
+            if check_alive and self._last is not None:
+                why = self._not_answering()
+                if why is not None:
+                    self._died(why)
         self.report.seconds = time.perf_counter() - start
         return self.report
+
+    def _not_answering(self) -> str | None:
+        """None when the target accepts a connection and answers HELLO; otherwise what happened."""
+        try:
+            with RpcClient.connect(self.host, self.port, timeout=min(self.timeout, 5.0), protocol=self.target):
+                return None
+        except ConnectionRefusedError:
+            return "connection refused"
+        except (OSError, ConnectionClosed, ProtocolError) as exc:
+            return f"no HELLO reply ({exc or type(exc).__name__})"
+
+    def _died(self, how: str) -> None:
+        """Record that the target stopped accepting connections, after the last message sent."""
+        path, conn, index, command = self._last or ("?", 0, 0, "?")
+        self.report.mismatches.append(Mismatch(
+            path, conn, index, command, DEATH, "the server to keep accepting connections",
+            f"the server stopped accepting connections after message {index} ({command}) of connection {conn} of "
+            f"{path}" + (f" (last reply: message {self._answered[0]}, {self._answered[1]})" if self._answered else "")
+            + f": {how}"))
 
     def _connection(self, path: str, dc: DecodedConnection) -> None:
         replies = {id(r.request): r for r in dc.replies}
@@ -187,6 +235,9 @@ class Replayer:
             client = RpcClient(socket.create_connection((self.host, self.port), timeout=self.timeout),
                                self.target)
         except OSError as exc:
+            if self._last is not None:
+                # It accepted earlier connections of this replay: it died of what was sent, not a wrong address.
+                raise _TargetStopped(f"connect: {exc.strerror or exc}") from None
             raise ReplayError(f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}") from None
         client.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with client:
@@ -224,6 +275,7 @@ class Replayer:
                 leaving = spec.has_reply and left_at is not None and (rec is None or rec.offset >= left_at)
                 if leaving:
                     client.cork()  # this request's last bytes leave with the FIN, as a client that does not wait
+                self._last = (path, dc.conn.index, req.index, cmd.name)
                 try:
                     client.send_raw(parts)
                     self.report.bytes_sent += sum(memoryview(p).nbytes for p in parts)
@@ -257,6 +309,7 @@ class Replayer:
                     self.compare.mismatch(path, dc, req, "exact", f"a {expected_size}-byte reply", str(exc))
                     return
                 self.report.bytes_received += REPLY_HEADER_SIZE + len(body)
+                self._answered = (req.index, cmd.name)
                 if len(body) != expected_size:
                     self.compare.mismatch(path, dc, req, "exact", f"a {expected_size}-byte reply", f"{len(body)} bytes")
                     return
@@ -290,6 +343,7 @@ class Replayer:
         last = dc.requests[-1] if dc.requests else None
         start = last.offset + last.wire_size if last is not None else 0
         tail = memoryview(dc.conn.c2s.data)[start:]
+        self._last = (path, dc.conn.index, len(dc.requests), dc.error.command if dc.error and dc.error.command else "?")
         self.report.requests += 1
         self.report.compared["close"] += 1
         try:

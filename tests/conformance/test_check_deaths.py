@@ -1,5 +1,5 @@
-"""Death attribution: a server that dies during a check is that check's SHOULD failure, never a MUST failure nor a
-"connection refused"; a restarted server is waited for; a death no check explains is reported as such.
+"""Death attribution: a server that dies during a check fails that check at the check's own level, as a death (never
+a "connection refused"); a restarted server is waited for; a death no check explains is reported as such.
 
 The server is ``restart_race_server.py`` (it aborts like upstream on FRAME-010's first step).  Every wait is
 bounded by the target's startup timeout; nothing asserts on timing.
@@ -46,7 +46,7 @@ def spawn_command(*extra: str) -> str:
 
 
 def custom(id: str, func: Callable[[Context], str | None], level: Level = Level.MUST) -> Check:
-    """A check outside the catalogue (DATA category, MUST unless told: a death must still be a SHOULD)."""
+    """A check outside the catalogue (DATA category, MUST unless told: a death fails it at that level)."""
     return Check(id=id, title=f"test check {id}", category=Category.DATA, level=level, majors=(7,),
                  section=Command.GET_TENSOR, func=func)
 
@@ -121,8 +121,8 @@ def run(runner: Runner, *checks: Check | str) -> dict[str, Result]:
     return out
 
 
-def assert_death_is_a_should_failure(r: Result, step: str, status: str = "killed by signal SIGABRT") -> None:
-    assert r.outcome is Outcome.FAIL and r.failed_level is Level.SHOULD, r
+def assert_death_fails_the_check(r: Result, step: str, status: str = "killed by signal SIGABRT") -> None:
+    assert r.outcome is Outcome.FAIL and r.failed_level is r.check.level, r
     assert status in r.message and f"during step '{step}" in r.message, r.message
     text = json.dumps(r.as_dict())  # the report's form of the result: no "refused" verdict anywhere
     assert "connection refused" not in text.lower() and "cannot connect" not in r.message
@@ -132,22 +132,26 @@ def assert_death_is_a_should_failure(r: Result, step: str, status: str = "killed
     assert death and death[-1].sent == r.server_death["sent"]
 
 
-def test_a_death_on_the_first_step_of_a_must_check_is_its_should_failure(spawned: Callable[..., Runner]) -> None:
+def test_a_death_on_the_first_step_of_a_must_check_is_its_must_failure(spawned: Callable[..., Runner]) -> None:
     runner = spawned()
     results = run(runner, "FRAME-010", custom("T-DIE-1", dies_reading_the_reply), "DATA-001", "HELLO-001")
     assert by_id("FRAME-010").level is Level.MUST
-    assert_death_is_a_should_failure(results["FRAME-010"], "GET_TENSOR of a tensor past the end of its buffer")
-    assert_death_is_a_should_failure(results["T-DIE-1"], KILL_STEP)  # a MUST check outside framing: SHOULD too
+    assert_death_fails_the_check(results["FRAME-010"], "GET_TENSOR of a tensor past the end of its buffer")
+    assert_death_fails_the_check(results["T-DIE-1"], KILL_STEP)  # a MUST check outside framing: MUST too
+    should = run(runner, custom("T-DIE-S", dies_reading_the_reply, Level.SHOULD))["T-DIE-S"]
+    assert_death_fails_the_check(should, KILL_STEP)  # a SHOULD check: a SHOULD failure (still a death)
     # The next checks run against the restarted server and pass.
     assert results["DATA-001"].outcome is Outcome.PASS and results["HELLO-001"].outcome is Outcome.PASS
-    assert runner.target.restarts == 2 and runner.summary()["must_failures"] == 0
+    assert runner.target.restarts == 3 and runner.summary()["must_failures"] == 2
     assert runner.unexplained_deaths == []
+    verdict = runner.verdict()
+    assert verdict.deaths == 3 and verdict.exit_code == 1 and "robustness: 3 deaths" in verdict.line()
 
 
 def test_a_connect_after_the_death_reports_the_death_not_refused(spawned: Callable[..., Runner]) -> None:
     runner = spawned()
     results = run(runner, custom("T-DIE-2", dies_then_connects_again), "DATA-001")
-    assert_death_is_a_should_failure(results["T-DIE-2"], KILL_STEP)
+    assert_death_fails_the_check(results["T-DIE-2"], KILL_STEP)
     assert results["DATA-001"].outcome is Outcome.PASS
 
 
@@ -156,7 +160,7 @@ def test_a_server_slow_to_come_back_is_waited_for(spawned: Callable[..., Runner]
     # must still find a server (no "restart failed", no refused connect).
     runner = spawned("--on-restart", "blink", "--gap", "1.0")
     results = run(runner, "FRAME-010", "DATA-001", "HELLO-001")
-    assert_death_is_a_should_failure(results["FRAME-010"], "GET_TENSOR of a tensor past the end of its buffer")
+    assert_death_fails_the_check(results["FRAME-010"], "GET_TENSOR of a tensor past the end of its buffer")
     assert not [e for e in results["FRAME-010"].evidence if e.step == "restart failed"]
     assert results["DATA-001"].outcome is Outcome.PASS and results["HELLO-001"].outcome is Outcome.PASS
 
@@ -173,14 +177,14 @@ def test_a_failed_restart_is_reported_once_and_the_rest_is_not_run(spawned: Call
     runner = spawned("--on-restart", "exit")
     results = run(runner, "FRAME-010", "DATA-001", "HELLO-001")
     died = results["FRAME-010"]
-    assert_death_is_a_should_failure(died, "GET_TENSOR of a tensor past the end of its buffer")
+    assert_death_fails_the_check(died, "GET_TENSOR of a tensor past the end of its buffer")
     failed = [e for e in died.evidence if e.step == "restart failed"]
     assert len(failed) == 1 and "exited with code 3" in (failed[0].got or "")
     for cid in ("DATA-001", "HELLO-001"):
         assert results[cid].outcome is Outcome.NOT_RUN and not results[cid].failed
         assert "after FRAME-010" in results[cid].message and "restart failed" in results[cid].message
     s = runner.summary()
-    assert s["must_failures"] == 0 and s["should_failures"] == 1 and s["not run"] == 2
+    assert s["must_failures"] == 1 and s["should_failures"] == 0 and s["not run"] == 2
 
 
 def test_a_death_no_check_explains_is_reported_as_such(spawned: Callable[..., Runner]) -> None:
@@ -197,12 +201,12 @@ def test_a_death_no_check_explains_is_reported_as_such(spawned: Callable[..., Ru
         ("killed by signal SIGKILL", "HELLO-001", "DATA-001")]
 
 
-def test_external_server_death_is_the_checks_should_failure_and_ends_the_run(
+def test_external_server_death_is_the_checks_failure_at_its_level_and_ends_the_run(
         external: tuple[subprocess.Popen[bytes], Runner]) -> None:
     proc, runner = external
     results = run(runner, "FRAME-010", "DATA-001")
     died = results["FRAME-010"]
-    assert died.outcome is Outcome.FAIL and died.failed_level is Level.SHOULD
+    assert died.outcome is Outcome.FAIL and died.failed_level is Level.MUST
     assert died.message.startswith("server stopped answering during step 'GET_TENSOR of a tensor past the end")
     assert died.server_death is not None and died.server_death["sent"]
     assert results["DATA-001"].outcome is Outcome.NOT_RUN
@@ -222,3 +226,4 @@ def test_external_server_found_dead_before_a_check_is_not_blamed_on_it(
         assert results[cid].message == "server stopped answering before DATA-001 (after HELLO-001)"
     assert "found dead before this check started" in results["DATA-001"].evidence[0].step
     assert runner.summary()["fail"] == 0 and len(runner.unexplained_deaths) == 1
+    assert runner.verdict().exit_code == 1  # a death no check explains is still a death
