@@ -40,11 +40,11 @@ def _devices(ffi: object, backend: object, names: Sequence[str]) -> object:
 
 def serve(host: str, port: int, cache_dir: str | None, threads: int) -> int:
     """Serve the CPU device on ``host:port`` until killed (the library's accept loop never returns)."""
-    from llama_cpp_py_sync._cffi_bindings import get_backend_lib, get_ffi, get_lib, get_rpc_lib
-
     if host != LOOPBACK:
         print(f"wheel_peer serve: refusing to bind {host}: only {LOOPBACK}", file=sys.stderr)
         return 2
+    from llama_cpp_py_sync._cffi_bindings import get_backend_lib, get_ffi, get_lib, get_rpc_lib
+
     core = get_lib()
     core.llama_backend_init()  # registers the backends the device lookup below needs
     ffi, backend, rpc = get_ffi(), get_backend_lib(), get_rpc_lib()
