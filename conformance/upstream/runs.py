@@ -43,7 +43,16 @@ class Finished:
 
         status = "timed out" if self.code is None else exit_status(self.code)
         tail = reason_line(self.stderr)
-        return f"{Path(self.argv[0]).name} {status}" + (f": {tail}" if tail else "")
+        return f"{self.program} {status}" + (f": {tail}" if tail else "")
+
+    @property
+    def program(self) -> str:
+        """The program's name; for ``python -m module command`` (a wheel peer's entry point, possibly started
+        through a loader) the module and its command rather than the loader's or the interpreter's name."""
+        if "-m" in self.argv[:-1]:
+            at = self.argv.index("-m")
+            return " ".join(a.rsplit(".", 1)[-1] for a in self.argv[at + 1:at + 3])
+        return Path(self.argv[0]).name
 
 
 _REASON = ("mismatch", "rpc server", "failed to", "error")

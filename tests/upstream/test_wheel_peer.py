@@ -218,3 +218,17 @@ def test_split_over_two_servers_is_the_cpu_text(upstream_peer8, models8, cpu_tex
     assert done.ok, done.why()
     assert generated_text(done.stdout) == cpu_text
     assert "RPC1" in done.stderr  # both servers' devices took part
+
+
+@pytest.mark.upstream
+def test_7_0_0_and_8_0_0_refuse_each_other_at_hello(upstream_peer, upstream_peer8, models8) -> None:
+    model = models8["tiny-f32"]
+    with UpstreamServer(upstream_peer8, cache=False) as v8:
+        old_client = completion(upstream_peer, model, v8.address, timeout=120)
+        assert v8.alive()
+    assert not old_client.ok and "handshake failed" in old_client.stderr
+    with UpstreamServer(upstream_peer, cache=False) as v7:
+        new_client = completion(upstream_peer8, model, v7.address, timeout=120)
+        assert v7.alive()
+    assert not new_client.ok and "version mismatch: 7.0.0" in new_client.stderr
+    assert new_client.why().startswith("wheel_peer generate killed by signal SIGABRT")
