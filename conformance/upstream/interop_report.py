@@ -29,7 +29,11 @@ def metadata(versions: list[str], repo: Path | None = None) -> dict[str, Any]:
     upstream = {}
     for v in versions:
         info = PEERS[v].info()
-        upstream[v] = f"{info.get('package', PEERS[v].release)}, built in {info.get('build_seconds', '?')} s"
+        if PEERS[v].kind == "wheel":
+            upstream[v] = f"{info.get('package', PEERS[v].requirement)} (wheel), installed in " \
+                          f"{info.get('install_seconds', '?')} s"
+        else:
+            upstream[v] = f"{info.get('package', PEERS[v].release)}, built in {info.get('build_seconds', '?')} s"
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "commit": commit,

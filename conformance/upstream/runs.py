@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +43,16 @@ class Finished:
 
         status = "timed out" if self.code is None else exit_status(self.code)
         tail = reason_line(self.stderr)
-        return f"{Path(self.argv[0]).name} {status}" + (f": {tail}" if tail else "")
+        return f"{self.program} {status}" + (f": {tail}" if tail else "")
+
+    @property
+    def program(self) -> str:
+        """The program's name; for ``python -m module command`` (a wheel peer's entry point, possibly started
+        through a loader) the module and its command rather than the loader's or the interpreter's name."""
+        if "-m" in self.argv[:-1]:
+            at = self.argv.index("-m")
+            return " ".join(a.rsplit(".", 1)[-1] for a in self.argv[at + 1:at + 3])
+        return Path(self.argv[0]).name
 
 
 _REASON = ("mismatch", "rpc server", "failed to", "error")
@@ -87,12 +96,32 @@ def completion_argv(peer: Peer, model: Path, rpc: str | None, *, prompt: str = P
 
 
 def completion(peer: Peer, model: Path, rpc: str | None, timeout: float = 300.0) -> Finished:
+    """The completion row's generation through ``rpc`` (None: CPU only): upstream ``llama-completion``, or, for a
+    wheel peer, the kit's ``generate`` entry point on the wheel's libraries. Either prints the prompt and the
+    generated text on stdout (see :func:`generated_text`)."""
     with tempfile.TemporaryDirectory(prefix="ggml-rpc-llama-cache-") as cache:
-        return run(completion_argv(peer, model, rpc), env=peer.env({"LLAMA_CACHE": cache}), timeout=timeout)
+        argv = peer.generate_argv(model, rpc) if peer.kind == "wheel" else completion_argv(peer, model, rpc)
+        return run(argv, env=peer.env({"LLAMA_CACHE": cache}), timeout=timeout)
+
+
+def split_completion(peer: Peer, model: Path, rpc: Sequence[str], split: str = "layer",
+                     timeout: float = 300.0) -> Finished:
+    """The same generation with the model split over several servers (``rpc``: their addresses) by ``split``:
+    ``layer`` (whole layers per server) or ``tensor`` (each weight cut across them; 8.0.0 and later, where the
+    servers also talk to each other directly). Output as :func:`completion`'s."""
+    if split not in ("layer", "tensor"):
+        raise ValueError(f"unknown split {split!r} (layer or tensor)")
+    with tempfile.TemporaryDirectory(prefix="ggml-rpc-llama-cache-") as cache:
+        if peer.kind == "wheel":
+            argv = peer.generate_argv(model, list(rpc), split=split)
+        else:
+            argv = [*completion_argv(peer, model, ",".join(rpc)), "-sm", split]
+        return run(argv, env=peer.env({"LLAMA_CACHE": cache}), timeout=timeout)
 
 
 class UpstreamServer:
-    """Upstream ``rpc-server`` on a free loopback port, with its own temporary ``LLAMA_CACHE``."""
+    """Upstream ``rpc-server`` (a wheel peer: the kit's ``serve`` entry point on its libraries) on a free loopback
+    port, with its own temporary ``LLAMA_CACHE``; with ``cache``, its hash cache is :attr:`cache_dir`."""
 
     def __init__(self, peer: Peer, *, cache: bool, llama_cache: Path | None = None) -> None:
         self.peer = peer
@@ -120,10 +149,12 @@ class UpstreamServer:
         """A ``--spawn`` command line for ``ggml-rpc check`` (``{port}`` left for the harness)."""
         import shlex
 
-        env = self.peer.env({"LLAMA_CACHE": str(self.llama_cache)})
-        pre = ["env", f"LD_LIBRARY_PATH={env['LD_LIBRARY_PATH']}", f"LLAMA_CACHE={env['LLAMA_CACHE']}",
-               "GGML_NO_BACKTRACE=1"]
-        return shlex.join([*pre, *self.peer.server_argv("{port}", cache=self.cache)]).replace("'{port}'", "{port}")
+        pre = ["env", *(f"{k}={v}" for k, v in self.peer.launch_env({"LLAMA_CACHE": str(self.llama_cache)}).items())]
+        return shlex.join([*pre, *self._argv("{port}")]).replace("'{port}'", "{port}")
+
+    def _argv(self, port: int | str) -> list[str]:
+        # upstream's rpc-server -c derives $LLAMA_CACHE/rpc itself; the wheel peer's server is told that folder.
+        return self.peer.server_argv(port, cache=self.cache, cache_dir=self.cache_dir if self.cache else None)
 
     def __enter__(self) -> UpstreamServer:
         from ggml_rpc.conformance.harness import free_port, wait_for_port
@@ -131,12 +162,12 @@ class UpstreamServer:
         if self._given is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="ggml-rpc-llama-cache-")
         self.port = free_port(LOOPBACK)
-        self.proc = subprocess.Popen(self.peer.server_argv(self.port, cache=self.cache),
+        self.proc = subprocess.Popen(self._argv(self.port),
                                      env=self.peer.env({"LLAMA_CACHE": str(self.llama_cache)}),
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if not wait_for_port(LOOPBACK, self.port, 20.0, lambda: self.proc.poll() is None):  # type: ignore[union-attr]
             self.__exit__(None, None, None)
-            raise RuntimeError(f"upstream {self.peer.version} rpc-server did not listen on {self.address}")
+            raise RuntimeError(f"upstream {self.peer.version} server did not listen on {self.address}")
         return self
 
     def alive(self) -> bool:

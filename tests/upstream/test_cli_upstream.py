@@ -15,11 +15,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_versions_option() -> None:
-    assert peers.versions_option("all") == ["6.0.0", "7.0.0"]
+    assert peers.versions_option("all") == ["6.0.0", "7.0.0", "8.0.0"]
     assert peers.versions_option("7") == ["7.0.0"]
     assert peers.versions_option("6.0.0") == ["6.0.0"]
+    assert peers.versions_option("8") == ["8.0.0"]
     with pytest.raises(ValueError, match="unknown upstream version"):
-        peers.versions_option("8")
+        peers.versions_option("9")
 
 
 def test_each_version_has_its_own_prefix_under_the_cache(monkeypatch, tmp_path) -> None:
@@ -44,9 +45,11 @@ def test_list_without_peers_says_how_to_install(monkeypatch, tmp_path, capsys) -
     assert main(["upstream", "list"]) == 0
     out = capsys.readouterr().out
     assert "6.0.0  not installed" in out and "ggml-rpc upstream install --proto 7" in out
+    assert "8.0.0  not installed (llama-cpp-py-sync==0.11739; ggml-rpc upstream install --proto 8)" in out
     assert main(["upstream", "list", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [r["version"] for r in rows] == ["6.0.0", "7.0.0"] and not any(r["installed"] for r in rows)
+    assert [r["version"] for r in rows] == ["6.0.0", "7.0.0", "8.0.0"] and not any(r["installed"] for r in rows)
+    assert [r["kind"] for r in rows] == ["sdist", "sdist", "wheel"]
 
 
 def test_interop_without_peers_is_a_usage_error(monkeypatch, tmp_path, capsys) -> None:

@@ -42,7 +42,8 @@ def upstream_vocab() -> Path:
     from ggml_rpc.conformance.upstream.peers import installed_peers
 
     for peer in installed_peers():
-        if peer.vocab.is_file():
+        # upstream's own file only (a wheel peer without a 6/7 build beside it has a synthetic one)
+        if peer.vocab.is_file() and peer.vocab.name == "ggml-vocab-llama-spm.gguf":
             return peer.vocab
     pytest.skip("no installed upstream peer with ggml-vocab-llama-spm.gguf (`ggml-rpc upstream install`)")
 
