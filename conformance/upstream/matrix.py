@@ -17,6 +17,7 @@ from typing import Any
 from .models import ensure_models
 from .peers import PEERS, Peer
 from .runs import UpstreamServer, completion, completion_argv, generated_text, kit, reason_line, reference_server
+from .split_rows import split_rows
 
 PASS, FAIL, UNSUPPORTED = "pass", "fail", "unsupported"
 
@@ -322,15 +323,12 @@ def rows(versions: list[str], ws: Workspace, models: list[str], *, backend_ops: 
     """Every row of the matrix for ``versions``, in the order they run."""
     for version in versions:
         peer = PEERS[version]
-        if peer.kind == "wheel":
-            # Its rows (no llama-completion, rpc-server or interposer: the kit's entry points instead) are not
-            # wired into the matrix yet; runs.completion / split_completion / UpstreamServer serve them.
-            continue
         v = f"v{peer.major}"
-        yield Row(f"CHECK-{v}", f"ggml-rpc check --spawn upstream {v} rpc-server -c", version,
+        client = "llama-completion" if peer.kind == "sdist" else "client (wheel, Llama)"
+        yield Row(f"CHECK-{v}", f"ggml-rpc check --spawn upstream {v} rpc server with a cache directory", version,
                   lambda p=peer: check_row(p, ws))
         for model in models:
-            yield Row(f"GEN-{v}-REF-{model}", f"upstream {v} llama-completion -> reference {v}, {model}", version,
+            yield Row(f"GEN-{v}-REF-{model}", f"upstream {v} {client} -> reference {v}, {model}", version,
                       lambda p=peer, m=model: completion_reference_row(p, ws, m))
             yield Row(f"GEN-{v}-PROXY-{model}", f"upstream {v} client -> proxy --check -> upstream {v}, {model}",
                       version, lambda p=peer, m=model: proxy_upstream_row(p, ws, m))
@@ -338,17 +336,21 @@ def rows(versions: list[str], ws: Workspace, models: list[str], *, backend_ops: 
                 yield Row(f"REPLAY-{v}-{against.upper()}-{model}",
                           f"replay of the upstream {v} {model} session -> {against} {v}", version,
                           lambda p=peer, m=model, a=against: replay_row(p, ws, m, a))
-    if {"6.0.0", "7.0.0"} <= set(versions):
-        v6, v7 = PEERS["6.0.0"], PEERS["7.0.0"]
-        small = models[0]
-        yield Row("CROSS-v6-v7", "upstream v6 client -> v7 servers (upstream, reference) refuse", "6.0.0/7.0.0",
-                  lambda: cross_version_row(v6, v7, ws, small))
-        yield Row("CROSS-v7-v6", "upstream v7 client -> v6 servers (upstream, reference) refuse", "7.0.0/6.0.0",
-                  lambda: cross_version_row(v7, v6, ws, small))
-        yield Row("CROSS-CHECK-6-v7", "ggml-rpc check --proto 6 against upstream v7 reports the mismatch",
-                  "7.0.0", lambda: check_wrong_proto_row("6", v7, ws))
-        yield Row("CROSS-CHECK-7-v6", "ggml-rpc check --proto 7 against upstream v6 reports the mismatch",
-                  "6.0.0", lambda: check_wrong_proto_row("7", v6, ws))
+        yield from split_rows(peer, ws, models[0])
+    # Every pair of majors refuses each other, upstream and reference alike; the kit's check says so.
+    chosen = [PEERS[v] for v in versions]
+    small = models[0]
+    for client in chosen:
+        for server in chosen:
+            if client.major == server.major:
+                continue
+            c, s = f"v{client.major}", f"v{server.major}"
+            yield Row(f"CROSS-{c}-{s}", f"upstream {c} client -> {s} servers (upstream, reference) refuse",
+                      f"{client.version}/{server.version}",
+                      lambda a=client, b=server: cross_version_row(a, b, ws, small))
+            yield Row(f"CROSS-CHECK-{client.major}-{s}",
+                      f"ggml-rpc check --proto {client.major} against upstream {s} reports the mismatch",
+                      server.version, lambda a=client, b=server: check_wrong_proto_row(str(a.major), b, ws))
     if backend_ops is not None:
         yield from backend_ops()
 

@@ -1,0 +1,101 @@
+"""Interop rows of a model split over two servers: genuine clients against fleets of genuine and reference servers.
+
+Each row runs the upstream client with the model split by ``layer`` (whole layers per server, every version) or by
+``tensor`` (each weight cut across both servers, which then sum partial results over a link of their own: 8.0.0)
+over a fleet of two servers — [upstream, upstream], [reference, reference] or the mixed [upstream, reference] —
+through one ``ggml-rpc proxy --check`` fronting both.  It passes when the text is the client's CPU-only text, the
+proxy saw no violation, and the recording, replayed against two fresh reference servers (each recorded server's
+connections against its own, all at once), gives 0 mismatches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .peers import Peer
+from .runs import UpstreamServer, generated_text, reference_server, split_completion
+
+if TYPE_CHECKING:
+    from .matrix import Cell, Row, Workspace
+
+#: The fleets every split runs on: who serves each half.
+FLEETS: tuple[tuple[str, str], ...] = (("upstream", "upstream"), ("reference", "reference"), ("upstream", "reference"))
+
+
+def splits_of(peer: Peer) -> tuple[str, ...]:
+    """How a version's client can split a model over RPC servers."""
+    return ("layer", "tensor") if peer.major >= 8 else ("layer",)
+
+
+@contextlib.contextmanager
+def _fleet(peer: Peer, kinds: tuple[str, ...], root: Path) -> Iterator[list[tuple[str, int]]]:
+    from ggml_rpc.conformance.harness import parse_address
+
+    with contextlib.ExitStack() as stack:
+        addresses = []
+        for kind in kinds:
+            if kind == "upstream":
+                server = stack.enter_context(UpstreamServer(peer, cache=False))
+                addresses.append(parse_address(server.address))
+            else:
+                cache = Path(tempfile.mkdtemp(dir=root, prefix="ref-cache-"))
+                addresses.append(parse_address(stack.enter_context(reference_server(peer.major, cache))))
+        yield addresses
+
+
+def split_row(peer: Peer, ws: Workspace, model: str, split: str, kinds: tuple[str, ...]) -> Cell:
+    """The genuine client splits ``model`` by ``split`` over the fleet ``kinds`` (see the module's text)."""
+    from ggml_rpc.conformance.harness import free_port
+    from ggml_rpc.conformance.sessions.fleet import replay_fleet
+    from ggml_rpc.conformance.sessions.proxy import running_proxy
+    from ggml_rpc.conformance.sessions.replay import load_captures
+
+    from .matrix import FAIL, PASS, Cell
+
+    expected = ws.baseline(peer, model)
+    pcap = ws.pcap_dir / f"v{peer.major}-split-{split}-{'-'.join(kinds)}-{model}.pcap"
+    violations: list[str] = []
+    with _fleet(peer, kinds, ws.root) as servers:
+        with running_proxy(servers, pcap=pcap, check=True, on_violation=lambda v: violations.append(v.line())) \
+                as proxy:
+            done = split_completion(peer, ws.models(peer)[model], [f"{h}:{p}" for h, p in proxy.addresses], split)
+    figures: dict[str, object] = {"violations": len(violations), "pcap": pcap.name,
+                                  "seconds_generation": round(done.seconds, 2)}
+    if not done.ok:
+        return Cell(FAIL, f"the client failed: {done.why()}", figures)
+    problems = []
+    if generated_text(done.stdout) != expected:
+        problems.append(f"text differs from the CPU-only run: {generated_text(done.stdout)!r} vs {expected!r}")
+    if violations:
+        problems.append(f"{len(violations)} violations, first: {violations[0]}")
+    with _fleet(peer, ("reference", "reference"), ws.root) as targets:
+        report = replay_fleet(load_captures([pcap]), targets, free_port=free_port, timeout=120)
+    figures |= {"replay_requests": report.requests, "replay_connections": report.connections,
+                "replay_worst_nmse": report.worst_nmse, "replay_mismatches": len(report.mismatches)}
+    if report.mismatches:
+        problems.append(f"replay: {len(report.mismatches)} mismatches, first: {report.mismatches[0].line()}")
+    if problems:
+        return Cell(FAIL, "; ".join(problems), figures)
+    return Cell(PASS, f"same text as CPU-only, 0 violations; replayed against two reference servers: "
+                      f"{report.requests} requests, 0 mismatches (worst NMSE {report.worst_nmse:.1e})", figures)
+
+
+def split_rows(peer: Peer, ws: Workspace, model: str) -> Iterator[Row]:
+    """Every split of ``peer``'s client over every fleet, with ``model``."""
+    from .matrix import Row
+
+    v = f"v{peer.major}"
+    for split in splits_of(peer):
+        for kinds in FLEETS:
+            fleet = "-".join("UP" if k == "upstream" else "REF" for k in kinds)
+            yield Row(f"SPLIT-{v}-{split.upper()}-{fleet}",
+                      f"upstream {v} client, {model} split by {split} over [{', '.join(kinds)}] through one proxy; "
+                      "the recording replayed against two reference servers", peer.version,
+                      lambda p=peer, s=split, k=kinds: split_row(p, ws, model, s, k))
+
+
+__all__ = ["FLEETS", "split_row", "split_rows", "splits_of"]
