@@ -250,8 +250,11 @@ class StreamChecker:
         """Judge the complete requests no earlier reply is missing for (all of them with ``everything``)."""
         while self._pending:
             msg = self._pending[0]
-            if not (everything or (up_to is not None and msg.index <= up_to) or not self._awaiting
-                    or self._awaiting[0] >= msg.index):
+            if up_to is not None:
+                ready = msg.index <= up_to  # the requests a reply answers or follows, and no later one
+            else:
+                ready = everything or not self._awaiting or self._awaiting[0] >= msg.index
+            if not ready:
                 return
             self._pending.popleft()
             broken = first_broken(msg, self.state)
