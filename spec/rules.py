@@ -28,9 +28,9 @@ import numpy as np
 
 from .enums import GGML_TYPE_COUNT, TYPES, Command
 from .facts import ggml_nbytes
-from .layout import flat_layout
+from .layout_fit import other_framing, shifted_framing
 from .tensor import tensor_name
-from .versions import PROTOCOLS, Protocol
+from .versions import Protocol
 
 C = Command
 
@@ -241,47 +241,7 @@ def _rows_past(msg: Message, _s: ConnState) -> Finding | None:
     return Finding(_rows_text(f, f"runs past the tensor's {nbytes} bytes"), "stride")
 
 
-# ---- framing: a SET_TENSOR in another version's layout ------------------------------------------------------------
-
-
-def _fit(protocol: Protocol, head: memoryview, size: int) -> int | None:
-    """How far a SET_TENSOR of ``size`` payload bytes, read in ``protocol``'s layout, ends before its tensor's end
-    (negative: past it; None: unreadable).  ``head`` holds at least the layout's header."""
-    req = protocol.commands[C.SET_TENSOR].request
-    if size < req.header_size or head.nbytes < req.header_size:
-        return None
-    layout = flat_layout(req.schema)
-    fields = layout.unpack(head[: layout.size])
-    nbytes = _nbytes(fields["tensor"]) if int(fields["tensor"]["type"]) in TYPES else None
-    return None if nbytes is None else nbytes - (fields["offset"] + size - layout.size)
-
-
-def _others(protocol: Protocol) -> list[Protocol]:
-    mine = protocol.commands[C.SET_TENSOR].request.schema
-    return [p for p in PROTOCOLS if p.commands[C.SET_TENSOR].request.schema is not mine]
-
-
-def other_framing(protocol: Protocol, head: memoryview, size: int | None = None) -> Protocol | None:
-    """The covered version whose SET_TENSOR layout fits this payload when ``protocol``'s does not; ``size`` is the
-    whole payload's length (default: ``head``'s), so bulk data need not be at hand."""
-    size = head.nbytes if size is None else size
-    for other in _others(protocol):
-        fit = _fit(other, head, size)
-        if fit is not None and fit >= 0:
-            return other
-    return None
-
-
-def shifted_framing(protocol: Protocol, head: memoryview, size: int | None = None) -> Protocol | None:
-    """A SET_TENSOR that fits ``protocol``'s layout only one byte short of its tensor's end while another version's
-    layout fills the tensor exactly: the silent mis-framing (a v6 payload whose first data byte is 0 read as v7)."""
-    size = head.nbytes if size is None else size
-    if _fit(protocol, head, size) != 1:
-        return None
-    for other in _others(protocol):
-        if _fit(other, head, size) == 0:
-            return other
-    return None
+# ---- framing: a SET_TENSOR in another version's layout (which layout fits: :mod:`.layout_fit`) ---------------
 
 
 def _other_layout(msg: Message, s: ConnState) -> Finding | None:
