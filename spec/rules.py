@@ -244,26 +244,32 @@ def _rows_past(msg: Message, _s: ConnState) -> Finding | None:
 # ---- framing: a SET_TENSOR in another version's layout (which layout fits: :mod:`.layout_fit`) ---------------
 
 
-def _other_layout(msg: Message, s: ConnState) -> Finding | None:
+def _layout_fit(msg: Message, s: ConnState, applies: Callable[[int, int, int], bool],
+                fits: Callable[[Protocol, memoryview, int], Protocol | None]) -> tuple[Protocol, Protocol] | None:
+    """(negotiated, other) version when the region (offset, n, nbytes) is in the case ``applies`` names and ``fits``
+    finds another version's layout for the payload."""
     r = _region(msg)
-    if s.protocol is None or r is None or not r[1] or r[0] + r[1] <= r[2]:
+    if s.protocol is None or r is None or not r[1] or not applies(*r):
         return None
-    other = other_framing(s.protocol, msg.head, msg.size)
-    if other is None:
+    other = fits(s.protocol, msg.head, msg.size)
+    return None if other is None else (s.protocol, other)
+
+
+def _other_layout(msg: Message, s: ConnState) -> Finding | None:
+    found = _layout_fit(msg, s, lambda off, n, nbytes: off + n > nbytes, other_framing)
+    if found is None:
         return None
-    return Finding(f"does not fit the {s.protocol.label} layout but fits the {other.label} one (region offset "
-                   f"{r[0]} + {r[1]} bytes runs past the tensor's {r[2]} bytes)", "offset")
+    off, n, nbytes = _region(msg) or (0, 0, 0)
+    return Finding(f"does not fit the {found[0].label} layout but fits the {found[1].label} one (region offset "
+                   f"{off} + {n} bytes runs past the tensor's {nbytes} bytes)", "offset")
 
 
 def _shifted(msg: Message, s: ConnState) -> Finding | None:
-    r = _region(msg)
-    if s.protocol is None or r is None or not r[1] or r[0] + r[1] != r[2] - 1:
+    found = _layout_fit(msg, s, lambda off, n, nbytes: off + n == nbytes - 1, shifted_framing)
+    if found is None:
         return None
-    other = shifted_framing(s.protocol, msg.head, msg.size)
-    if other is None:
-        return None
-    return Finding(f"ends one byte short of its tensor in the {s.protocol.label} layout and fills it exactly in "
-                   f"the {other.label} one: probably {other.label} framing", "offset")
+    return Finding(f"ends one byte short of its tensor in the {found[0].label} layout and fills it exactly in "
+                   f"the {found[1].label} one: probably {found[1].label} framing", "offset")
 
 
 # ---- the cache flag (7.0.0 on) -------------------------------------------------------------------------------------
