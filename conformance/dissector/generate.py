@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Sequence
 
+from ggml_rpc.spec import rules
 from ggml_rpc.spec.enums import NEVER_ON_WIRE, TYPES, Command, GgmlOp, GluOp, TensorFlag, UnaryOp
 from ggml_rpc.spec.facts import DEFAULT_PORT
 from ggml_rpc.spec.framing import ReplyFramer, RequestFramer
@@ -166,6 +167,8 @@ def generate(protocols: Sequence[Protocol] = PROTOCOLS, *, port: int = DEFAULT_P
         + " }")
     add(f"local TYPE_COUNT = {len(TYPES)}")
     add("")
+    lines.extend(rule_tables())
+    add("")
     add("-- fields")
     add("local F = {}")
     for f in b.fields.values():
@@ -234,6 +237,26 @@ def generate(protocols: Sequence[Protocol] = PROTOCOLS, *, port: int = DEFAULT_P
     add("")
     lines.append(RUNTIME)
     return "\n".join(lines) + "\n"
+
+
+def rule_tables() -> list[str]:
+    """The rule table's data (:mod:`ggml_rpc.spec.rules`), for the runtime's rule checks: each rule's level and text
+    by id, and per command name the tensor fields whose type is checked, where a region's length comes from ("" for
+    the data), the copy pair and whether rows carry data."""
+    def strings(names: tuple[str, ...]) -> str:
+        return "{ " + ", ".join(lua_str(n) for n in names) + " }"
+
+    out = ["-- rules: generated from ggml_rpc.spec.rules (ids, levels and texts; the data the checks read)",
+           "local R = { RULES = {"]
+    out += [f"  [{lua_str(r.id)}] = {{ level = {lua_str(r.level.value)}, text = {lua_str(r.text)} }},"
+            for r in rules.RULES]
+    out.append("}, TENSOR_FIELDS = { " + ", ".join(f"{c.name} = {strings(f)}" for c, f in
+                                                   rules.TENSOR_FIELDS.items()) + " },")
+    out.append("  REGION_LENGTH = { " + ", ".join(f"{c.name} = {lua_str(n or '')}" for c, n in
+                                                  rules.REGION_LENGTH.items()) + " },")
+    out.append("  COPIES = { " + ", ".join(f"{c.name} = {strings(p)}" for c, p in rules.COPIES.items()) + " },")
+    out.append("  ROWS = { " + ", ".join(f"{c.name} = {str(d).lower()}" for c, d in rules.ROWS.items()) + " } }")
+    return out
 
 
 def _protofield(f: LuaField) -> str:

@@ -415,13 +415,19 @@ local function violation(ctx, item, text)
   item:add_proto_expert_info(E.violation, text)
 end
 
+-- A broken rule of the table (R, generated from ggml_rpc.spec.rules), named by its id.
+local function broke(ctx, item, id, text)
+  violation(ctx, item, "[" .. id .. "] " .. text)
+end
+
 local function check_type(ctx, item, t, where)
   if t.type >= TYPE_COUNT then
-    violation(ctx, item, where .. ": type " .. t.type .. " is not a ggml type (< " .. TYPE_COUNT .. ")")
+    broke(ctx, item, "TENSOR-TYPE", where .. ": type " .. t.type .. " is not a ggml type (< " .. TYPE_COUNT .. ")")
     return false
   end
   if TYPES[t.type].blck == 0 then
-    violation(ctx, item, where .. ": type " .. t.type .. " (" .. VS_TYPE[t.type] .. ") was removed from ggml")
+    broke(ctx, item, "TENSOR-REMOVED-TYPE", where .. ": type " .. t.type .. " (" .. VS_TYPE[t.type]
+      .. ") was removed from ggml")
     return false
   end
   return true
@@ -525,54 +531,84 @@ walk = function(ctx, lay, tvb, pos, tree, vals)
   return pos
 end
 
--- Semantic rules that hold whatever the server state (the codec's check_request), by field names.
+-- The rule table's stateless rules (the codec's check_request).  Which fields each command's rules read comes from
+-- R (generated from ggml_rpc.spec.rules): tensor fields, region lengths, copy pairs, rows.  The arithmetic (64-bit
+-- bounds, row spans) and the graph rules (array membership) are logic and stay here.  As in the table, a message
+-- breaks at most one rule: the first found.
+local function check_rows(ctx, item, vals, it, with_data)
+  local size, count, stride, off = vals.size, vals.n_copies, vals.stride, vals.offset
+  if size == UInt64(0) or count == UInt64(0) then
+    broke(ctx, item, "ROWS-ZERO", (size == UInt64(0) and "size" or "n_copies") .. " is 0")
+    return
+  end
+  if with_data then
+    -- size x n_copies == data length, tested without a product that could wrap
+    local bulk = UInt64(it.bulk)
+    if bulk % size ~= UInt64(0) or bulk / size ~= count then
+      broke(ctx, item, "ROWS-DATA-LENGTH", tostring(bulk) .. " data bytes, but size " .. tostring(size)
+        .. " x n_copies " .. tostring(count))
+      return
+    end
+  end
+  local k = count - UInt64(1)
+  local rows = "rows at offset " .. tostring(off) .. ", " .. tostring(count) .. " x " .. tostring(size)
+    .. " bytes, stride " .. tostring(stride) .. ": "
+  if stride ~= UInt64(0) and k > (UInt64.max() - size) / stride then
+    broke(ctx, item, "ROWS-SPAN-OVERFLOW", rows .. "overflows 64 bits")
+    return
+  end
+  local span, nb = k * stride + size, nbytes(vals.tensor)
+  if nb ~= nil and (off > nb or span > nb - off) then
+    broke(ctx, item, "ROWS-PAST-TENSOR", rows .. "runs past the tensor's " .. tostring(nb) .. " bytes")
+  end
+end
+
+local function check_graph(ctx, item, vals)
+  local ids = {}
+  for i, tt in ipairs(vals.tensors or {}) do
+    ids[tostring(tt.id)] = true
+    if tt.type >= TYPE_COUNT then
+      return broke(ctx, item, "TENSOR-TYPE", "tensor " .. (i - 1) .. " has type " .. tt.type)
+    end
+  end
+  if vals.n_nodes == 0 then return broke(ctx, item, "GRAPH-NO-NODES", "a graph without nodes") end
+  for _, node in ipairs(vals.nodes) do
+    if node == UInt64(0) then return broke(ctx, item, "GRAPH-NULL-NODE", "node id 0 (a null node)") end
+  end
+  for i, node in ipairs(vals.nodes) do
+    if not ids[tostring(node)] then
+      return broke(ctx, item, "GRAPH-NODE-UNKNOWN", "node id 0x" .. node:tohex() .. " is not among the tensors (nodes["
+        .. (i - 1) .. "])")
+    end
+  end
+end
+
 local function check_request(ctx, item, vals, it)
-  local t = vals.tensor
-  if t ~= nil and t.type ~= nil then
-    local ok = check_type(ctx, item, t, "tensor")
-    if ok and vals.offset ~= nil then
-      local n = nil
-      if it.shape == "HEADER_DATA" then
-        n = UInt64(it.bulk)
-      elseif vals.size ~= nil then
-        n = vals.size
-      end
-      local nb = nbytes(t)
-      if n ~= nil and n ~= UInt64(0) and (vals.offset > nb or n > nb - vals.offset) then
-        violation(ctx, item, "region offset " .. tostring(vals.offset) .. " + " .. tostring(n)
-          .. " bytes runs past the tensor's " .. tostring(nb) .. " bytes")
-      end
+  if it.shape == "GRAPH" and vals.nodes ~= nil then return check_graph(ctx, item, vals) end
+  local name = cmd_name(it.cmd, it.version)
+  for _, f in ipairs(R.TENSOR_FIELDS[name] or {}) do
+    local t = vals[f]
+    if t ~= nil and t.type ~= nil and not check_type(ctx, item, t, f) then return end
+  end
+  local length = R.REGION_LENGTH[name]
+  if length ~= nil and vals.tensor ~= nil and vals.offset ~= nil then
+    local n = length == "" and UInt64(it.bulk) or vals[length]
+    local nb = nbytes(vals.tensor)
+    if n ~= nil and nb ~= nil and n ~= UInt64(0) and (vals.offset > nb or n > nb - vals.offset) then
+      return broke(ctx, item, "REGION-PAST-TENSOR", "region offset " .. tostring(vals.offset) .. " + " .. tostring(n)
+        .. " bytes runs past the tensor's " .. tostring(nb) .. " bytes")
     end
   end
-  if vals.src ~= nil and vals.dst ~= nil and vals.src.type ~= nil then
-    local ok1 = check_type(ctx, item, vals.src, "src")
-    local ok2 = check_type(ctx, item, vals.dst, "dst")
-    if ok1 and ok2 then
-      local s, d = nbytes(vals.src), nbytes(vals.dst)
-      if s > d then
-        violation(ctx, item, "copies " .. tostring(s) .. " bytes into a " .. tostring(d) .. "-byte tensor")
-      end
+  local pair = R.COPIES[name]
+  if pair ~= nil and vals[pair[1]] ~= nil and vals[pair[2]] ~= nil then
+    local s, d = nbytes(vals[pair[1]]), nbytes(vals[pair[2]])
+    if s ~= nil and d ~= nil and s > d then
+      return broke(ctx, item, "COPY-FITS-DST", "copies " .. tostring(s) .. " bytes into a " .. tostring(d)
+        .. "-byte tensor")
     end
   end
-  if it.shape == "GRAPH" and vals.nodes ~= nil then
-    if vals.n_nodes == 0 then violation(ctx, item, "a graph without nodes") end
-    local ids = {}
-    for i, tt in ipairs(vals.tensors or {}) do
-      ids[tostring(tt.id)] = true
-      if tt.type >= TYPE_COUNT then
-        violation(ctx, item, "tensor " .. (i - 1) .. " has type " .. tt.type)
-        break
-      end
-    end
-    for i, node in ipairs(vals.nodes) do
-      if node == UInt64(0) then
-        violation(ctx, item, "node id 0 (a null node)")
-        break
-      elseif not ids[tostring(node)] then
-        violation(ctx, item, "node id 0x" .. node:tohex() .. " is not among the tensors (nodes[" .. (i - 1) .. "])")
-        break
-      end
-    end
+  if R.ROWS[name] ~= nil and vals.tensor ~= nil and vals.size ~= nil then
+    check_rows(ctx, item, vals, it, R.ROWS[name])
   end
 end
 

@@ -2,9 +2,10 @@
 
 It names no command and no field: everything protocol-specific comes from the tables that
 :func:`ggml_rpc.conformance.dissector.generate.generate` emits above it (``F``, ``HF``, ``LAYOUTS``, ``PAYLOADS``,
-``PROTOCOLS``, ``TYPES``, ``C`` and the value strings).  The only facts used here are the framing (command byte and
-size header, replies in request order) and the semantic rules the codec checks (``check_request``): valid types,
-regions inside ``nbytes``, copies that fit, graphs whose nodes exist.
+``PROTOCOLS``, ``TYPES``, ``C``, ``R`` and the value strings).  The only facts used here are the framing (command byte
+and size header, replies in request order) and the arithmetic of the rule table's stateless rules
+(:mod:`ggml_rpc.spec.rules`): which commands have which tensors, regions, copies and rows, and each rule's id, come
+from ``R``; the 64-bit bounds, the row span and the graph rules (array membership) are logic and stay in Lua.
 
 Bulk data (SET_TENSOR data, GET_TENSOR replies) is never reassembled: once the fixed part of such a message has
 arrived, the remaining bytes of the direction are counted down segment by segment ("continuation").  Wireshark

@@ -7,7 +7,8 @@ Bytes are forwarded as they arrive, in both directions, and on the way each chun
   passed on, never buffered, except the data of a SET_TENSOR carrying a cache_flag, which the cache-flag rule must
   hash;
 * written to a pcap (optional) as TCP segments of the connection the client made (on a thread of its own);
-* checked (optional) against the rules of :mod:`.lint`, reported as they happen.
+* checked (optional) against the rule table (:mod:`ggml_rpc.spec.rules`) by the same checker ``ggml-rpc lint``
+  feeds from a capture, reported as they happen.
 
 Each chunk is decoded before it is forwarded, so the reply decoder always knows the request a reply answers and the
 request decoder knows the version from the HELLO reply before the client can send anything else.
@@ -28,9 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .lint import Violation
 from .pcapwrite import PcapWriter, TcpFlow
-from .stream_checker import StreamChecker
+from .stream_checker import StreamChecker, Violation
 
 #: Bytes read from a socket at a time.
 CHUNK = 1 << 20
@@ -252,6 +252,7 @@ class Proxy:
             p.start()
         for p in pumps:
             p.join()
+        checker.close()  # a request cut short, or one still waiting for a reply, is judged now
         with self._stats_lock:
             self._active.difference_update((client, upstream))
         for s in (client, upstream):

@@ -40,24 +40,24 @@ def test_flag_without_miss_is_flagged(tmp_path):
         (True, encode_request(V7, Command.SET_TENSOR, {"tensor": t, "cache_flag": 1, "offset": 0}, DATA)),
     ]
     (v,) = _lint(tmp_path, writes)
-    assert v.rule == "CACHE-FLAG" and v.index == 1 and "without a SET_TENSOR_HASH miss" in v.message
+    assert v.rule == "CACHE-FLAG-NO-MISS" and v.index == 1 and "without a SET_TENSOR_HASH miss" in v.message
 
 
 def test_flag_with_a_hash_that_does_not_match_the_data_is_flagged(tmp_path):
     (v,) = _lint(tmp_path, hello(V7) + hash_then_set(V7, DATA, hashed=b"other bytes"))
-    assert v.rule == "CACHE-FLAG" and "data hashes to" in v.message
+    assert v.rule == "CACHE-FLAG-HASH" and "data hashes to" in v.message
 
 
 def test_missing_flag_after_miss_is_flagged(tmp_path):
     (v,) = _lint(tmp_path, hello(V7) + hash_then_set(V7, DATA, flag=0))
-    assert v.rule == "CACHE-FLAG" and "carries no cache_flag" in v.message
+    assert v.rule == "CACHE-FLAG-MISSING" and "carries no cache_flag" in v.message
 
 
 def test_v6_framing_on_a_v7_connection(tmp_path):
     t = weight(DATA)
     v6_set = encode_request(V6, Command.SET_TENSOR, {"tensor": t, "offset": 0}, DATA)
     (v,) = _lint(tmp_path, [*hello(V7), (True, v6_set)])
-    assert v.rule == "FRAMING" and "6.0.0" in v.message
+    assert v.rule == "FRAMING-OTHER-LAYOUT" and "6.0.0" in v.message
 
 
 def test_v6_framing_on_a_v7_connection_with_a_zero_first_byte(tmp_path):
@@ -65,14 +65,14 @@ def test_v6_framing_on_a_v7_connection_with_a_zero_first_byte(tmp_path):
     data = b"\0" + DATA[1:]
     v6_set = encode_request(V6, Command.SET_TENSOR, {"tensor": weight(data), "offset": 0}, data)
     (v,) = _lint(tmp_path, [*hello(V7), (True, v6_set)])
-    assert v.rule == "FRAMING" and "probably 6.0.0" in v.message
+    assert v.rule == "FRAMING-SHIFTED" and "probably 6.0.0" in v.message
 
 
 def test_v7_framing_on_a_v6_connection(tmp_path):
     t = weight(DATA)
     v7_set = encode_request(V7, Command.SET_TENSOR, {"tensor": t, "cache_flag": 0, "offset": 0}, DATA)
     (v,) = _lint(tmp_path, [*hello(V6), (True, v7_set)])
-    assert v.rule == "FRAMING" and "7.0.0" in v.message
+    assert v.rule == "FRAMING-OTHER-LAYOUT" and "7.0.0" in v.message
 
 
 def test_reply_of_the_wrong_size(tmp_path):
@@ -117,5 +117,5 @@ def test_cli_exit_code_and_json(tmp_path, capsys):
     )
     assert main(["lint", "--json", str(path)]) == 1
     out = capsys.readouterr().out
-    assert '"rule": "CACHE-FLAG"' in out
+    assert '"rule": "CACHE-FLAG-NO-MISS"' in out
     assert main(["lint", str(tmp_path / "missing.pcap")]) == 2

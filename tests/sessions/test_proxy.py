@@ -124,7 +124,7 @@ def test_live_check_names_the_other_versions_framing(server_proto, client_layout
                 fields["cache_flag"] = 0
             c.send_raw(encode_request(layout, Command.SET_TENSOR, fields, data))
             c.expect_closed(2.0)
-    assert [v.rule for v in seen] == ["FRAMING"]
+    assert [v.rule for v in seen] == ["FRAMING-OTHER-LAYOUT"]
     assert layout.label in seen[0].message
 
 
@@ -150,6 +150,6 @@ def test_proxy_command_records_and_checks_until_interrupted(tmp_path):
             proc.send_signal(signal.SIGINT)
             out, _err = proc.communicate(timeout=30)
     assert proc.returncode == 1  # --check found the planted violations
-    assert out.count("VIOLATION") == 3 and "[CACHE-FLAG]" in out
+    assert out.count("VIOLATION") == 3 and "[CACHE-FLAG-NO-MISS]" in out
     assert "1 connection(s)" in out
     assert len(lint_file(pcap)) == 3

@@ -19,15 +19,15 @@ FREE = encode_request(V7, Command.FREE_BUFFER, {"remote_ptr": 4096})
 
 SESSIONS = {
     "clean": ([], hello(V7) + hash_then_set(V7, DATA)),
-    "flag missing after a miss": (["CACHE-FLAG"], hello(V7) + hash_then_set(V7, DATA, flag=0)),
-    "flag with another hash": (["CACHE-FLAG"], hello(V7) + hash_then_set(V7, DATA, hashed=b"other")),
-    "flag without a miss": (["CACHE-FLAG"], [*hello(V7), (True, encode_request(
+    "flag missing after a miss": (["CACHE-FLAG-MISSING"], hello(V7) + hash_then_set(V7, DATA, flag=0)),
+    "flag with another hash": (["CACHE-FLAG-HASH"], hello(V7) + hash_then_set(V7, DATA, hashed=b"other")),
+    "flag without a miss": (["CACHE-FLAG-NO-MISS"], [*hello(V7), (True, encode_request(
         V7, Command.SET_TENSOR, {"tensor": weight(DATA), "cache_flag": 1, "offset": 0}, DATA))]),
-    "v6 framing on v7": (["FRAMING"], [*hello(V7), (True, encode_request(
+    "v6 framing on v7": (["FRAMING-OTHER-LAYOUT"], [*hello(V7), (True, encode_request(
         V6, Command.SET_TENSOR, {"tensor": weight(DATA), "offset": 0}, DATA))]),
-    "v6 framing on v7, zero first byte": (["FRAMING"], [*hello(V7), (True, encode_request(
+    "v6 framing on v7, zero first byte": (["FRAMING-SHIFTED"], [*hello(V7), (True, encode_request(
         V6, Command.SET_TENSOR, {"tensor": weight(ZERO_FIRST), "offset": 0}, ZERO_FIRST))]),
-    "v7 framing on v6": (["FRAMING"], [*hello(V6), (True, encode_request(
+    "v7 framing on v6": (["FRAMING-OTHER-LAYOUT"], [*hello(V6), (True, encode_request(
         V7, Command.SET_TENSOR, {"tensor": weight(DATA), "cache_flag": 0, "offset": 0}, DATA))]),
     "reply of the wrong size": (["REPLY-SIZE"], [
         *hello(V7), (True, ALIGNMENT), (False, encode_reply(V7, Command.DEVICE_COUNT, {"device_count": 1}))]),
