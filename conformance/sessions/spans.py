@@ -209,9 +209,9 @@ class LazyBytes:
         return f"<LazyBytes {self.nbytes} bytes at stream offset {self.start}>"
 
 
-def as_buffer(data: bytes | bytearray | memoryview | LazyBytes) -> bytes | bytearray | memoryview:
-    """A buffer of ``data``: itself when it is one, else its bytes read into memory (for small payloads, or for
-    callers that need the whole of a large one anyway)."""
+def as_buffer(data: bytes | bytearray | memoryview | LazyBytes | None) -> bytes | bytearray | memoryview | None:
+    """A buffer of ``data``: itself when it is one (or None), else its bytes read into memory (for small payloads,
+    or for callers that need the whole of a large one anyway)."""
     if isinstance(data, LazyBytes):
         return memoryview(data.read())
     return data
