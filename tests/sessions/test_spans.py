@@ -66,3 +66,26 @@ def test_in_memory_streams_give_memoryviews():
     stream = Stream.from_bytes(b"abcdef")
     view = stream.view(1, 4)
     assert isinstance(view, memoryview) and bytes(view) == b"bcd"
+
+
+def test_read_comparison_in_slices_matches_the_whole():
+    """compare.py's sliced read comparison gives the whole-buffer first difference and NMSE."""
+    import numpy as np
+    from ggml_rpc.conformance.sessions.compare import _ReadDiff, _slices, first_difference
+    from ggml_rpc.reference.executor.nmse import nmse
+
+    rng = np.random.default_rng(3)
+    want = rng.standard_normal(300_000).astype(np.float32)
+    got = want.copy()
+    got[1000:1100] += 1e-3
+    got[250_000] = 7.0
+    diff = _ReadDiff(np.dtype("<f4"))
+    for a, b in zip(_slices(memoryview(want.tobytes()), 65_536), _slices(memoryview(got.tobytes()), 65_536),
+                    strict=True):
+        diff.add(a, b)
+    assert diff.first_difference() == first_difference(memoryview(want.tobytes()), memoryview(got.tobytes()))
+    assert abs(diff.nmse() - nmse(want, got)) <= 1e-12 * nmse(want, got)
+    got[5] = np.nan
+    diff = _ReadDiff(np.dtype("<f4"))
+    diff.add(memoryview(want.tobytes()), memoryview(got.tobytes()))
+    assert diff.nmse() == float("inf") == nmse(want, got)
