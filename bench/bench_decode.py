@@ -47,12 +47,12 @@ def bench_capture(path: Path, repeat: int) -> tuple[float, float]:
     print(f"  end to end (fast path): best {best * 1e3:.1f} ms = {size / best / 1e6:.0f} MB/s, "
           f"median {median * 1e3:.1f} ms = {size / median / 1e6:.0f} MB/s  (target >= {CAPTURE_TARGET_MBPS:.0f})")
 
-    fast = capture._fast_segments
-    capture._fast_segments = lambda data, notes: None  # force the dpkt reader for comparison
+    fast = capture.kind
+    capture.kind = lambda data: None  # force dpkt's readers (payloads in memory) for comparison
     try:
         slow = samples(lambda: decode_capture(path), max(3, repeat // 3))
     finally:
-        capture._fast_segments = fast
+        capture.kind = fast
     print(f"  end to end (dpkt path): median {statistics.median(slow) * 1e3:.1f} ms = "
           f"{size / statistics.median(slow) / 1e6:.0f} MB/s; fast path is {statistics.median(slow) / median:.1f}x")
 

@@ -29,8 +29,7 @@ try:  # C implementation (fnv-c, cffi): takes any buffer without a copy through 
     from fnv_c.ext._fnv import ffi as _ffi
     from fnv_c.ext._fnv import lib as _lib
 
-    def fnv1a64(data: bytes | bytearray | memoryview) -> int:
-        """64-bit FNV-1a of ``data`` (what names a cache entry and what SET_TENSOR_HASH carries)."""
+    def _fnv1a64_buffer(data: bytes | bytearray | memoryview) -> int:
         mv = memoryview(data)
         if not mv.c_contiguous:
             mv = memoryview(mv.tobytes())
@@ -41,9 +40,51 @@ try:  # C implementation (fnv-c, cffi): takes any buffer without a copy through 
 except ImportError:  # pragma: no cover - the public fnv-c API wants bytes: one copy, same result
     import fnv_c
 
-    def fnv1a64(data: bytes | bytearray | memoryview) -> int:
-        """64-bit FNV-1a of ``data`` (what names a cache entry and what SET_TENSOR_HASH carries)."""
+    def _fnv1a64_buffer(data: bytes | bytearray | memoryview) -> int:
         return int(fnv_c.fnv1a_64(bytes(data)))
+
+
+_MASK64 = (1 << 64) - 1
+#: Byte that takes the offset basis's low 8 bits to each value (FNV's low 8 bits evolve on their own).
+_LEAD = {((FNV_OFFSET_BASIS ^ q) * FNV_PRIME) & 0xFF: q for q in range(256)}
+
+
+def fnv1a64_continue(state: int, data: bytes | bytearray | memoryview) -> int:
+    """FNV-1a-64 of the bytes that gave ``state`` followed by ``data``: hashing a payload piece by piece.
+
+    The C hash only starts from the offset basis, so the continuation is derived from it.  XOR with a byte only
+    changes a state's low 8 bits, which evolve on their own; so from any two states with the same low 8 bits the
+    same bytes add the same terms, and the results differ by (difference of the states) * PRIME**len.  One
+    leading byte brings the basis to ``state``'s low 8 bits; the C hash of that byte and ``data`` is then shifted
+    by that difference.  Costs one copy of ``data`` (callers hash pieces of a few MiB).
+    """
+    mv = memoryview(data).cast("B") if memoryview(data).c_contiguous else memoryview(bytes(data))
+    n = mv.nbytes
+    if n == 0:
+        return state
+    if state == FNV_OFFSET_BASIS:
+        return _fnv1a64_buffer(mv)
+    lead = _LEAD[state & 0xFF]
+    start = ((FNV_OFFSET_BASIS ^ lead) * FNV_PRIME) & _MASK64
+    buf = bytearray(n + 1)
+    buf[0] = lead
+    buf[1:] = mv
+    return (_fnv1a64_buffer(buf) + (state - start) * pow(FNV_PRIME, n, 1 << 64)) & _MASK64
+
+
+def fnv1a64(data: bytes | bytearray | memoryview) -> int:
+    """64-bit FNV-1a of ``data`` (what names a cache entry and what SET_TENSOR_HASH carries).
+
+    Besides any buffer, takes an object that is not one but yields its bytes with ``chunks()`` (a capture's lazy
+    bulk data, :mod:`ggml_rpc.conformance.sessions.spans`): hashed piece by piece, never held whole.
+    """
+    chunks = getattr(data, "chunks", None)
+    if chunks is not None and not isinstance(data, bytes | bytearray | memoryview):
+        state = FNV_OFFSET_BASIS
+        for piece in chunks():
+            state = fnv1a64_continue(state, piece)
+        return state
+    return _fnv1a64_buffer(data)
 
 
 def cache_file_name(digest: int) -> str:

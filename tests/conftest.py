@@ -36,6 +36,8 @@ def real_captures() -> Path:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "upstream: needs the upstream peers (`ggml-rpc upstream install`)")
+    config.addinivalue_line("markers", "memory: bounded-memory checks on a ~1 GB capture (run by default, in CI "
+                                       "too; about a minute; `-m 'not memory'` leaves them out locally)")
 
 
 @pytest.fixture(scope="session")

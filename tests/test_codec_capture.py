@@ -1,4 +1,5 @@
-"""The capture reader: the struct fast path and the dpkt path reassemble the same streams, for every link type."""
+"""The capture reader: the struct walkers and dpkt's readers reassemble the same streams, for every link type; the
+streams stay in the file (read on demand), and sequence numbers unwrap past 4 GiB."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def _snapshot(conns):
 def _read_both(path: Path, monkeypatch) -> tuple[list, list]:
     fast = _snapshot(read_connections(path))
     with monkeypatch.context() as m:
-        m.setattr(capture, "_fast_segments", lambda data, notes: None)
+        m.setattr(capture, "kind", lambda data: None)  # dpkt's readers, payloads in memory
         slow = _snapshot(read_connections(path))
     return fast, slow
 
@@ -146,14 +147,46 @@ def test_truncated_file(tmp_path, monkeypatch):
     assert fast[0][6] == slow[0][6] == C2S  # the cut record is the FIN: all data is there
 
 
-def test_pcapng_goes_through_dpkt(tmp_path):
+def test_pcapng_walker_equals_dpkt(tmp_path, monkeypatch):
     path = tmp_path / "c.pcapng"
     with open(path, "wb") as fh:
         w = dpkt.pcapng.Writer(fh, linktype=101)
-        for i, ip in enumerate(_frames(False)):
+        for i, ip in enumerate(_frames(False, reorder=True)):
             w.writepkt(ip, ts=1700000000 + i * 0.001)
+    fast, slow = _read_both(path, monkeypatch)
+    assert fast == slow and fast[0][6] == C2S and fast[0][7] == S2C
+
+
+def test_streams_stay_in_the_file(tmp_path, monkeypatch):
+    """Every kept segment is a file range (nothing copied) unless only dpkt could parse its frame."""
+    path = _write(tmp_path / "c.pcap", 1, _frames(False, reorder=True))
     (conn,) = read_connections(path)
-    assert bytes(conn.c2s.data) == C2S and bytes(conn.s2c.data) == S2C
+    stream = conn.c2s.stream
+    assert stream.file is not None and not stream.memory and len(stream.off) == len(C2S) // 64
+    assert conn.c2s.size == len(C2S) and b"".join(conn.c2s.chunks()) == C2S
+    assert bytes(stream.read(100, 1000)) == C2S[100:1000]
+    with monkeypatch.context() as m:
+        m.setattr(capture, "_FAST_LINKTYPES", frozenset())  # every frame through dpkt: payloads kept
+        (conn,) = read_connections(path)
+    assert conn.c2s.stream.memory and bytes(conn.c2s.data) == C2S
+
+
+def test_sequence_numbers_unwrap_past_4_gib():
+    """A direction longer than 2**32 bytes: 1 GiB segments whose sequence numbers wrap (never read: sizes only)."""
+    d = capture.Direction(isn=0xF0000000)
+    assert d.index is not None
+    giga = 1 << 30
+    for i in range(6):
+        d.index.seq.append((0xF0000000 + i * giga) & 0xFFFFFFFF)
+        d.index.off.append(i * (giga + 100))
+        d.index.length.append(giga)
+        d.index.ts.append(float(i))
+    d.index.seq.append((0xF0000000 + giga) & 0xFFFFFFFF)  # a retransmission of the second segment
+    d.index.off.append(1)
+    d.index.length.append(giga)
+    d.index.ts.append(7.0)
+    capture._reassemble(d, None)  # type: ignore[arg-type]
+    assert d.gap_at is None and d.size == 6 * giga and list(d.stream.pos) == [i * giga for i in range(6)]
 
 
 def test_empty_and_unreadable_files(tmp_path):

@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 from ggml_rpc.conformance.sessions.decode import decode_file
+from ggml_rpc.conformance.sessions.spans import as_buffer
 from ggml_rpc.spec import V6, V7, Command, Reply, SpecViolation, encode_reply, encode_request
 
 GEN_TOTALS = {
@@ -45,9 +46,9 @@ def test_capture_reencodes_identically(real_captures, name, version, n_conns, to
         s2c = bytearray()
         for msg in dc.messages():
             if isinstance(msg, Reply):
-                s2c += encode_reply(dc.protocol, msg.command, msg.fields, msg.data)
+                s2c += encode_reply(dc.protocol, msg.command, msg.fields, as_buffer(msg.data))
             else:
-                c2s += encode_request(dc.protocol, msg.command, msg.fields, msg.data)
+                c2s += encode_request(dc.protocol, msg.command, msg.fields, as_buffer(msg.data))
         assert bytes(c2s) == bytes(dc.conn.c2s.data)
         assert bytes(s2c) == bytes(dc.conn.s2c.data)
 

@@ -14,6 +14,7 @@ import pytest
 from ggml_rpc.conformance.sessions.decode import decode_file
 from ggml_rpc.conformance.sessions.lint import lint_file
 from ggml_rpc.conformance.sessions.replay import replay
+from ggml_rpc.conformance.sessions.spans import as_buffer
 from ggml_rpc.reference import running_server
 from ggml_rpc.spec import Command, Reply, encode_reply, encode_request, parse_version_option
 
@@ -45,9 +46,9 @@ def test_recording_decodes_cleanly_and_reencodes_byte_for_byte(entry) -> None:
         c2s, s2c = bytearray(), bytearray()
         for msg in dc.messages():
             if isinstance(msg, Reply):
-                s2c += encode_reply(dc.protocol, msg.command, msg.fields, msg.data)
+                s2c += encode_reply(dc.protocol, msg.command, msg.fields, as_buffer(msg.data))
             else:
-                c2s += encode_request(dc.protocol, msg.command, msg.fields, msg.data)
+                c2s += encode_request(dc.protocol, msg.command, msg.fields, as_buffer(msg.data))
         assert bytes(c2s) == bytes(dc.conn.c2s.data)
         assert bytes(s2c) == bytes(dc.conn.s2c.data)
 

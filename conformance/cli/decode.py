@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
+from typing import TextIO
 
-from ggml_rpc.spec import Reply
+from ggml_rpc.spec import Reply, Request
 
 from ..sessions.capture import CaptureError, read_connections
-from ..sessions.decode import decode_connection, describe, summarize
-from ..sessions.peer_link import decode_with_links, describe_link
+from ..sessions.decode import DecodedConnection, describe, iter_connection, summarize
+from ..sessions.peer_link import decode_peer_link, describe_link, link_ports
 from .options import UsageError, parse_proto, port_number
 
 
@@ -34,25 +36,26 @@ def run(args: argparse.Namespace) -> int:
         print(f"ggml-rpc decode: no TCP connection{where} in {args.pcap}", file=sys.stderr)
     out = sys.stdout
     failed = 0
-    for dc in decode_with_links(conns, lambda c: decode_connection(c, protocol)):
-        conn = dc.conn
-        version = dc.protocol.label if dc.protocol else "?"
-        if args.json:
-            out.write(json.dumps({"connection": conn.index, "event": "open", "client": list(conn.client),
-                                  "server": list(conn.server), "version": version, "notes": dc.notes}) + "\n")
+    # Printed connection by connection, message by message, in bounded memory: a message's bulk data is never read
+    # except to hash a GET_TENSOR reply, and only what the servers' link needs (COMM_* requests) is kept.  A
+    # connection is decoded twice: once for what its heading says (version, notes found while decoding), then
+    # printed as it is decoded again (bulk is skipped unread, so a pass costs little next to printing).
+    decoded: list[DecodedConnection] = []
+    for conn in conns:
+        found = link_ports(decoded).get(conn.server[1])
+        dc = DecodedConnection(conn, protocol, notes=list(conn.notes))
+        messages: Iterator[Request | Reply] = iter(())
+        if found is not None and conn.start >= found[0].conn.start:
+            dc = decode_peer_link(conn, found[0], found[1], conn.server[1])
         else:
-            out.write(f"# connection {conn.index}: {conn.label} protocol {version}\n")
-            for note in dc.notes:
-                out.write(f"#   note: {note}\n")
-        if dc.link is not None:
-            if args.json:
-                out.write(json.dumps({"connection": conn.index, "event": "link", "port": dc.link.port,
-                                      "init": list(dc.link.init),
-                                      "exchanges": [vars(x) for x in dc.link.exchanges]}) + "\n")
-            else:
-                for line in describe_link(dc):
-                    out.write(f"{conn.index:>3}       = {line}\n")
-        for msg in dc.messages():
+            for _msg in iter_connection(conn, protocol, out=dc, keep=_comm):
+                pass
+            messages = iter_connection(conn, protocol, keep=lambda _m: False)
+        decoded.append(dc)
+        _open(out, args.json, dc)
+        counts = {"requests": 0, "replies": 0}
+        for msg in messages:
+            counts["replies" if isinstance(msg, Reply) else "requests"] += 1
             arrow = "<" if isinstance(msg, Reply) else ">"
             index = msg.request.index if isinstance(msg, Reply) and msg.request else msg.index
             if args.json:
@@ -64,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         if dc.error is not None:
             failed += 1
             err = dc.error
-            msg_index = len(dc.requests) if dc.error_direction == "client->server" else len(dc.replies)
+            msg_index = counts["requests"] if dc.error_direction == "client->server" else counts["replies"]
             line = (f"connection {conn.index} ({dc.error_direction}), message {msg_index}: {err}")
             if args.json:
                 out.write(json.dumps({"connection": conn.index, "event": "error", "direction": dc.error_direction,
@@ -72,3 +75,28 @@ def run(args: argparse.Namespace) -> int:
                                       "offset": err.offset, "error": err.message}) + "\n")
             print(f"ggml-rpc decode: spec violation: {line}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _comm(msg: Request | Reply) -> bool:
+    return msg.command.name.startswith("COMM_")
+
+
+def _open(out: TextIO, as_json: bool, dc: DecodedConnection) -> None:
+    """The connection's heading."""
+    conn = dc.conn
+    version = dc.protocol.label if dc.protocol else "?"
+    if as_json:
+        out.write(json.dumps({"connection": conn.index, "event": "open", "client": list(conn.client),
+                              "server": list(conn.server), "version": version, "notes": dc.notes}) + "\n")
+    else:
+        out.write(f"# connection {conn.index}: {conn.label} protocol {version}\n")
+        for note in dc.notes:
+            out.write(f"#   note: {note}\n")
+    if dc.link is not None:
+        if as_json:
+            out.write(json.dumps({"connection": conn.index, "event": "link", "port": dc.link.port,
+                                  "init": list(dc.link.init),
+                                  "exchanges": [vars(x) for x in dc.link.exchanges]}) + "\n")
+        else:
+            for line in describe_link(dc):
+                out.write(f"{conn.index:>3}       = {line}\n")

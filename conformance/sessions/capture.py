@@ -1,26 +1,34 @@
-"""Reading pcap / pcapng files into reassembled TCP connections.
+"""Reading pcap / pcapng files into reassembled TCP connections, in bounded memory.
 
-Each connection becomes two contiguous byte streams (client -> server and server -> client).  Retransmitted
-segments are dropped, overlaps trimmed; a hole (lost packets) or a capture that starts after the handshake is
-recorded on the connection and the stream is cut there, so decoding stops with that reason instead of misparsing.
+One pass over the file (:mod:`.pcapfiles`, struct over a memory map whose pages are dropped behind the walk) builds
+an index: per connection and direction, where each TCP payload lies in the file (offset, length, sequence number,
+timestamp), never the bytes.  Reassembly then orders each direction's segments by sequence number (unwrapped past
+4 GiB): retransmitted segments are dropped, overlaps trimmed; a hole (lost packets) or a capture that starts after
+the handshake is recorded on the connection and the stream is cut there, so decoding stops with that reason instead
+of misparsing.  What remains is a :class:`~.spans.Stream` per direction: file ranges read on demand
+(``Direction.chunks()``), 16 bytes a kept segment.
 
-Speed: classic pcap files of the common link types (Ethernet, Linux cooked, BSD loopback, raw IP) are parsed with
-:mod:`struct` straight from one in-memory copy of the file, and TCP payloads stay memoryview slices of it until
-reassembly copies each direction once into its stream.  pcapng files and any packet the fast path does not
-recognise (IP options are fine; IPv6 extension headers, VLAN stacks beyond one tag...) go through dpkt.
+Frames of the common link types (Ethernet, Linux cooked v1/v2, BSD loopback, raw IP) are parsed with
+:mod:`struct`; any frame the fast path does not recognise (IPv6 extension headers, VLAN stacks beyond one tag...)
+goes through dpkt, and its payload is kept in memory (those frames are rare).  A file neither walker reads is left
+to dpkt's readers whole, payloads in memory.
 """
 
 from __future__ import annotations
 
-import mmap
 import socket
 import struct
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import dpkt
+import numpy as np
 from ggml_rpc.spec.facts import DEFAULT_PORT
+
+from .pcapfiles import CaptureOpenError, Frame, kind, open_map, pcap_frames, pcapng_frames
+from .spans import CaptureFile, Stream
 
 # Link types we can strip down to IP.
 _DLT_NULL, _DLT_EN10MB, _DLT_RAW, _DLT_LOOP, _DLT_LINUX_SLL, _DLT_RAW2, _DLT_LINUX_SLL2 = 0, 1, 12, 108, 113, 101, 276
@@ -30,22 +38,55 @@ class CaptureError(Exception):
     """A capture file that cannot be read at all."""
 
 
+class _Index:
+    """Where a direction's TCP payloads lie, in capture order (24 bytes a segment; dropped after reassembly)."""
+
+    __slots__ = ("length", "memory", "off", "seq", "ts")
+
+    def __init__(self) -> None:
+        self.seq = array("I")
+        self.off = array("q")  # file offset, or -1 - k for memory[k] (a payload only dpkt could find)
+        self.length = array("I")
+        self.ts = array("d")
+        self.memory: list[bytes] = []
+
+
 @dataclass
 class Direction:
     """One direction of a TCP connection."""
 
     isn: int | None = None  # sequence number of the first payload byte (after SYN)
-    segments: list[tuple[int, bytes | memoryview, float]] = field(default_factory=list)
     fin: bool = False
     #: Bytes the other direction had carried when this side's FIN came (a client FIN before replies it never read).
     fin_peer_bytes: int | None = None
     #: Payload bytes seen so far in this direction (retransmissions included: an upper bound, exact when clean).
     seen: int = 0
-    data: bytearray = field(default_factory=bytearray)
     #: Stream offset where bytes went missing (the stream is cut there), or None.
     gap_at: int | None = None
-    #: Timestamps of the segment starting at each stream offset (for pairing with time).
+    #: Timestamp of the segment that starts the stream.
     first_ts: float | None = None
+    #: The reassembled bytes, read from the capture on demand.
+    stream: Stream = field(default_factory=Stream)
+    index: _Index | None = field(default_factory=_Index, repr=False)
+
+    @property
+    def size(self) -> int:
+        """Bytes in the reassembled stream."""
+        return self.stream.size
+
+    def chunks(self, start: int = 0, stop: int | None = None) -> Iterator[memoryview]:
+        """The stream's bytes in order, as views read a window (a few MiB) at a time."""
+        return self.stream.chunks(start, stop)
+
+    @property
+    def data(self) -> bytes:
+        """The whole stream, read into memory: for small captures and tests; large ones use :meth:`chunks`."""
+        return self.stream.read(0, self.stream.size)
+
+    @data.setter
+    def data(self, value: bytes | bytearray | memoryview) -> None:
+        # Streams that exist only in memory (the harness's recorded exchanges, tests) are set as bytes.
+        self.stream = Stream.from_bytes(value)
 
 
 @dataclass
@@ -98,23 +139,17 @@ def _reader(fh, path: str | Path):
             raise CaptureError(f"{path}: not a pcap or pcapng file") from exc
 
 
-#: One TCP segment as the connection tracker needs it.
-#: (ts, family, src ip bytes, dst ip bytes, sport, dport, flags, seq, payload)
-_Segment = tuple[float, int, bytes, bytes, int, int, int, int, memoryview]
+#: One TCP segment as the connection tracker needs it: (ts, family, src ip bytes, dst ip bytes, sport, dport, flags,
+#: seq, payload file offset, payload length, payload bytes when only dpkt found it (else None)).
+_Segment = tuple[float, int, bytes, bytes, int, int, int, int, int, int, bytes | None]
 
 _TH_FIN, _TH_SYN, _TH_ACK = dpkt.tcp.TH_FIN, dpkt.tcp.TH_SYN, dpkt.tcp.TH_ACK
-_PCAP_MAGICS = {  # magic as read little-endian -> (byte order, timestamp divisor)
-    0xA1B2C3D4: ("<", 1e6),
-    0xD4C3B2A1: (">", 1e6),
-    0xA1B23C4D: ("<", 1e9),
-    0x4D3CB2A1: (">", 1e9),
-}
 _ETH_VLAN = (0x8100, 0x88A8)
 _ETHERTYPE_IP4, _ETHERTYPE_IP6 = 0x0800, 0x86DD
 _TCP_HEAD = struct.Struct("!HHIIBB")  # sport, dport, seq, ack, data offset, flags
 _IP4_HEAD = struct.Struct("!BxHHHBB")  # version/ihl, total length, id, flags/fragment, ttl, protocol
 _U16 = struct.Struct("!H")
-_FAST_LINKTYPES = frozenset({_DLT_EN10MB, _DLT_LINUX_SLL, _DLT_NULL, _DLT_LOOP, _DLT_RAW, _DLT_RAW2})
+_FAST_LINKTYPES = frozenset({_DLT_EN10MB, _DLT_LINUX_SLL, _DLT_LINUX_SLL2, _DLT_NULL, _DLT_LOOP, _DLT_RAW, _DLT_RAW2})
 
 
 def _ip_offset(linktype: int, buf: memoryview, n: int) -> int:
@@ -131,6 +166,11 @@ def _ip_offset(linktype: int, buf: memoryview, n: int) -> int:
             return -1
         (etype,) = _U16.unpack_from(buf, 14)
         return 16 if etype in (_ETHERTYPE_IP4, _ETHERTYPE_IP6) else -1
+    if linktype == _DLT_LINUX_SLL2:
+        if n < 20:
+            return -1
+        (etype,) = _U16.unpack_from(buf, 0)
+        return 20 if etype in (_ETHERTYPE_IP4, _ETHERTYPE_IP6) else -1
     if linktype in (_DLT_NULL, _DLT_LOOP):
         return 4 if n >= 4 else -1  # the address family word's byte order varies; the IP version nibble decides
     if linktype in (_DLT_RAW, _DLT_RAW2):
@@ -160,7 +200,7 @@ def _tcp_of_ip(buf: memoryview, off: int, n: int) -> tuple[int, bytes, bytes, in
 
 
 def _dpkt_segment(linktype: int, ts: float, buf: bytes) -> _Segment | None:
-    """The slow, general path for one frame."""
+    """The slow, general path for one frame (its payload is kept: dpkt does not say where it lies)."""
     try:
         ip = _ip_from_link(linktype, buf)
     except (dpkt.UnpackError, IndexError, ValueError, CaptureError):
@@ -169,88 +209,58 @@ def _dpkt_segment(linktype: int, ts: float, buf: bytes) -> _Segment | None:
         return None
     tcp = ip.data
     family = socket.AF_INET6 if isinstance(ip, dpkt.ip6.IP6) else socket.AF_INET
-    return ts, family, bytes(ip.src), bytes(ip.dst), tcp.sport, tcp.dport, tcp.flags, tcp.seq, memoryview(tcp.data)
+    payload = bytes(tcp.data)
+    return ts, family, bytes(ip.src), bytes(ip.dst), tcp.sport, tcp.dport, tcp.flags, tcp.seq, -1, len(payload), \
+        payload
 
 
-def _fast_segments(data: bytes | mmap.mmap, notes: list[str]) -> Iterator[_Segment] | None:
-    """Segments of a classic pcap file parsed with struct; None if the file is not one this path reads."""
-    if len(data) < 24:
-        return None
-    magic = struct.unpack_from("<I", data, 0)[0]
-    if magic not in _PCAP_MAGICS:
-        return None
-    order, divisor = _PCAP_MAGICS[magic]
-    linktype = struct.unpack_from(order + "I", data, 20)[0] & 0x0FFFFFFF
-    if linktype not in _FAST_LINKTYPES:
-        return None
-    record = struct.Struct(order + "IIII")
+def _segments(frames: Iterator[Frame]) -> Iterator[_Segment]:
+    """The TCP segments of ``frames``, payloads located in the file (the struct path) or kept (dpkt's)."""
     tcp_head = _TCP_HEAD
-
-    def gen() -> Iterator[_Segment]:
-        mv = memoryview(data)
-        pos, size = 24, len(data)
-        while pos < size:
-            if pos + 16 > size:
-                notes.append(f"capture file truncated: {size - pos} bytes of a record header")
-                return
-            sec, frac, incl, _orig = record.unpack_from(data, pos)
-            pos += 16
-            if pos + incl > size:
-                notes.append(f"capture file truncated: record of {incl} bytes has {size - pos}")
-                return
-            frame = mv[pos : pos + incl]
-            pos += incl
-            ts = sec + frac / divisor
-            off = _ip_offset(linktype, frame, incl)
-            ip = _tcp_of_ip(frame, off, incl) if off >= 0 else None
-            if ip is None:
-                if off >= 0 and incl - off >= 1 and (frame[off] >> 4) == 6:
-                    seg = _dpkt_segment(linktype, ts, bytes(frame))  # IPv6 with extension headers
-                    if seg is not None:
-                        yield seg
-                continue
-            family, src, dst, t, end = ip
-            if end - t < 20:
-                continue
-            sport, dport, seq, _ack, doff, flags = tcp_head.unpack_from(frame, t)
-            start = t + (doff >> 4) * 4
-            yield ts, family, src, dst, sport, dport, flags, seq, frame[start:end] if end > start else frame[0:0]
-
-    return gen()
+    for ts, linktype, frame, at in frames:
+        incl = frame.nbytes
+        if linktype not in _FAST_LINKTYPES:
+            seg = _dpkt_segment(linktype, ts, bytes(frame))
+            if seg is not None:
+                yield seg
+            continue
+        off = _ip_offset(linktype, frame, incl)
+        ip = _tcp_of_ip(frame, off, incl) if off >= 0 else None
+        if ip is None:
+            if off >= 0 and incl - off >= 1 and (frame[off] >> 4) == 6:
+                seg = _dpkt_segment(linktype, ts, bytes(frame))  # IPv6 with extension headers
+                if seg is not None:
+                    yield seg
+            continue
+        family, src, dst, t, end = ip
+        if end - t < 20:
+            continue
+        sport, dport, seq, _ack, doff, flags = tcp_head.unpack_from(frame, t)
+        start = t + (doff >> 4) * 4
+        n = max(0, end - start)
+        if at < 0:  # a frame dpkt's readers handed over: no file offset, the payload is kept
+            yield ts, family, src, dst, sport, dport, flags, seq, -1, n, bytes(frame[start : start + n])
+        else:
+            yield ts, family, src, dst, sport, dport, flags, seq, at + start, n, None
 
 
-def _dpkt_segments(fh, notes: list[str], path: str | Path) -> Iterator[_Segment]:
-    reader = _reader(fh, path)
+def _dpkt_frames(data: bytes, notes: list[str], path: str | Path) -> Iterator[Frame]:
+    """Frames of a file only dpkt's readers take (no file offsets: payloads are kept)."""
+    import io
+
+    reader = _reader(io.BytesIO(data), path)
     linktype = reader.datalink()
     try:
         for ts, buf in reader:
-            seg = _dpkt_segment(linktype, ts, buf)
-            if seg is not None:
-                yield seg
+            yield ts, linktype, memoryview(buf), -1
     except (dpkt.NeedData, ValueError) as exc:
         notes.append(f"capture file truncated: {exc}")
 
 
-def _load(path: str | Path) -> bytes | mmap.mmap:
-    """The whole file, memory-mapped when possible.
-
-    Mapping the page cache avoids filling fresh memory with a copy of the file (on a small machine that copy costs
-    as much as the reassembly itself).  The map is never closed explicitly: payload views keep it alive until
-    reassembly has copied them, and it is released with the last of them.
-    """
-    try:
-        with open(path, "rb") as fh:
-            try:
-                flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
-                return mmap.mmap(fh.fileno(), 0, flags=flags, prot=mmap.PROT_READ)
-            except (ValueError, OSError, AttributeError):  # empty file, a pipe, or no mmap flags on this platform
-                return fh.read()
-    except OSError as exc:
-        raise CaptureError(f"cannot open {path}: {exc.strerror}") from exc
-
-
 def read_connections(path: str | Path, *, port: int | None = None) -> list[Connection]:
-    """All TCP connections in a capture (optionally only those with ``port`` on either side), in start order."""
+    """All TCP connections in a capture (optionally only those with ``port`` on either side), in start order.
+
+    Each direction's bytes stay in the file: read them with ``Direction.chunks()`` (or ``.data``, whole)."""
     conns: dict[tuple, Connection] = {}
     order: list[Connection] = []
     names: dict[tuple[int, bytes], str] = {}
@@ -262,20 +272,27 @@ def read_connections(path: str | Path, *, port: int | None = None) -> list[Conne
             text = names[(family, raw)] = socket.inet_ntop(family, raw)
         return text
 
-    data = _load(path)
-    segments = _fast_segments(data, file_notes)
-    if segments is None:
-        import io
-
-        segments = _dpkt_segments(io.BytesIO(data), file_notes, path)
-    for ts, family, src_raw, dst_raw, sport, dport, flags, seq, payload in segments:
+    try:
+        data = open_map(path)
+        capture = CaptureFile(path)
+    except (CaptureOpenError, OSError) as exc:
+        raise CaptureError(str(exc) if isinstance(exc, CaptureOpenError) else f"cannot open {path}: {exc}") from exc
+    fmt = kind(data)
+    if fmt == "pcap":
+        frames = pcap_frames(data, file_notes)
+    elif fmt == "pcapng":
+        frames = pcapng_frames(data, file_notes)
+    else:
+        frames = _dpkt_frames(bytes(data), file_notes, path)
+    for ts, family, src_raw, dst_raw, sport, dport, flags, seq, at, n, kept in _segments(frames):
         if port is not None and port not in (sport, dport):
             continue
         a, b = (name(family, src_raw), sport), (name(family, dst_raw), dport)
         key = (a, b) if a <= b else (b, a)
         syn, ack = bool(flags & _TH_SYN), bool(flags & _TH_ACK)
         conn = conns.get(key)
-        if conn is None or (syn and not ack and conn.saw_syn and conn.c2s.segments):
+        if conn is None or (syn and not ack and conn.saw_syn and conn.c2s.index is not None
+                            and len(conn.c2s.index.seq)):
             # A new connection (or a reused 4-tuple starting over with a fresh SYN).
             if syn and not ack:
                 conn = Connection(len(order), a, b, ts, saw_syn=True)
@@ -298,48 +315,72 @@ def read_connections(path: str | Path, *, port: int | None = None) -> list[Conne
         if flags & _TH_FIN and not d.fin:
             d.fin = True
             d.fin_peer_bytes = (conn.s2c if d is conn.c2s else conn.c2s).seen
-        if payload.nbytes:
-            d.seen += payload.nbytes
+        if n:
+            d.seen += n
             if d.isn is None:
                 d.isn = seq
-            d.segments.append((seq, payload, ts))
+            ix = d.index
+            assert ix is not None
+            ix.seq.append(seq)
+            ix.length.append(n)
+            ix.ts.append(ts)
+            if kept is None and at >= 0:
+                ix.off.append(at)
+            else:
+                ix.off.append(-1 - len(ix.memory))
+                ix.memory.append(kept if kept is not None else b"")
     if file_notes and order:
         order[-1].notes.extend(file_notes)
     for conn in order:
         for d in (conn.c2s, conn.s2c):
-            _reassemble(d)
+            _reassemble(d, capture)
         for label, d in (("client->server", conn.c2s), ("server->client", conn.s2c)):
             if d.gap_at is not None:
                 conn.notes.append(f"{label}: bytes missing at stream offset {d.gap_at} (lost packets)")
     return order
 
 
-def _reassemble(d: Direction) -> None:
-    """Order segments by relative sequence number into one contiguous stream; stop at the first hole.
+def _reassemble(d: Direction, capture: CaptureFile) -> None:
+    """Order segments by sequence number into one contiguous stream of file ranges; stop at the first hole.
 
-    The payloads are views of the capture: this is the one copy each direction's bytes make.
+    Sequence numbers are unwrapped segment to segment (a direction may carry more than 4 GiB); a segment before
+    the ISN is a stale retransmission.  Of two copies of a segment the first seen wins (a stable sort).
     """
-    if not d.segments or d.isn is None:
+    ix, d.index = d.index, None
+    d.stream = Stream(capture)
+    if ix is None or not len(ix.seq) or d.isn is None:
         return
-    isn = d.isn
-    rel = [((seq - isn) & 0xFFFFFFFF, data, ts) for seq, data, ts in d.segments]
-    if any(rel[i][0] > rel[i + 1][0] for i in range(len(rel) - 1)):
-        rel.sort(key=lambda item: item[0])  # stable: of two copies of a segment, the first seen wins
-    d.first_ts = rel[0][2]
-    pieces: list[memoryview] = []
-    pos = 0
-    for off, data, _ts in rel:
-        if off >= 0x80000000:  # before the ISN: a stale retransmission of something already seen
-            continue
-        end = off + len(data)
-        if end <= pos:
-            continue  # retransmission
-        if off > pos:
-            d.gap_at = pos
-            break
-        pieces.append(memoryview(data)[pos - off :])
-        pos = end
-    # join sizes the result first and copies each piece once, into memory it does not zero beforehand
-    out = bytearray().join(pieces)
-    d.data = out
-    d.segments = []
+    rel32 = (np.frombuffer(ix.seq, dtype=np.uint32).astype(np.int64) - d.isn) & 0xFFFFFFFF
+    step = (np.diff(rel32) + (1 << 31)) % (1 << 32) - (1 << 31)
+    first = int(rel32[0]) - (1 << 32 if rel32[0] >= 1 << 31 else 0)
+    rel = np.concatenate(([first], first + np.cumsum(step)))
+    order = np.argsort(rel, kind="stable")
+    rel = rel[order]
+    ts = np.frombuffer(ix.ts, dtype=np.float64)[order]
+    lens = np.frombuffer(ix.length, dtype=np.uint32).astype(np.int64)[order]
+    offs = np.frombuffer(ix.off, dtype=np.int64)[order]
+    live = rel >= 0
+    d.first_ts = float(ts[live][0] if live.any() else ts[0])
+    rel, lens, offs = rel[live], lens[live], offs[live]
+    if not len(rel):
+        return
+    ends = rel + lens
+    before = np.maximum(np.concatenate(([0], np.maximum.accumulate(ends)[:-1])), 0)  # stream filled so far
+    holes = np.flatnonzero(rel > before)
+    if len(holes):
+        cut = int(holes[0])
+        d.gap_at = int(before[cut])
+        rel, lens, offs, ends, before = rel[:cut], lens[:cut], offs[:cut], ends[:cut], before[:cut]
+    new = ends > before  # anything else is a retransmission
+    starts, trims, offs, ends = before[new], (before - rel)[new], offs[new], ends[new]
+    stream = d.stream
+    if (offs >= 0).all():
+        stream.pos.frombytes(starts.astype(np.int64).tobytes())
+        stream.off.frombytes((offs + trims).astype(np.int64).tobytes())
+        stream.size = int(ends[-1]) if len(ends) else 0
+        return
+    for start, trim, off, end in zip(starts.tolist(), trims.tolist(), offs.tolist(), ends.tolist(), strict=True):
+        if off >= 0:
+            stream.add_file(off + trim, end - start)
+        else:
+            stream.add_memory(memoryview(ix.memory[-1 - off])[trim:])

@@ -14,6 +14,7 @@ Replies are compared by class:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from ggml_rpc.spec import Command, GgmlType, Protocol, Reply, Request, tensor_na
 from ggml_rpc.spec.layout import flat_layout
 
 from .decode import DecodedConnection
+from .spans import WINDOW, LazyBytes
 
 if TYPE_CHECKING:
     from .relocate import Relocator, TargetCache
@@ -99,6 +101,64 @@ def same_bytes(a: memoryview | bytes, b: memoryview | bytes) -> bool:
     return x.shape == y.shape and bool(np.array_equal(x, y))
 
 
+def _slices(data: memoryview | LazyBytes, size: int = WINDOW) -> Iterator[memoryview]:
+    if isinstance(data, LazyBytes):
+        return data.slices(size)
+    mv = memoryview(data).cast("B")
+    return (mv[i : i + size] for i in range(0, mv.nbytes, size))
+
+
+class _ReadDiff:
+    """A comparison of two reads fed slice by slice: equality, the first differing byte, and the NMSE of a float
+    read accumulated as its two sums (``nmse``'s definition, kept over slices so a large read is never whole)."""
+
+    def __init__(self, dtype: np.dtype | None) -> None:
+        self.dtype = dtype
+        self.n = 0
+        self.first: int | None = None
+        self.differing = 0
+        self.num = 0.0
+        self.den = 0.0
+        self.infinite = False
+
+    def add(self, want: memoryview, got: memoryview) -> None:
+        x, y = np.frombuffer(want, dtype=np.uint8), np.frombuffer(got, dtype=np.uint8)
+        if not np.array_equal(x, y):
+            diff = np.flatnonzero(x != y)
+            if self.first is None:
+                self.first = self.n + int(diff[0])
+            self.differing += len(diff)
+        self.n += len(x)
+        if self.dtype is not None:
+            e = np.frombuffer(want, dtype=self.dtype).astype(np.float64)
+            g = np.frombuffer(got, dtype=self.dtype).astype(np.float64)
+            fe, fg = np.isfinite(e), np.isfinite(g)
+            if not np.array_equal(fe, fg):
+                self.infinite = True
+                return
+            if not fe.all():
+                e_bad, g_bad = e[~fe], g[~fe]
+                if not np.all((e_bad == g_bad) | (np.isnan(e_bad) & np.isnan(g_bad))):
+                    self.infinite = True
+                    return
+                e, g = e[fe], g[fe]
+            d = g - e
+            self.num += float(np.dot(d, d))
+            self.den += float(np.dot(e, e))
+
+    @property
+    def same(self) -> bool:
+        return self.first is None
+
+    def first_difference(self) -> str:
+        return f"first difference at byte {self.first} ({self.differing} differing bytes of {self.n})"
+
+    def nmse(self) -> float:
+        if self.infinite:
+            return float("inf")
+        return self.num / self.den if self.den else self.num
+
+
 def tensor_label(t: dict[str, Any]) -> str:
     return tensor_name(t["name"]) or f"id={t['id']:#x}"
 
@@ -123,7 +183,9 @@ class ReplyComparer:
         assert spec is not None and spec.reply
         if cmd is Command.GET_TENSOR:
             assert rec.data is not None
-            self._read(path, dc, req, rec.data, got, computed)
+            # Reads reach here whole only up to the replayer's slice size: the recorded one is read in as well.
+            want = memoryview(rec.data.read()) if isinstance(rec.data, LazyBytes) else rec.data
+            self._read(path, dc, req, want, got, computed)
             return
         got_fields = flat_layout(spec.reply.schema).unpack(got)  # type: ignore[union-attr]
         want = rec.fields
@@ -152,6 +214,39 @@ class ReplyComparer:
                         hit == expect_hit)
             return
         self._exact(path, dc, req, str(dict(want)), str(dict(got_fields)), dict(want) == dict(got_fields))
+
+    def large_read(self, path: str, dc: DecodedConnection, req: Request, rec: Reply, got: Iterable[memoryview],
+                   computed: bool) -> None:
+        """A read too large to hold, compared as :meth:`reply` compares it, slice by slice: ``got`` yields the
+        target's reply body in slices as it arrives, the recorded one is read from the capture alongside."""
+        if req.command is not Command.GET_TENSOR:
+            # Rows (GET_TENSOR_2D) compare their (empty) reply fields only, as :meth:`reply` does.
+            self._exact(path, dc, req, str(dict(rec.fields)), "{}", dict(rec.fields) == {})
+            return
+        assert rec.data is not None
+        t = req.fields["tensor"]
+        want = rec.data
+        dtype = FLOAT_TYPES.get(t["type"]) if computed else None
+        if dtype is not None and want.nbytes % dtype.itemsize:
+            dtype = None
+        diff = _ReadDiff(dtype)
+        for a, b in zip(_slices(want), got, strict=False):
+            diff.add(a, b)
+        self.report.compared["computed" if computed else "exact"] += 1
+        if diff.same:
+            return
+        if not computed:
+            self.mismatch(path, dc, req, "exact", f"the {want.nbytes} bytes written to {tensor_label(t)}",
+                          diff.first_difference())
+        elif dtype is None:
+            self.mismatch(path, dc, req, "computed", f"the recorded {want.nbytes} bytes of {tensor_label(t)} "
+                          "(not a float type: exact)", diff.first_difference())
+        else:
+            err = diff.nmse()
+            self.report.worst_nmse = max(self.report.worst_nmse, err)
+            if not err <= self.tolerance:
+                self.mismatch(path, dc, req, "computed", f"{tensor_label(t)} within NMSE {self.tolerance:g}",
+                              f"NMSE {err:.3g}")
 
     def _exact(self, path: str, dc: DecodedConnection, req: Request, expected: str, got: str, ok: bool) -> None:
         self.report.compared["exact"] += 1

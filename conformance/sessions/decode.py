@@ -1,32 +1,42 @@
-"""Decoding whole captured sessions: both directions of a connection, replies paired with their requests.
+"""Decoding captured sessions: both directions of a connection, replies paired with their requests, in bounded
+memory.
 
 The version is learnt from each connection's HELLO reply unless the caller forces one.  Decoding stops at the
 first spec violation and records it with the connection, message index and byte offset.
+
+Each direction is fed from its capture stream (:class:`~.spans.Stream`) to the spec's streaming framers a window
+at a time; bulk data the framer does not need (SET_TENSOR data, GET_TENSOR replies, 2-D rows) is skipped, never
+read.  A message with bulk data keeps it as a :class:`~.spans.LazyBytes` (a range of the stream: read, hashed or
+sent in pieces when asked); fixed parts are copied out of the window, so a message holds nothing of the stream.
+:func:`iter_connection` yields the messages in wire order (each request followed by its reply) as they are decoded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ggml_rpc.spec import (
+    REPLY_HEADER_SIZE,
+    REQUEST_HEADER_SIZE,
     Command,
     Protocol,
     ProtocolError,
     Reply,
-    ReplyDecoder,
     Request,
-    RequestDecoder,
+    check_request,
     fnv1a64,
     protocol_from_hello,
     tensor_name,
     type_name,
 )
+from ggml_rpc.spec.framing import End, Head, ReplyFramer, RequestFramer, _Framer
 from ggml_rpc.spec.versions import V6
 
 from .capture import Connection, read_connections
+from .spans import Stream
 
 
 @dataclass
@@ -60,35 +70,143 @@ class DecodedConnection:
         return self.error is None
 
 
-def decode_connection(
-    conn: Connection, protocol: Protocol | None = None, *, validate: bool = True
-) -> DecodedConnection:
-    """Decode both streams of one connection; ``protocol`` None means: learn it from the HELLO reply."""
+#: Stream bytes fed to a framer at once.
+FEED = 1 << 20
+
+
+class _Feed:
+    """One direction fed to a framer from its stream; bulk data beyond the fed window is skipped, never read."""
+
+    def __init__(self, framer: _Framer, stream: Stream, header: int) -> None:
+        self.framer, self.stream, self.header = framer, stream, header
+        self.pos = 0
+        self._head: Head | None = None
+
+    @property
+    def in_message(self) -> bool:
+        return self.framer.in_message or self.pos < self.stream.size
+
+    def _event(self) -> Any:
+        framer, stream = self.framer, self.stream
+        while True:
+            ev = framer.next_event()
+            if ev is not None:
+                return ev
+            ahead = framer.bulk_ahead()
+            if ahead:
+                n = min(ahead, stream.size - self.pos)
+                if not n:
+                    return None
+                framer.skip(n)
+                self.pos += n
+                continue
+            if self.pos >= stream.size:
+                return None
+            stop = min(self.pos + FEED, stream.size)
+            for view in stream.chunks(self.pos, stop):
+                framer.receive_data(view)
+            self.pos = stop
+
+    def next_message(self) -> tuple[Head, Any, Any] | None:
+        """(head, raw payload, data) of the next complete message, or None at the end of what the stream holds."""
+        while (ev := self._event()) is not None:
+            if type(ev) is Head:
+                # A copy of the fixed part: a view would keep the whole fed window alive with the message.
+                ev.fixed = memoryview(bytes(ev.fixed))
+                self._head = ev
+            elif type(ev) is End:
+                head = ev.head
+                start = head.offset + self.header
+                _ = head.fields  # decoded now: raises for a fixed part its layout refuses
+                if head.bulk:
+                    return head, self.stream.view(start, start + head.size), \
+                        self.stream.view(start + head.size - head.bulk, start + head.size)
+                return head, head.fixed, head.trailing
+        return None
+
+
+class _Requests(_Feed):
+    def __init__(self, stream: Stream, protocol: Protocol | None, validate: bool, expect_hello: bool) -> None:
+        super().__init__(RequestFramer(protocol, expect_hello=expect_hello), stream, REQUEST_HEADER_SIZE)
+        self.validate = validate
+
+    def next(self) -> Request | None:
+        got = self.next_message()
+        if got is None:
+            return None
+        head, raw, data = got
+        req = Request(head.command, head.fields, data, head.size, head.offset, head.index, raw)
+        if self.validate:
+            check_request(req)
+        return req
+
+
+class _Replies(_Feed):
+    def __init__(self, stream: Stream, protocol: Protocol | None) -> None:
+        self.replies = ReplyFramer(protocol)
+        super().__init__(self.replies, stream, REPLY_HEADER_SIZE)
+
+    def next(self) -> Reply | None:
+        got = self.next_message()
+        if got is None:
+            return None
+        head, raw, data = got
+        return Reply(head.command, head.fields, data, head.size, head.offset, head.index, head.request, raw)
+
+
+def iter_connection(conn: Connection, protocol: Protocol | None = None, *, validate: bool = True,
+                    out: DecodedConnection | None = None,
+                    keep: Callable[[Request | Reply], bool] | None = None) -> Iterator[Request | Reply]:
+    """Decode one connection as it is read, yielding each request and then its reply (when the capture holds it).
+
+    ``out`` (a :class:`DecodedConnection` for ``conn``) collects the messages ``keep`` accepts (all by default),
+    the version and the error or notes, as :func:`decode_connection` returns them.
+    """
     forced = protocol is not None
-    out = DecodedConnection(conn, protocol, notes=list(conn.notes))
-    expect_hello = conn.saw_syn
+    if out is None:
+        out = DecodedConnection(conn, protocol, notes=list(conn.notes))
+    kept = keep or (lambda _msg: True)
     if not conn.saw_syn and protocol is None:
         out.error = ProtocolError("capture starts mid-connection and no --proto was given: version unknown")
         out.error_direction = "client->server"
-        return out
-    reqs = RequestDecoder(protocol, validate=validate, expect_hello=expect_hello)
-    reps = ReplyDecoder(protocol)
-    reqs.receive_data(conn.c2s.data)
-    reps.receive_data(conn.s2c.data)
+        return
+    reqs = _Requests(conn.c2s.stream, protocol, validate, conn.saw_syn)
+    reps = _Replies(conn.s2c.stream, protocol)
+    server_error: ProtocolError | None = None
+
+    def reply() -> Reply | None:
+        # The server's stream is read as far as the requests so far make replies due: a broken one stops there.
+        nonlocal server_error
+        if server_error is not None:
+            return None
+        try:
+            rep = reps.next()
+        except ProtocolError as exc:
+            server_error = exc
+            return None
+        if rep is not None and kept(rep):
+            out.replies.append(rep)
+        return rep
+
     try:
         while True:
-            req = reqs.next_message()
+            req = reqs.next()
             if req is None:
                 break
-            out.requests.append(req)
-            waits = reps.expect(req)
+            if kept(req):
+                out.requests.append(req)
+            yield req
+            waits = reps.replies.expect(req)
             if req.command is Command.HELLO and waits:
                 # The HELLO reply decides how every later request is read.
-                rep = reps.next_message()
+                # (read in this block: a HELLO reply that does not decode stops the requests, as it always has)
+                rep = reps.next()
                 if rep is None:
                     out.notes.append("no HELLO reply in the capture")
                     break
-                out.replies.append(rep)
+                if kept(rep):
+                    out.replies.append(rep)
+                yield rep
                 f = rep.fields
                 out.announced = (f["major"], f["minor"], f["patch"])
                 learnt = protocol_from_hello(f)
@@ -99,29 +217,44 @@ def decode_connection(
                             command="HELLO",
                         )
                         out.error_direction = "server->client"
-                        return out
+                        return
                     out.protocol = learnt
-                    reqs.protocol = learnt
-                    reps.protocol = learnt
+                    reqs.framer.protocol = learnt
+                    reps.framer.protocol = learnt
+            elif waits and (rep := reply()) is not None:
+                yield rep
         if conn.c2s.gap_at is None and not reqs.in_message:
-            reqs.finish()
+            reqs.framer.finish()  # type: ignore[attr-defined]
         elif reqs.in_message:
-            out.notes.append(f"client->server stream ends inside a message at byte {reqs.offset}")
+            out.notes.append(f"client->server stream ends inside a message at byte {reqs.framer.offset}")
     except ProtocolError as exc:
         out.error, out.error_direction = exc, "client->server"
     # Replies to the requests decoded so far are still read, also when the client stream broke the spec later:
     # a replayer needs them to know what the server answered before the offending message.
     try:
-        while (rep := reps.next_message()) is not None:
-            out.replies.append(rep)
-        if reps.awaiting and conn.s2c.gap_at is None:
-            reps.finish()
-            out.notes.append(f"{reps.awaiting} request(s) got no reply before the connection ended")
+        if server_error is not None:
+            raise server_error
+        while (rep := reps.next()) is not None:
+            if kept(rep):
+                out.replies.append(rep)
+            yield rep
+        if reps.replies.awaiting and conn.s2c.gap_at is None:
+            reps.replies.finish()
+            out.notes.append(f"{reps.replies.awaiting} request(s) got no reply before the connection ended")
     except ProtocolError as exc:
         if out.error is None:
             out.error, out.error_direction = exc, "server->client"
         else:
             out.notes.append(f"server->client stream also breaks the spec: {exc}")
+
+
+def decode_connection(
+    conn: Connection, protocol: Protocol | None = None, *, validate: bool = True
+) -> DecodedConnection:
+    """Decode both streams of one connection; ``protocol`` None means: learn it from the HELLO reply."""
+    out = DecodedConnection(conn, protocol, notes=list(conn.notes))
+    for _msg in iter_connection(conn, protocol, validate=validate, out=out):
+        pass
     return out
 
 

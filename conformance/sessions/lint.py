@@ -33,7 +33,7 @@ def check_connection(conn: Connection, protocol: Protocol | None = None) -> tupl
         out.append(Violation("DECODE", conn.index, 0, C2S, None,
                              "capture starts mid-connection and no --proto was given: version unknown"))
         return out, checker
-    checker.run(conn.c2s.data, conn.s2c.data)
+    checker.run(conn.c2s.chunks(), conn.s2c.chunks())  # read a window at a time: bounded memory
     return out, checker
 
 

@@ -65,7 +65,7 @@ def decode_peer_link(conn: Connection, rank0: DecodedConnection, init_index: int
     """A connection to a COMM_INIT port, decoded as the servers' link (``link`` set on the result)."""
     link = PeerLink(port, (rank0.conn.index, init_index))
     out = DecodedConnection(conn, rank0.protocol, notes=list(conn.notes), link=link)
-    sizes = [len(conn.c2s.data), len(conn.s2c.data)]
+    sizes = [conn.c2s.size, conn.s2c.size]  # lengths only: a link carries whole tensors, never read here
     need = CONN_CAPS_SIZE
     for req in rank0.requests:
         if req.command is Command.COMM_ALLREDUCE and req.index > init_index:

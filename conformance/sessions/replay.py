@@ -31,16 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ggml_rpc.spec import (
-    REPLY_HEADER_SIZE,
-    Command,
-    Protocol,
-    ProtocolError,
-    Reply,
-    Request,
-    fnv1a64,
-    request_parts,
-)
+from ggml_rpc.spec import REPLY_HEADER_SIZE, Command, Protocol, ProtocolError, Reply, Request, SizeMismatch, fnv1a64
 
 from ..client import ConnectionClosed, RpcClient
 from .compare import DEFAULT_NMSE, Mismatch, ReplayReport, ReplyComparer, tensor_label
@@ -48,6 +39,8 @@ from .decode import DecodedConnection, decode_file
 from .lint import follows_miss
 from .relocate import Relocator, TargetCache
 from .rewrite import GraphRewrite, RewriteRefused, check_rewritable
+from .sending import SLICE, received, send_request
+from .spans import LazyBytes
 
 
 class ReplayError(Exception):
@@ -132,7 +125,7 @@ class Replayer:
                          if dc.protocol is not None}) or [self.source.label]
         self.host, self.port = host, port
         self.timeout = timeout
-        self._by_hash: dict[int, memoryview] | None = None
+        self._by_hash: dict[int, memoryview | LazyBytes] | None = None
         if as_protocol is not None:
             try:
                 check_rewritable(((cap.path, dc) for cap in self.captures for dc in cap.connections), as_protocol)
@@ -158,14 +151,14 @@ class Replayer:
 
     # -- cache data supply --
 
-    def _payloads(self) -> Iterator[memoryview]:
+    def _payloads(self) -> Iterator[memoryview | LazyBytes]:
         for cap in self.captures:
             for dc in cap.connections:
                 for req in dc.requests:
                     if req.command is Command.SET_TENSOR and req.data is not None and req.data.nbytes:
                         yield req.data
 
-    def _data_for(self, digest: int) -> memoryview | None:
+    def _data_for(self, digest: int) -> memoryview | LazyBytes | None:
         """A SET_TENSOR payload of any loaded capture with this hash (all payloads are hashed once, when first
         needed: only replays that need a cache state the target lacks pay for it)."""
         if self._by_hash is None:
@@ -271,14 +264,12 @@ class Replayer:
                     self.compare.mismatch(path, dc, req, "exact", f"a {cmd.name} request", f"no such command in "
                                           f"{self.target.label}")
                     return
-                parts = request_parts(self.target, cmd, fields, data)
                 leaving = spec.has_reply and left_at is not None and (rec is None or rec.offset >= left_at)
                 if leaving:
                     client.cork()  # this request's last bytes leave with the FIN, as a client that does not wait
                 self._last = (path, dc.conn.index, req.index, cmd.name)
                 try:
-                    client.send_raw(parts)
-                    self.report.bytes_sent += sum(memoryview(p).nbytes for p in parts)
+                    self.report.bytes_sent += send_request(client, self.target, cmd, fields, data)
                     if cmd in (Command.GRAPH_COMPUTE, Command.GRAPH_RECOMPUTE):
                         computed = True
                         written.clear()
@@ -294,7 +285,22 @@ class Replayer:
                             self.compare.mismatch(path, dc, req, "close", "the server to close the connection (as "
                                                   "recorded)", "a reply or an open connection")
                         return
-                    body = client.recv_reply_raw(max_size=max(expected_size, 1 << 16))
+                    # The size header first: a large read is then received and compared a slice at a time.
+                    size = client._recv_size()
+                    if size > max(expected_size, 1 << 16):
+                        raise SizeMismatch(f"reply size claim {size} exceeds the limit "
+                                           f"{max(expected_size, 1 << 16)}", field="size")
+                    if size == expected_size > SLICE and cmd in (Command.GET_TENSOR, Command.GET_TENSOR_2D):
+                        self.report.bytes_received += REPLY_HEADER_SIZE + size
+                        fresh = cmd is Command.GET_TENSOR and written.get(
+                            req.fields["tensor"]["data"] + req.fields["offset"], 0) >= req.fields["size"]
+                        got_slices = received(client, size)
+                        self.compare.large_read(path, dc, req, rec, got_slices, computed and not fresh)
+                        for _rest in got_slices:  # whatever the comparison did not need is still read
+                            pass
+                        continue
+                    body = bytearray(size)
+                    client._recv_into(memoryview(body))
                 except ConnectionClosed as exc:
                     if self._recorded_close_from(dc, req, replies):
                         self.report.compared["close"] += 1  # closed a little earlier than we could ask: as recorded
@@ -329,12 +335,11 @@ class Replayer:
         (unread replies make the client's host reset the connection, as in the capture)."""
         for later in dc.requests[req.index + 1 :]:
             self.report.requests += 1
-            parts = request_parts(self.target, later.command, reloc.fields(later.fields), later.data)
             try:
-                client.send_raw(parts)
+                self.report.bytes_sent += send_request(client, self.target, later.command,
+                                                       reloc.fields(later.fields), later.data)
             except (ConnectionClosed, OSError):
                 break
-            self.report.bytes_sent += sum(memoryview(p).nbytes for p in parts)
         self.report.notes.append(f"{path} connection {dc.conn.index}: the client left before reading the reply to "
                                  f"message {req.index} ({req.command.name}), as recorded (its FIN came first)")
 
@@ -342,13 +347,13 @@ class Replayer:
         """Send the client bytes from the first request that does not decode, and expect the server to close."""
         last = dc.requests[-1] if dc.requests else None
         start = last.offset + last.wire_size if last is not None else 0
-        tail = memoryview(dc.conn.c2s.data)[start:]
         self._last = (path, dc.conn.index, len(dc.requests), dc.error.command if dc.error and dc.error.command else "?")
         self.report.requests += 1
         self.report.compared["close"] += 1
         try:
-            client.send_raw(tail)
-            self.report.bytes_sent += tail.nbytes
+            for views in dc.conn.c2s.stream.windows(start, window=SLICE):  # from the capture, a slice at a time
+                client.send_raw(views)
+                self.report.bytes_sent += sum(v.nbytes for v in views)
         except ConnectionClosed:
             return  # closed while we were still sending: what the recorded server did
         if not client.expect_closed(timeout=min(self.timeout, 5.0)):
@@ -406,9 +411,7 @@ class Replayer:
             set_fields[self.target.cache_rule.flag_field] = 1
         self.cache.sent(data, self._flag(set_fields))
         try:
-            parts = request_parts(self.target, Command.SET_TENSOR, set_fields, data)
-            client.send_raw(parts)
-            self.report.bytes_sent += sum(memoryview(p).nbytes for p in parts)
+            self.report.bytes_sent += send_request(client, self.target, Command.SET_TENSOR, set_fields, data)
         except ConnectionClosed as exc:
             self.compare.mismatch(path, dc, req, "transport", "the supplied data to be accepted",
                                   f"connection closed ({exc})")
@@ -420,7 +423,7 @@ def left_before_reply(dc: DecodedConnection) -> int | None:
     """Where in the server's stream the recorded client stopped reading (its FIN came before the server had sent
     everything the capture holds), or None for a client that read all it was sent."""
     c2s, s2c = dc.conn.c2s, dc.conn.s2c
-    if c2s.fin_peer_bytes is not None and c2s.fin_peer_bytes < len(s2c.data):
+    if c2s.fin_peer_bytes is not None and c2s.fin_peer_bytes < s2c.size:
         return c2s.fin_peer_bytes
     return None
 

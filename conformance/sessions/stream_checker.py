@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -64,6 +64,13 @@ class Violation:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+Buffer = bytes | bytearray | memoryview
+
+
+def _chunks(data: Buffer | Iterable[Buffer]) -> Iterator[Buffer]:
+    return iter((data,)) if isinstance(data, bytes | bytearray | memoryview) else iter(data)
 
 
 class StreamChecker:
@@ -125,14 +132,24 @@ class StreamChecker:
                 self._rp.receive_data(chunk)
                 self._drain(False)
 
-    def run(self, c2s: bytes | bytearray | memoryview, s2c: bytes | bytearray | memoryview) -> None:
+    def run(self, c2s: Buffer | Iterable[Buffer], s2c: Buffer | Iterable[Buffer]) -> None:
         """A whole captured connection: requests in order, each reply read as soon as it is due (as the proxy
-        sees them), then :meth:`close`."""
+        sees them), then :meth:`close`.  Each direction is the bytes or an iterable of chunks (a capture's streams
+        read a window at a time): chunks are fed only as the judging needs them, so memory stays bounded."""
+        feeds = {True: _chunks(c2s), False: _chunks(s2c)}
         with self.lock:
-            self._rq.receive_data(c2s)
-            self._rp.receive_data(s2c)
-            while (self._reply_due() and self._step(False)) or self._step(True) or self._step(False):
-                pass
+            while True:
+                while (self._reply_due() and self._step(False)) or self._step(True) or self._step(False):
+                    pass
+                # Nothing more from what was fed: feed the direction the judging waits for (a due reply first).
+                order = (False, True) if self._reply_due() else (True, False)
+                for from_client in order:
+                    chunk = next(feeds[from_client], None)
+                    if chunk is not None:
+                        (self._rq if from_client else self._rp).receive_data(chunk)
+                        break
+                else:
+                    break
         self.close()
 
     def close(self) -> None:

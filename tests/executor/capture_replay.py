@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 from ggml_rpc.conformance.sessions.decode import decode_file
+from ggml_rpc.conformance.sessions.spans import as_buffer
 from ggml_rpc.reference.executor import execute
 from ggml_rpc.reference.executor.nmse import nmse
 from ggml_rpc.reference.graph import GraphTensor, build_graph
@@ -69,7 +70,7 @@ class SimServer:
         elif cmd is Command.BUFFER_CLEAR:
             self.buffers[f["remote_ptr"]].memory[:] = f["value"]
         elif cmd is Command.SET_TENSOR:
-            data = np.frombuffer(req.data, dtype=np.uint8)
+            data = np.frombuffer(as_buffer(req.data), dtype=np.uint8)
             self._slice(f["tensor"], f["offset"], data.size)[:] = data
         elif cmd is Command.MEMSET_TENSOR:
             self._slice(f["tensor"], f["offset"], f["size"])[:] = f["value"]
@@ -107,7 +108,7 @@ def replay(path: str | Path) -> list[Comparison]:
                 last = msg.command.name
             got = sim.handle(msg, rep)
             if got is not None and last and rep is not None:
-                want = np.frombuffer(rep.data, dtype=np.float32)
+                want = np.frombuffer(as_buffer(rep.data), dtype=np.float32)
                 t = msg.fields["tensor"]
                 out.append(Comparison(dc.conn.index, i, tensor_name(t["name"]), t["op"],
                                       nmse(want, got.view(np.float32)), last, sim.computes, sim.last_ops))

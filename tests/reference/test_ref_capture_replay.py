@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from ggml_rpc.conformance.client import ConnectionClosed
 from ggml_rpc.conformance.sessions.decode import decode_file
+from ggml_rpc.conformance.sessions.spans import as_buffer
 from ggml_rpc.reference import running_server
 from ggml_rpc.reference.executor.nmse import nmse
 from ggml_rpc.spec import Command
@@ -82,7 +83,7 @@ def test_generation_session_is_accepted(real_captures, tmp_path, caplog, name, p
                 for req in conn.requests[1:]:  # HELLO was sent by connect()
                     fields = reloc.fields(req.command, req.fields)
                     try:
-                        reply = c.request(req.command, fields, req.data)
+                        reply = c.request(req.command, fields, as_buffer(req.data))
                         if reply is None:
                             assert c.device_count() == 1  # the no-reply command was accepted
                     except ConnectionClosed:
@@ -105,7 +106,7 @@ def test_generation_session_is_accepted(real_captures, tmp_path, caplog, name, p
                     elif req.command is Command.GET_TENSOR:
                         assert reply.data.nbytes == old.data.nbytes
                         if reply.data.nbytes % 4 == 0:
-                            want, got = (np.frombuffer(d, np.float32) for d in (old.data, reply.data))
+                            want, got = (np.frombuffer(d, np.float32) for d in (as_buffer(old.data), reply.data))
                             nmse_values.append(nmse(want, got))
             if stopped_at is not None:
                 break
@@ -133,7 +134,8 @@ def test_backend_ops_session_commands_are_accepted(real_captures, name, caplog) 
             with connect(srv) as c:
                 for req in conn.requests[1:]:
                     try:
-                        reply = c.request(req.command, reloc.fields(req.command, req.fields), req.data)
+                        reply = c.request(req.command, reloc.fields(req.command, req.fields),
+                                            as_buffer(req.data))
                     except ConnectionClosed:
                         assert req.command in GRAPH_COMMANDS, req.command.name
                         closes = [r.getMessage() for r in caplog.records if "closed:" in r.getMessage()]

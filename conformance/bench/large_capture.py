@@ -1,0 +1,79 @@
+"""A synthetic capture of about 1 GB and a way to measure a command's peak memory on it.
+
+The capture is one v7 session: HELLO, a buffer large enough for every tensor, ``tensors`` SET_TENSORs of ``size``
+bytes each, then each tensor read back whole (its GET_TENSOR reply the same bytes: a replay against any correct
+server compares them exactly).  It is written with :class:`~..sessions.pcapwrite.PcapWriter` one message at a time,
+so writing it holds one payload.  The bounded-memory test and ``bench/bench_bounded.py`` use it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from ggml_rpc.spec import V7, Command, GgmlType, encode_reply, encode_request, make_tensor
+from ggml_rpc.spec.facts import hello_reply
+
+from ..sessions.pcapwrite import PcapWriter
+
+MiB = 1 << 20
+
+#: Runs argv as a child and prints its wall time and peak RSS (RUSAGE_CHILDREN: this wrapper's only child).
+_WRAPPER = """
+import json, resource, subprocess, sys, time
+start = time.perf_counter()
+done = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+seconds = time.perf_counter() - start
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+print(json.dumps({"seconds": seconds, "peak_kib": peak, "rc": done.returncode,
+                  "stderr": done.stderr.decode(errors="replace")[-2000:]}))
+"""
+
+
+def payload(size: int, seed: int) -> bytes:
+    """``size`` bytes of F32 values (finite, varied): cheap to make, not compressible by accident."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(size // 4, dtype=np.float32).tobytes()
+
+
+def write_large_capture(path: str | Path, *, tensors: int = 3, size: int = 256 * MiB) -> int:
+    """Write the session to ``path``; returns the bytes of RPC payload it carries."""
+    base, handle = 0x10000, 0x5A5A0000
+    total = 0
+    with PcapWriter(path, start=1_700_000_000.0) as w:
+        flow = w.flow()
+
+        def exchange(command: Command, fields: dict, data: bytes | None = None, reply: bytes | None = None) -> None:
+            nonlocal total
+            req = encode_request(V7, command, fields, data)
+            flow.write(True, req)
+            total += len(req)
+            if reply is not None:
+                flow.write(False, reply)
+                total += len(reply)
+
+        exchange(Command.HELLO, {"conn_caps": bytes(24)}, reply=encode_reply(V7, Command.HELLO, hello_reply((7, 0, 0))))
+        exchange(Command.ALLOC_BUFFER, {"device": 0, "size": tensors * size},
+                 reply=encode_reply(V7, Command.ALLOC_BUFFER, {"remote_ptr": handle, "remote_size": tensors * size}))
+        exchange(Command.BUFFER_GET_BASE, {"remote_ptr": handle},
+                 reply=encode_reply(V7, Command.BUFFER_GET_BASE, {"base_ptr": base}))
+        made = [make_tensor(id=i + 1, type=GgmlType.F32, ne=(size // 4,), buffer=handle, data=base + i * size)
+                for i in range(tensors)]
+        for i, t in enumerate(made):
+            exchange(Command.SET_TENSOR, {"tensor": t, "offset": 0, "cache_flag": 0}, payload(size, i))
+        for i, t in enumerate(made):
+            data = payload(size, i)
+            exchange(Command.GET_TENSOR, {"tensor": t, "offset": 0, "size": size},
+                     reply=encode_reply(V7, Command.GET_TENSOR, {}, data))
+        exchange(Command.FREE_BUFFER, {"remote_ptr": handle})
+        flow.close()
+    return total
+
+
+def measure(argv: list[str]) -> dict:
+    """Wall time, peak RSS (KiB) and exit code of ``argv`` run as a child of a fresh wrapper process."""
+    out = subprocess.run([sys.executable, "-c", _WRAPPER, *argv], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
