@@ -139,11 +139,20 @@ class StreamChecker:
         feeds = {True: _chunks(c2s), False: _chunks(s2c)}
         with self.lock:
             while True:
-                while (self._reply_due() and self._step(False)) or self._step(True) or self._step(False):
-                    pass
-                # Nothing more from what was fed: feed the direction the judging waits for (a due reply first).
-                order = (False, True) if self._reply_due() else (True, False)
-                for from_client in order:
+                while True:
+                    if self._reply_due():
+                        if self._step(False):
+                            continue
+                        # A due reply comes before the next request is judged (the HELLO reply names the version
+                        # every later request is read in): feed the server's side first, while it has bytes.
+                        chunk = next(feeds[False], None)
+                        if chunk is not None:
+                            self._rp.receive_data(chunk)
+                            continue
+                    if not (self._step(True) or self._step(False)):
+                        break
+                # Nothing more from what was fed: feed the client's side, then the server's.
+                for from_client in (True, False):
                     chunk = next(feeds[from_client], None)
                     if chunk is not None:
                         (self._rq if from_client else self._rp).receive_data(chunk)
