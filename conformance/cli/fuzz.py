@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import time
 from pathlib import Path
 
 from ..harness import ExternalTarget, Target, TargetError, parse_address
+from .interrupts import soft_stop
 from .options import UsageError
 
 DEFAULT_OUT = "fuzz-findings"
@@ -154,21 +154,21 @@ def run(args: argparse.Namespace) -> int:
             target.stop()
             raise UsageError(str(exc)) from None
     target = campaign.target
-    def interrupted(signum: int, frame: object) -> None:
-        # First Ctrl-C: finish cleanly (summary, target stopped); a second one ends at once.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def stop() -> None:
+        # First signal: finish cleanly (summary, target stopped); a second one ends at once.  From here on a dead
+        # target is the kit's own doing (the group's signal reached it too): the campaign saves no finding.
         print("\ninterrupted: stopping after the current example (Ctrl-C again to abort)", file=sys.stderr)
         campaign.request_stop()
 
-    previous = signal.signal(signal.SIGINT, interrupted)
     try:
-        if args.server is None and args.spawn is None:
-            target.start()
-        print(f"fuzzing {target.description} at {target.address}, protocol {campaign.protocol.label}, seed "
-              f"{args.seed}", file=sys.stderr)
-        campaign.run()
+        with soft_stop(stop):
+            if args.server is None and args.spawn is None:
+                target.start()
+            print(f"fuzzing {target.description} at {target.address}, protocol {campaign.protocol.label}, seed "
+                  f"{args.seed}", file=sys.stderr)
+            campaign.run()
     finally:
-        signal.signal(signal.SIGINT, previous)
         target.stop()
         status.done()
     print_summary(campaign)
