@@ -43,6 +43,9 @@ def run(args: argparse.Namespace) -> int:
                          f"{len(listens)} given")
     if args.mss is not None and not 1 <= args.mss <= MAX_MSS:
         raise UsageError(f"--mss must be 1..{MAX_MSS}")
+    if args.pcap == "-":
+        # Standard output carries the banner, the VIOLATION lines and the summary: a pcap cannot share it.
+        raise UsageError("--output -: the proxy prints its report on standard output; give the pcap a FILE")
     if args.pcap:
         output_file(args.pcap, "--output")
 
