@@ -39,7 +39,7 @@ def test_text_output(capsys, gen_cold):
 
 
 def test_json_output(capsys, gen_cold):
-    assert main(["decode", "--json", gen_cold]) == 0
+    assert main(["decode", "--json", "-", gen_cold]) == 0
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     opens = [r for r in records if r.get("event") == "open"]
     assert len(opens) == 11 and {r["version"] for r in opens} == {"7.0.0"}
@@ -67,7 +67,7 @@ def test_forcing_v6_on_the_v7_capture_fails_at_set_tensor(capsys, gen_cold):
 
 
 def test_forcing_v6_json_error_record(capsys, gen_cold):
-    assert main(["decode", "--proto", "6", "--json", gen_cold]) == 1
+    assert main(["decode", "--proto", "6", "--json", "-", gen_cold]) == 1
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     errors = [r for r in records if r.get("event") == "error"]
     assert len(errors) == 1

@@ -34,12 +34,13 @@ def imported_by(*argv: str) -> set[str]:
 @pytest.mark.parametrize("argv", [["--help"], ["--version"], []])
 def test_the_top_level_imports_no_command_and_nothing_heavy(argv):
     assert imported_by(*argv) == {"ggml_rpc", "ggml_rpc.conformance", "ggml_rpc.conformance.cli",
-                                  "ggml_rpc.conformance.cli.options"}
+                                  "ggml_rpc.conformance.cli.interrupts", "ggml_rpc.conformance.cli.options"}
 
 
 def test_a_command_imports_its_own_module_only():
     cli_modules = {m for m in imported_by("spec", "--help") if m.startswith("ggml_rpc.conformance.cli.")}
-    assert cli_modules == {"ggml_rpc.conformance.cli.options", "ggml_rpc.conformance.cli.spec"}
+    assert cli_modules == {"ggml_rpc.conformance.cli.interrupts", "ggml_rpc.conformance.cli.options",
+                           "ggml_rpc.conformance.cli.spec"}
 
 
 def test_every_command_is_listed_with_its_help(capsys):

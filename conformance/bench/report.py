@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,13 @@ def figures_table(title: str, results: Sequence[FigureResult], names: Sequence[s
 
 
 def write_json(path: str | Path, doc: dict[str, Any]) -> None:
-    Path(path).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    """The record, in a file or on standard output for ``-`` (the CLI convention)."""
+    text = json.dumps(doc, indent=2) + "\n"
+    if str(path) == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        Path(path).write_text(text, encoding="utf-8")
 
 
 __all__ = ["BenchProgress", "cell", "figures_table", "fmt", "goal_cell", "header", "write_json"]

@@ -6,7 +6,8 @@ the parsed arguments and returning an exit code.  :data:`COMMANDS` lists every c
 ``ggml-rpc --help`` names them all without importing any; only the module of the command given on the command line
 is imported (and its parser built).  User mistakes raise :class:`~.options.UsageError` and end with one line on
 stderr and exit code 2, never a traceback.  A reader that closes standard output early (``ggml-rpc check | head``)
-is not an error: exit code 0.
+is not an error: exit code 0.  SIGINT and SIGTERM stop every command the same way, with exit code 130
+(see :mod:`.interrupts`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import signal
 import sys
-import threading
 from collections.abc import Iterable, Sequence
 from typing import NoReturn
 
+from . import interrupts
 from .options import UsageError
 
 #: Sub-commands, in the order ``--help`` lists them, with the one-line help it shows; the parser of ``NAME`` is
@@ -61,11 +61,6 @@ class _Version(argparse.Action):
 
         sys.stdout.write(f"ggml-rpc-kit {kit_version()}\n")
         parser.exit()
-
-
-def _terminate(signum: int, frame: object) -> None:
-    # SIGTERM stops a command the way Ctrl-C does, so servers and spawned targets are shut down and pcaps completed.
-    raise KeyboardInterrupt
 
 
 def build_parser(commands: Iterable[str] = ()) -> argparse.ArgumentParser:
@@ -131,18 +126,22 @@ def _run(argv: list[str]) -> int:
     if extra:
         parser.exit(2, f"ggml-rpc {args.command}: error: unrecognized arguments: {' '.join(extra)} "
                        f"(see ggml-rpc {args.command} --help)\n")
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
-    try:
-        code = int(args.func(args) or 0)
-        sys.stdout.flush()
+    with interrupts.handling():
+        code: int | None = None
+        try:
+            code = int(args.func(args) or 0)
+            sys.stdout.flush()
+        except UsageError as exc:
+            if interrupts.interrupted() is None:
+                print(f"ggml-rpc {args.command}: error: {exc}", file=sys.stderr)
+                return 2
+        except KeyboardInterrupt:
+            pass
+        signum = interrupts.interrupted()
+        if code is None or signum is not None:
+            # Whatever the command concluded after being told to stop, the run did not finish: one code.  (A
+            # KeyboardInterrupt without a signal comes from an embedding caller: an interrupt all the same.)
+            name = interrupts.signal_name(signum) if signum is not None else "SIGINT"
+            print(f"ggml-rpc {args.command}: interrupted ({name})", file=sys.stderr)
+            return interrupts.EXIT_INTERRUPTED
         return code
-    except UsageError as exc:
-        print(f"ggml-rpc {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"ggml-rpc {args.command}: interrupted", file=sys.stderr)
-        return 130
-    finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

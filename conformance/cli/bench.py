@@ -26,7 +26,7 @@ from ..bench.wire import MIB, BenchTarget, GetTensor, GraphCompute, HashHit, Rou
 from ..client import ConnectionClosed
 from ..harness import SpawnedTarget, TargetError, parse_address
 from .console import PipeConsole
-from .options import UsageError
+from .options import UsageError, proto_help
 
 KIB = 1 << 10
 
@@ -74,14 +74,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="another server to measure (repeatable), e.g. cpp=127.0.0.1:50052 for upstream rpc-server")
     p.add_argument("--no-reference", action="store_true",
                    help="do not start the reference server (the first --server becomes the baseline)")
-    p.add_argument("--proto", default="7", help="protocol of the reference server: 6, 7 or 7.0.1 (default 7)")
+    p.add_argument("--proto", default="7", help="protocol of the reference server: " + proto_help("7"))
     p.add_argument("--quick", action="store_true", help="small sizes and few repetitions: a few seconds in all")
     p.add_argument("--repeat", type=int, metavar="N", help="timed samples per figure and target (default 7, "
                    "--quick 3)")
     p.add_argument("--capture", type=Path, metavar="PCAP", help="decode and replay this capture instead of the "
                    "generated session (e.g. a real one)")
     p.add_argument("--no-kit", action="store_true", help="skip the kit figures (pcap writing, decode, replay)")
-    p.add_argument("--json", metavar="FILE", help="write every sample and statistic as JSON")
+    p.add_argument("--json", metavar="FILE|-", help="write every sample and statistic as JSON ('-': standard "
+                   "output)")
     p.add_argument("--no-upstream", action="store_true", help="without --server, do not add the installed upstream "
                    "rpc-server of the same version (`ggml-rpc upstream install`) as the server compared with")
     p.add_argument("--generation", type=int, default=None, metavar="ROUNDS",
@@ -195,7 +196,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--no-reference needs at least one --server")
     if args.capture is not None and not args.capture.is_file():
         raise UsageError(f"--capture {args.capture}: no such file")
-    console = PipeConsole(highlight=False)
+    # With the JSON on standard output the tables go to standard error, so stdout stays one document.
+    console = PipeConsole(highlight=False, stderr=args.json == "-")
     if not console.is_terminal:  # logs and pipes: wide enough that every row of the table stays on one line
         console.width = max(console.width, 160)
     started = time.time()

@@ -20,7 +20,7 @@ from ..harness import (
     select,
 )
 from .console import PipeConsole
-from .options import UsageError, output_file, parse_address, parse_proto
+from .options import UsageError, one_stdout, output_file, parse_address, parse_proto, proto_help
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,16 +37,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", metavar="HOST:PORT", help="address of the server under test")
     p.add_argument("--spawn", metavar="CMD", help="start the server under test with CMD ({port} is replaced by a "
                    "free port); it is restarted after a check kills it, and the death is reported")
-    p.add_argument("--proto", default="auto", help="auto (learn from HELLO), 6, 7 or 7.0.1: the version expected "
-                   "(and, without --server/--spawn, the one the embedded server speaks)")
+    p.add_argument("--proto", default="auto", help="the version expected (and, without --server/--spawn, the one "
+                   "the embedded server speaks): " + proto_help("auto", auto="learn it from HELLO"))
     p.add_argument("--checks", metavar="PATTERN", help="comma-separated shell patterns on check IDs or categories "
                    "(e.g. 'HELLO-*,cache-v7')")
     p.add_argument("--strict", action="store_true", help="SHOULD failures fail the run too")
     p.add_argument("--cache-dir", metavar="DIR", help="the server's cache directory: enables white-box cache checks "
                    "and makes a missing cache a failure")
-    p.add_argument("--json", metavar="FILE", help="write the results as JSON")
-    p.add_argument("--junit", metavar="FILE", help="write the results as JUnit XML (the verdict is a test case too)")
-    p.add_argument("--sarif", metavar="FILE", help="write the failed and blocked checks as SARIF 2.1.0")
+    p.add_argument("--json", metavar="FILE|-", help="write the results as JSON ('-': standard output, the text "
+                   "report then goes to standard error)")
+    p.add_argument("--junit", metavar="FILE|-", help="write the results as JUnit XML (the verdict is a test case "
+                   "too; '-': standard output)")
+    p.add_argument("--sarif", metavar="FILE|-", help="write the failed and blocked checks as SARIF 2.1.0 ('-': "
+                   "standard output)")
     p.add_argument("--html", metavar="DIR", help="write a static HTML report: DIR/index.html, a page per check with "
                    "its exchange decoded by the spec, DIR/protocol.html")
     p.add_argument("--pcap-dir", metavar="DIR", help="write each failing check's exchange as DIR/<ID>.pcap (real "
@@ -86,9 +89,12 @@ def run(args: argparse.Namespace) -> int:
     from ..harness.artifacts import write_html, write_pcaps
     from ..harness.report_files import write_json, write_junit, write_sarif
 
-    probe = Console()
+    # With a report on standard output the text report moves to standard error: stdout stays one document.
+    to_stderr = one_stdout(json=args.json, junit=args.junit, sarif=args.sarif)
+    probe = Console(stderr=to_stderr)
     # Logs and pipes get a wide table instead of rich's 80-column default (COLUMNS still wins when set).
-    console = PipeConsole(highlight=False, width=None if probe.is_terminal or "COLUMNS" in os.environ else 120)
+    console = PipeConsole(highlight=False, stderr=to_stderr,
+                          width=None if probe.is_terminal or "COLUMNS" in os.environ else 120)
     checks = select(CATALOGUE, args.checks)
     if not checks:
         raise UsageError(f"--checks {args.checks!r} matches no check (see --list)")

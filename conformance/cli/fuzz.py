@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import time
 from pathlib import Path
 
 from ..harness import ExternalTarget, Target, TargetError, parse_address
-from .options import UsageError
+from .interrupts import soft_stop
+from .options import UsageError, proto_help
 
 DEFAULT_OUT = "fuzz-findings"
 
@@ -27,15 +27,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        "reference server)")
     where.add_argument("--spawn", metavar="CMD", help="start the server with this command line ({port} is replaced "
                        "by a free port) and restart it after every crash")
-    p.add_argument("--proto", default="auto", help="auto (from the server's HELLO; 7 for the embedded server), 6, 7 "
-                   "or 7.0.1")
+    p.add_argument("--proto", default="auto", help=proto_help("auto", auto="from the server's HELLO; 7 for the "
+                                                             "embedded server"))
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--examples", type=int, default=None, metavar="N", help="stop after N examples")
     budget.add_argument("--seconds", type=float, default=None, metavar="S", help="stop after S seconds "
                         "(default: 60 when no budget is given)")
     p.add_argument("--seed", type=int, default=0, help="campaign seed (same seed, same examples)")
-    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"where findings are saved (default "
-                   f"{DEFAULT_OUT}/)")
+    p.add_argument("-o", "--output", "--out", dest="out", default=DEFAULT_OUT, metavar="DIR",
+                   help=f"where findings are saved (default {DEFAULT_OUT}/; --out: the older spelling, kept as an "
+                   "alias)")
     p.add_argument("--wait-restart", type=float, default=0.0, metavar="S", help="when the target dies and was not "
                    "spawned here, wait up to S seconds for it to come back instead of stopping")
     p.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds without reply or close that "
@@ -47,9 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "on after every death; one shrunk, re-verified reproducer per finding class")
     p.add_argument("--html", metavar="DIR", help="write DIR/index.html: one row per finding class, a page per class "
                    "with its reproducer's messages decoded by the spec")
-    p.add_argument("--sarif", metavar="FILE", help="also write the findings as SARIF 2.1.0 (one result per "
-                   "finding class, the reproducer as its artifact); findings.json goes to --out when anything "
-                   "was found, with --hunt, or with --sarif")
+    p.add_argument("--sarif", metavar="FILE", help="also write the findings as SARIF 2.1.0 (a file: standard "
+                   "output carries the summary; one result per finding class, the reproducer as its artifact); "
+                   "findings.json goes to --output when anything was found, with --hunt, or with --sarif")
     p.set_defaults(func=run)
 
 
@@ -119,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--seconds must be positive")
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
+    if args.sarif == "-":
+        raise UsageError("--sarif -: the summary is on standard output; give the SARIF log a FILE")
     try:
         protocol = None if args.proto == "auto" else parse_version_option(args.proto)
     except ValueError as exc:
@@ -154,21 +157,21 @@ def run(args: argparse.Namespace) -> int:
             target.stop()
             raise UsageError(str(exc)) from None
     target = campaign.target
-    def interrupted(signum: int, frame: object) -> None:
-        # First Ctrl-C: finish cleanly (summary, target stopped); a second one ends at once.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def stop() -> None:
+        # First signal: finish cleanly (summary, target stopped); a second one ends at once.  From here on a dead
+        # target is the kit's own doing (the group's signal reached it too): the campaign saves no finding.
         print("\ninterrupted: stopping after the current example (Ctrl-C again to abort)", file=sys.stderr)
         campaign.request_stop()
 
-    previous = signal.signal(signal.SIGINT, interrupted)
     try:
-        if args.server is None and args.spawn is None:
-            target.start()
-        print(f"fuzzing {target.description} at {target.address}, protocol {campaign.protocol.label}, seed "
-              f"{args.seed}", file=sys.stderr)
-        campaign.run()
+        with soft_stop(stop):
+            if args.server is None and args.spawn is None:
+                target.start()
+            print(f"fuzzing {target.description} at {target.address}, protocol {campaign.protocol.label}, seed "
+                  f"{args.seed}", file=sys.stderr)
+            campaign.run()
     finally:
-        signal.signal(signal.SIGINT, previous)
         target.stop()
         status.done()
     print_summary(campaign)

@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .options import UsageError, output_file
+from .options import UsageError, one_stdout, output_file, write_output
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,15 +20,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "server and through the checking proxy, replays of the recorded sessions, cross-version refusals and "
         "upstream test-backend-ops through the reference server. Exit code 0 only when every row passes."
     )
-    p.add_argument("--proto", default="all", help="6, 7 or all (default all)")
+    p.add_argument("--proto", default="all", help="the upstream releases: 6 or 7 (or in full: 6.0.0, 7.0), all "
+                   "(both; default)")
     p.add_argument("--rows", metavar="PATTERNS", help="comma-separated shell patterns on row IDs (default: all)")
     p.add_argument("--models", metavar="NAMES", help="comma-separated tiny models (default: all of them)")
     p.add_argument("--ops", metavar="OPS", default=None,
                    help="test-backend-ops: comma-separated ops to run, 'all' for every op upstream tests "
                    "(long), 'none' to skip (default: the fixed CI subset)")
     p.add_argument("--pcap-dir", metavar="DIR", help="keep the recorded upstream sessions here (default: a temp dir)")
-    p.add_argument("--json", metavar="FILE", help="write the results as JSON")
-    p.add_argument("--markdown", metavar="FILE", help="write the results as Markdown (INTEROP.md)")
+    p.add_argument("--json", metavar="FILE|-", help="write the results as JSON ('-': standard output)")
+    p.add_argument("--markdown", metavar="FILE|-", help="write the results as Markdown (INTEROP.md; '-': standard "
+                   "output)")
     p.add_argument("--html", metavar="DIR", help="write DIR/index.html: the version x role matrix and every row")
     p.add_argument("--list", action="store_true", help="print the rows and exit")
     p.set_defaults(func=run)
@@ -43,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
         versions = versions_option(args.proto)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    # With a report on standard output, the row lines go to standard error: stdout stays one document.
+    rows_out = sys.stderr if one_stdout(json=args.json, markdown=args.markdown) else sys.stdout
     for option, path in (("--json", args.json), ("--markdown", args.markdown)):
         if path:
             output_file(path, option)
@@ -76,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
 
         def progress(res: matrix.RowResult) -> None:
-            print(f"{res.id:<36} {res.status:<11} {res.seconds:>6.1f}s  {res.detail}", flush=True)
+            print(f"{res.id:<36} {res.status:<11} {res.seconds:>6.1f}s  {res.detail}", file=rows_out, flush=True)
 
         started = time.monotonic()
         results = matrix.run_rows(iter(selected), progress)
@@ -85,14 +89,14 @@ def run(args: argparse.Namespace) -> int:
     passed = sum(r.status == matrix.PASS for r in results)
     print(f"interop: {passed}/{len(results)} rows pass in {seconds:.0f} s", file=sys.stderr)
     if args.json:
-        Path(args.json).write_text(json.dumps(matrix.as_json(results, {**meta, "seconds": round(seconds, 1)}),
-                                              indent=2) + "\n")
+        write_output(args.json, json.dumps(matrix.as_json(results, {**meta, "seconds": round(seconds, 1)}),
+                                           indent=2) + "\n")
     if pcap_dir is not None and ws.manifest:
         manifest = {"doc": "Genuine upstream sessions recorded by `ggml-rpc interop --pcap-dir` through the checking "
                     "proxy (upstream llama-completion -> upstream rpc-server).", "fixtures": ws.manifest}
         (pcap_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     if args.markdown:
-        Path(args.markdown).write_text(interop_report.render_markdown(results, meta, seconds))
+        write_output(args.markdown, interop_report.render_markdown(results, meta, seconds))
     if args.html:
         Path(args.html).mkdir(parents=True, exist_ok=True)
         (Path(args.html) / "index.html").write_text(interop_report.render_html(results, meta, seconds))

@@ -7,6 +7,7 @@ Light on purpose: the ``ggml-rpc`` entry imports this module before it knows whi
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,22 @@ def port_number(text: str) -> int:
     if not text.isdigit() or not 0 < int(text) < 65536:
         raise argparse.ArgumentTypeError(f"expected a TCP port 1..65535, got {text!r}")
     return int(text)
+
+
+#: ``-`` in place of an output file: standard output, in every command.
+STDOUT = "-"
+
+#: The ``--proto`` spellings every command accepts (:func:`parse_proto`), for its help text.
+PROTO_SPELLINGS = "6, 7, 7.0.1 or 8 (or in full: 6.0.0, 7.0, 8.0.0)"
+
+
+def proto_help(default: str | None, *, auto: str | None = None, every: str | None = None) -> str:
+    """The help of a ``--proto`` option, the same words in every command: what ``auto``/``all`` mean there (when
+    the command takes them) and the default."""
+    extra = [f"auto ({auto})" if auto else "", f"all ({every})" if every else ""]
+    head = ", ".join(x for x in extra if x)
+    return (f"{head + ', ' if head else ''}{PROTO_SPELLINGS}"
+            + (f" (default {default})" if default else ""))
 
 
 def parse_proto(text: str, *, auto: bool = True) -> Protocol | None:
@@ -48,13 +65,40 @@ def parse_address(text: str, option: str, *, any_port: bool = False) -> tuple[st
 
 
 def output_file(path: str, option: str) -> str:
-    """An output file option, checked before any work is done: its folder must exist and it must not be one."""
+    """An output file option, checked before any work is done: its folder must exist and it must not be one
+    (``-`` is standard output)."""
+    if path == STDOUT:
+        return path
+    if option == "--json" and Path(path).suffix.lower() in (".pcap", ".pcapng", ".cap"):
+        # ``--json`` takes a FILE: the old flag spelling (``lint --json a.pcap b.pcap``) must not overwrite a capture.
+        raise UsageError(f"--json {path}: that is a capture; --json takes an output FILE or - (standard output)")
     target = Path(path)
     if target.is_dir():
         raise UsageError(f"{option} {path}: is a directory")
     if not target.parent.is_dir():
         raise UsageError(f"{option} {path}: no such directory {str(target.parent)!r}")
     return path
+
+
+def one_stdout(**options: str | None) -> bool:
+    """Refuse two outputs to standard output (they would interleave); True when one goes there, so the command
+    moves its text report to standard error and standard output stays one document."""
+    on_stdout = [f"--{name.replace('_', '-')}" for name, value in options.items() if value == STDOUT]
+    if len(on_stdout) > 1:
+        raise UsageError(f"{' and '.join(on_stdout)} both name standard output (-): give at most one of them -")
+    return bool(on_stdout)
+
+
+def write_output(path: str, text: str) -> None:
+    """Write an output file, or standard output for ``-``; a failure is a usage error naming the file."""
+    if path == STDOUT:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def os_reason(exc: OSError) -> str:

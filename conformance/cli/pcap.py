@@ -14,7 +14,7 @@ from ..client import ConnectionClosed
 from ..sessions.pcapwrite import MAX_MSS
 from ..sessions.recording import Recording, record
 from ..sessions.scenarios import SCENARIOS
-from .options import UsageError, output_file, parse_address
+from .options import UsageError, output_file, parse_address, proto_help
 
 MANIFEST_DOC = ("Sessions recorded by `ggml-rpc pcap record` (the kit's client, through the recording proxy, against "
                 "the reference server). Re-record them all with `ggml-rpc pcap record --all fixtures/`.")
@@ -27,8 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                               description="Scenarios: " + "; ".join(f"{s.name} (v{'/v'.join(map(str, s.majors))}): "
                                                                       f"{s.exercises}" for s in SCENARIOS.values()))
     rec.add_argument("--scenario", choices=sorted(SCENARIOS), help="the session to run")
-    rec.add_argument("--proto", default="7", choices=["6", "7", "8"], help="protocol version (default 7)")
-    rec.add_argument("-o", "--output", help="pcap file to write")
+    rec.add_argument("--proto", default="7", help="protocol version: " + proto_help("7"))
+    rec.add_argument("-o", "--output", metavar="FILE|-", help="pcap file to write ('-': standard output, the "
+                     "summary then goes to standard error)")
     rec.add_argument("--server", default=None, metavar="HOST:PORT",
                      help="record against this server (default: a fresh reference server with the hash cache on)")
     rec.add_argument("--mss", type=int, default=None, help="TCP segment size in the pcap (default 65495)")
@@ -64,6 +65,27 @@ def record_all(directory: Path, *, mss: int | None = None) -> list[Recording]:
     return out
 
 
+def _record_to_stdout(args: argparse.Namespace) -> int:
+    """``-o -``: record into a temporary file (the writer seeks), then copy it to standard output; the summary
+    goes to standard error."""
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="ggml-rpc-pcap-") as tmp:
+        path = str(Path(tmp) / "out.pcap")
+        stdout, sys.stdout = sys.stdout, sys.stderr
+        try:
+            code = run_record(argparse.Namespace(**{**vars(args), "output": path}))
+        finally:
+            sys.stdout = stdout
+        if code == 0:
+            sys.stdout.flush()
+            with open(path, "rb") as fh:
+                shutil.copyfileobj(fh, sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+        return code
+
+
 def run_record(args: argparse.Namespace) -> int:
 
     if args.mss is not None and not 1 <= args.mss <= MAX_MSS:
@@ -87,6 +109,8 @@ def run_record(args: argparse.Namespace) -> int:
     if not args.scenario or not args.output:
         raise UsageError("--scenario and -o are required (or --all DIR)")
     output_file(args.output, "-o")
+    if args.output == "-":
+        return _record_to_stdout(args)
     server = parse_address(args.server, "--server") if args.server else None
     if server is not None:
         # Reach the server before the recording proxy starts, so an address mistake is one line, not a broken run.

@@ -16,7 +16,7 @@ from .options import UsageError, os_reason, output_file, parse_address
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = (
         "Forwards every connection made to --listen to --upstream (several pairs: a fleet), decoding both "
-        "directions on the way; --pcap records what passed, --check reports spec violations of "
+        "directions on the way; -o/--output records what passed, --check reports spec violations of "
         "either side as they happen (the rules of `ggml-rpc lint`)."
     )
     p.add_argument("--listen", action="append", default=None, metavar="HOST:PORT",
@@ -25,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--upstream", action="append", required=True, metavar="HOST:PORT",
                    help="the real server; repeat it to front a fleet (a split model): one listening port per "
                    "server, one recording, one report")
-    p.add_argument("--pcap", default=None, metavar="OUT", help="write what passed as a pcap file")
+    p.add_argument("-o", "--output", "--pcap", dest="pcap", default=None, metavar="FILE",
+                   help="write what passed as a pcap file (--pcap: the older spelling, kept as an alias)")
     p.add_argument("--check", action="store_true", help="report spec violations as they happen")
     p.add_argument("--mss", type=int, default=None, help="segment size of the recorded TCP packets")
     p.set_defaults(func=run)
@@ -42,8 +43,11 @@ def run(args: argparse.Namespace) -> int:
                          f"{len(listens)} given")
     if args.mss is not None and not 1 <= args.mss <= MAX_MSS:
         raise UsageError(f"--mss must be 1..{MAX_MSS}")
+    if args.pcap == "-":
+        # Standard output carries the banner, the VIOLATION lines and the summary: a pcap cannot share it.
+        raise UsageError("--output -: the proxy prints its report on standard output; give the pcap a FILE")
     if args.pcap:
-        output_file(args.pcap, "--pcap")
+        output_file(args.pcap, "--output")
 
     def show(v: Violation) -> None:
         print(f"VIOLATION {v.line()}", file=sys.stdout, flush=True)

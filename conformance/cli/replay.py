@@ -17,7 +17,16 @@ from ..sessions.capture import CaptureError
 from ..sessions.compare import DEFAULT_NMSE, ReplayReport
 from ..sessions.fleet import recorded_servers, replay_fleet
 from ..sessions.replay import DEATH, Replayer, ReplayError, load_captures, source_protocol
-from .options import UsageError, output_file, parse_address, parse_proto
+from .options import (
+    PROTO_SPELLINGS,
+    STDOUT,
+    UsageError,
+    output_file,
+    parse_address,
+    parse_proto,
+    proto_help,
+    write_output,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,18 +43,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "fresh hash cache; one per recorded server when the captures hold several). Give it once to "
                    "send every connection to one server, or once per recorded server (in the order of their first "
                    "connection) to replay a split model's fleet, all servers at once")
-    p.add_argument("--proto", default="auto", help="version of the captures: auto (from each HELLO reply), 6, 7 "
-                   "or 8")
-    p.add_argument("--as", dest="as_proto", default=None, choices=["6", "7", "8"],
-                   help="rewrite the session for a server of this version (cache_flag, graph uids; refused, before "
-                   "anything is sent, for commands the version does not have)")
+    p.add_argument("--proto", default="auto", help="version of the captures: " + proto_help(
+        "auto", auto="from each HELLO reply"))
+    p.add_argument("--as", dest="as_proto", default=None, metavar="VERSION",
+                   help=f"({PROTO_SPELLINGS}) rewrite the session for a server of this version (cache_flag, graph "
+                   "uids; refused, before anything is sent, for commands the version does not have)")
     p.add_argument("--nmse", type=float, default=DEFAULT_NMSE, help=f"tolerance for computed reads "
                    f"(default {DEFAULT_NMSE:g})")
     p.add_argument("--until-compute", action="store_true",
                    help="replay each connection only up to its first GRAPH_COMPUTE/RECOMPUTE (servers without a "
                    "graph executor)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for any one reply")
-    p.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON ('-': standard "
+    p.add_argument("--json", default=None, metavar="FILE|-", help="also write the report as JSON ('-': standard "
                    "output, the text report then goes to standard error)")
     p.set_defaults(func=run)
 
@@ -89,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         raise UsageError("--timeout must be positive")
     servers = [parse_address(text, "--server") for text in args.server or ()]
-    if args.json and args.json != "-":
+    if args.json:
         output_file(args.json, "--json")
     try:
         captures = load_captures(args.pcap, protocol)
@@ -130,15 +139,7 @@ def run(args: argparse.Namespace) -> int:
     except ReplayError as exc:
         raise UsageError(str(exc)) from None
     # With the JSON on standard output the text report moves to stderr, so the output stays one JSON document.
-    print_report(report, sys.stderr if args.json == "-" else sys.stdout)
+    print_report(report, sys.stderr if args.json == STDOUT else sys.stdout)
     if args.json:
-        text = json.dumps(report.as_dict(), indent=2)
-        if args.json == "-":
-            sys.stdout.write(text + "\n")
-        else:
-            try:
-                with open(args.json, "w") as fh:
-                    fh.write(text + "\n")
-            except OSError as exc:
-                raise UsageError(f"cannot write {args.json}: {exc.strerror or exc}") from None
+        write_output(args.json, json.dumps(report.as_dict(), indent=2) + "\n")
     return 0 if report.ok else 1

@@ -11,7 +11,7 @@ import sys
 from ggml_rpc.spec import DEFAULT_HOST, DEFAULT_PORT
 
 from ..harness import format_address
-from .options import UsageError, os_reason, parse_proto
+from .options import UsageError, os_reason, parse_proto, proto_help
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST})")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free)")
-    p.add_argument("--proto", default="7", help="protocol version: 6, 7 or 7.0.1 (default 7)")
+    p.add_argument("--proto", default="7", help="protocol version: " + proto_help("7"))
     p.add_argument("--cache-dir", help="hash cache directory (default: no cache)")
     p.add_argument("--cache-max-bytes", help="bound the cache directory (least recently used entries go first)")
     p.add_argument("--devices", type=int, default=1, help="number of devices (default 1)")

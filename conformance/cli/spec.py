@@ -7,11 +7,11 @@ import sys
 
 from ggml_rpc.spec.docs import render_markdown
 
-from .options import parse_proto
+from .options import parse_proto, proto_help
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--proto", default=None, help="only this version (6, 7 or 7.0.1); default: all")
+    p.add_argument("--proto", default=None, help="only this version: " + proto_help(None) + "; default: all")
     p.set_defaults(func=run)
 
 

@@ -195,7 +195,7 @@ class Campaign(FindingSaver):
         if self._shrink_started is not None and not self.giving_up and \
                 time.monotonic() - self._shrink_started > self.options.shrink_seconds:
             self.giving_up = True
-        if self._dead and not self.gone and not self.alive():
+        if self._dead and not self.gone and not self.stop_requested and not self.alive():
             try:
                 self._revive()
             except TargetGone as exc:
@@ -243,6 +243,8 @@ class Campaign(FindingSaver):
 
     def found(self, example: Example, finding: Finding) -> None:
         """Keep the smallest failing example of the round's first kind of failure (what shrinking converges to)."""
+        if self.stop_requested:
+            return  # after a stop request a failure may be the kit's own termination (the target got the signal)
         first = self._first_failure
         if first is None:
             self._shrink_started = time.monotonic()

@@ -143,6 +143,8 @@ class Hunt(Campaign):
         finding reaches :meth:`_record` as the exception it is."""
 
     def _record(self, ex: Example, finding: Finding) -> None:
+        if self.stop_requested:
+            return  # stopping: the failure may be the kit's own termination, and shrinking would outlast 2 s
         self.hunt.findings_seen += 1
         key = finding.signature
         saved = self._classes.get(key)

@@ -47,7 +47,9 @@ class FindingSaver:
             saved.notes.append(f"not shrunk: {why}")
 
     def _save(self, finding: Finding, transcript: list, *, shrunk: bool) -> SavedFinding | None:
-        if finding.signature in self._seen:
+        if finding.signature in self._seen or self.stop_requested:
+            # Stopping: the failure may be the kit's own termination (a process group's signal reaches a target
+            # the kit started too), and re-verifying it would outlast the 2 s a stop may take.
             return None
         self._seen.add(finding.signature)
         transcript = [conn for conn in transcript if conn]

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import xml.etree.ElementTree as ET
 from datetime import UTC, datetime
 from pathlib import Path
@@ -82,8 +83,17 @@ def to_json(runner: Runner, strict: bool = False) -> dict[str, Any]:
     }
 
 
+def _write(path: str | Path, text: str) -> None:
+    """A report file, or standard output for ``-`` (the CLI convention)."""
+    if str(path) == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        Path(path).write_text(text, encoding="utf-8")
+
+
 def write_json(runner: Runner, path: str | Path, strict: bool = False) -> None:
-    Path(path).write_text(json.dumps(to_json(runner, strict), indent=2) + "\n", encoding="utf-8")
+    _write(path, json.dumps(to_json(runner, strict), indent=2) + "\n")
 
 
 def evidence_lines(r: Result) -> list[str]:
@@ -187,9 +197,9 @@ def to_junit(runner: Runner, strict: bool = False) -> ET.Element:
 
 
 def write_junit(runner: Runner, path: str | Path, strict: bool = False) -> None:
-    tree = ET.ElementTree(to_junit(runner, strict))
-    ET.indent(tree)
-    tree.write(path, encoding="utf-8", xml_declaration=True)
+    root = to_junit(runner, strict)
+    ET.indent(root)
+    _write(path, "<?xml version='1.0' encoding='utf-8'?>\n" + ET.tostring(root, encoding="unicode") + "\n")
 
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -241,4 +251,4 @@ def to_sarif(runner: Runner, strict: bool = False) -> dict[str, Any]:
 
 
 def write_sarif(runner: Runner, path: str | Path, strict: bool = False) -> None:
-    Path(path).write_text(json.dumps(to_sarif(runner, strict), indent=2) + "\n", encoding="utf-8")
+    _write(path, json.dumps(to_sarif(runner, strict), indent=2) + "\n")

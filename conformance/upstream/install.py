@@ -65,13 +65,19 @@ def _run_logged(argv: list[str], log: Path, env: dict[str, str], say: Say, label
     last = -10
     with log.open("ab") as out, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env) as p:
         assert p.stdout is not None
-        for raw in p.stdout:
-            out.write(raw)
-            m = _PROGRESS.search(raw.decode("utf-8", "replace"))
-            if m and int(m.group(1)) >= last + 10:
-                last = int(m.group(1))
-                say(f"  {label}: {last}% built")
-        code = p.wait()
+        try:
+            for raw in p.stdout:
+                out.write(raw)
+                m = _PROGRESS.search(raw.decode("utf-8", "replace"))
+                if m and int(m.group(1)) >= last + 10:
+                    last = int(m.group(1))
+                    say(f"  {label}: {last}% built")
+            code = p.wait()
+        except BaseException:
+            # Interrupted: the build must not go on without us (Popen's exit waits only 0.25 s, then leaves it).
+            p.kill()
+            p.wait()
+            raise
     if code != 0:
         raise InstallError(f"{label} failed (exit {code}); the build log is {log}")
 

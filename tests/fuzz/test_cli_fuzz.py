@@ -119,7 +119,7 @@ def test_ctrl_c_stops_cleanly_with_a_summary(tmp_path, capsys):
     timer.start()
     t0 = time.monotonic()
     try:
-        assert main(["fuzz", "--seconds", "60", "--out", str(tmp_path)]) == 0
+        assert main(["fuzz", "--seconds", "60", "--out", str(tmp_path)]) == 130
     finally:
         timer.cancel()
     assert time.monotonic() - t0 < 30

@@ -115,7 +115,7 @@ def test_cli_exit_code_and_json(tmp_path, capsys):
             ]
         ],
     )
-    assert main(["lint", "--json", str(path)]) == 1
+    assert main(["lint", "--json", "-", str(path)]) == 1
     out = capsys.readouterr().out
     assert '"rule": "CACHE-FLAG-NO-MISS"' in out
     assert main(["lint", str(tmp_path / "missing.pcap")]) == 2
