@@ -160,7 +160,8 @@ def test_replay_against_a_server_that_answers_garbage_is_a_mismatch(capsys):
     out, err = capsys.readouterr()
     assert err == ""
     assert "MISMATCH" in out and "message 0 HELLO [exact]: expected a 28-byte reply" in out
-    assert "reply size claim" in out and out.endswith("1 mismatch(es)\n")
+    # The listener took one connection and closed: the replay also says the target stopped accepting.
+    assert "reply size claim" in out and "1 mismatch(es)" in out
 
 
 def test_serve_prints_an_ipv6_address_that_check_reads_back():

@@ -438,8 +438,10 @@ def replay(
     nmse_tolerance: float = DEFAULT_NMSE,
     timeout: float = 120.0,
     until_compute: bool = False,
+    check_alive: bool = True,
 ) -> ReplayReport:
-    """Decode ``paths`` and replay them against ``host:port``."""
+    """Decode ``paths`` and replay them against ``host:port`` (``check_alive``: then make sure it still answers a
+    HELLO, so that a death on the last message is not taken for the recorded close)."""
     captures = load_captures(paths, protocol)
     return Replayer(captures, host, port, as_protocol=as_protocol, nmse_tolerance=nmse_tolerance,
-                    timeout=timeout, until_compute=until_compute).run()
+                    timeout=timeout, until_compute=until_compute).run(check_alive=check_alive)

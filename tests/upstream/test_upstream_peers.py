@@ -66,15 +66,19 @@ def test_completion_through_the_reference_server_prints_the_cpu_text(upstream_pe
 
 
 @pytest.mark.upstream
-def test_check_against_upstream_has_no_must_failure_and_attributes_the_deaths(upstream_peer, tmp_path) -> None:
+def test_check_against_upstream_attributes_every_failure_to_a_death(upstream_peer, tmp_path) -> None:
+    """Upstream dies on bad input: not conformant (exit 1), each death failing its check at the check's own level
+    with its signal, and no failure that is not a death but the known leak (DATA-030)."""
     server = UpstreamServer(upstream_peer, cache=True, llama_cache=tmp_path)
     server.cache_dir.mkdir(parents=True)
     out = tmp_path / "check.json"
     done = kit("check", "--spawn", server.spawn_command(), "--cache-dir", str(server.cache_dir), "--json", str(out))
     report = json.loads(out.read_text())
-    assert done.code == 0 and report["summary"]["must_failures"] == 0
+    assert done.code == 1 and report["verdict"]["state"] == "not conformant"
     deaths = {r["id"]: r for r in report["results"] if r["server_death"]}
-    assert len(deaths) >= 5
+    assert len(deaths) >= 5 and report["verdict"]["deaths"] == len(deaths)
     for r in deaths.values():
-        assert r["failed_level"] == "SHOULD" and "killed by signal SIG" in r["message"]
+        assert r["failed_level"] == r["level"] and "killed by signal SIG" in r["message"]
+    failed = {r["id"] for r in report["results"] if r["outcome"] in ("fail", "error")}
+    assert failed - set(deaths) <= {"DATA-030"}
     assert "FRAME-010" in deaths and "refused" not in deaths["FRAME-010"]["message"]
