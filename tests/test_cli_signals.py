@@ -172,9 +172,11 @@ def test_replay_waiting_for_a_silent_server_exits_130(signum, group):
 
 @pytest.mark.parametrize(("signum", "group"), [HOW[0], HOW[3]])
 def test_bench_exits_130(tmp_path, signum, group):
-    run = Running(["bench", "--quick", "--no-upstream", "--json", str(tmp_path / "b.json")])
+    # Many samples: the run must still be measuring when the signal comes (a quick run can end within a second).
+    run = Running(["bench", "--quick", "--repeat", "500", "--no-upstream", "--json", str(tmp_path / "b.json")])
     run.wait_for("quick run")
     time.sleep(1.0)
+    assert run.proc.poll() is None, run.output
     assert_stopped(run, run.stop(signum, group=group))
     assert not (tmp_path / "b.json").exists()
 
