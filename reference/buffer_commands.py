@@ -1,4 +1,4 @@
-"""The reference connection's buffer and device commands (a mixin of :class:`.connection.Connection`)."""
+"""The reference connection's buffer and device commands (a mixin of :class:`.core.ServerCore`)."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ class BufferCommands:
         if encoded is None:  # a version whose reply is not fixed-size (none today): encode it each time
             self._reply(command, fields)
         else:
-            self.sock.sendall(encoded)
+            self._out.append(encoded)
 
     def _get_device_memory(self, f: dict[str, Any]) -> None:
         dev = self.table.devices[self._device(f["device"], "GET_DEVICE_MEMORY")]

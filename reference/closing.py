@@ -1,6 +1,20 @@
-"""How a reference connection ends: the two exceptions its loop turns into a logged reason."""
+"""How a reference command waits for bytes, and how a connection ends: the two exceptions its I/O loop turns into a
+logged reason."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+
+
+class Wait:
+    """What a command waits for (``want``: that many bytes, or a view to fill) and how the end of the stream there
+    is reported (``eof``: the reason, given the bytes that did arrive)."""
+
+    __slots__ = ("eof", "want")
+
+    def __init__(self, want: int | memoryview, eof: Callable[[int], str]) -> None:
+        self.want = want
+        self.eof = eof
 
 
 class Close(Exception):

@@ -1,5 +1,5 @@
 """The reference connection's two-dimensional transfers of 8.0.0: SET_TENSOR_2D and GET_TENSOR_2D (a mixin of
-:class:`.connection.Connection`).
+:class:`.core.ServerCore`).
 
 A 2-D region is ``n_copies`` rows of ``size`` bytes, the first at ``tensor.data + offset``, each ``stride`` bytes
 after the one before; on the wire the rows travel packed.  Both commands check the region the way upstream does
@@ -9,7 +9,7 @@ and SET_TENSOR_2D's payload must be exactly its header and ``size * n_copies`` b
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
 import numpy as np
 from ggml_rpc.spec import Payload
@@ -24,7 +24,7 @@ from .tensor_commands import _SIZE_LIMIT, _Tensor
 
 
 class RowCommands:
-    """SET_TENSOR_2D and GET_TENSOR_2D; needs the connection's tensor checks, reader and send methods."""
+    """SET_TENSOR_2D and GET_TENSOR_2D; needs the core's tensor checks and reply queue."""
 
     def _rows(self, t: _Tensor, offset: int, size: int, n_copies: int, stride: int,
               command: str) -> tuple[Buffer, int, int]:
@@ -44,19 +44,19 @@ class RowCommands:
                         f"{_upstream('close')}")
         return buf, t.data - buf.base + offset, span
 
-    def _set_tensor_2d_runner(self, payload: Payload) -> Callable[[int], None]:
+    def _set_tensor_2d_runner(self, payload: Payload) -> Callable[[int], Generator]:
         layout = flat_layout(payload.schema)
         slots = layout.slots()
         names = ("tensor", "offset", "size", "n_copies", "stride")
         tensor, offset, size, n_copies, stride = (slots[n][0] for n in names)
         head = layout.size
 
-        def run(claim: int) -> None:
+        def run(claim: int) -> Generator:
             if claim < head:
                 raise Close(f"SET_TENSOR_2D size {claim} below its {head}-byte header{_upstream('close')}")
             if claim >= _SIZE_LIMIT:
                 raise Close(f"SET_TENSOR_2D size {claim} >= 2^63{_upstream('process abort, uncaught length error')}")
-            f = layout.struct.unpack(self._read(head))
+            f = layout.struct.unpack((yield head))
             n, rows, row = claim - head, f[n_copies], f[size]
             if rows == 0 or row == 0 or row * rows != n:
                 raise Close(f"SET_TENSOR_2D: {n} data bytes for n_copies {rows} x size {row}{_upstream('close')}")
@@ -66,12 +66,12 @@ class RowCommands:
             buf.epoch += 1
             step = f[stride]
             if step == row:
-                self._read_into(buf.view()[start : start + n])
+                yield buf.view()[start : start + n]
                 return
             view = buf.view()
             for i in range(rows):  # rows land in order: with stride < size a later row overwrites, as upstream's
                 at = start + i * step
-                self._read_into(view[at : at + row])
+                yield view[at : at + row]
 
         return run
 
