@@ -93,10 +93,10 @@ class CommCommands:
         if device >= self.config.devices or world != 2 or rank >= world:
             log.info("%s: COMM_INIT device %d rank %d of %d: only two ranks are served", self.name, device, rank,
                      world)
-            self._reply(Command.COMM_INIT, {"ok": 0})
+            self.reply(Command.COMM_INIT, {"ok": 0})
             return
         if device in self.comms:
-            self._reply(Command.COMM_INIT, {"ok": 1})  # already joined, as upstream answers
+            self.reply(Command.COMM_INIT, {"ok": 1})  # already joined, as upstream answers
             return
         try:
             if self.links is None:
@@ -104,11 +104,11 @@ class CommCommands:
             link = self.links.open(rank, host, port)
         except (OSError, ConnectionError, ValueError) as exc:
             log.info("%s: COMM_INIT device %d rank %d: %s", self.name, device, rank, exc)
-            self._reply(Command.COMM_INIT, {"ok": 0})
+            self.reply(Command.COMM_INIT, {"ok": 0})
             return
         self.comms[device] = Communicator(rank, link)
         log.info("%s: device %d joined the communicator as rank %d", self.name, device, rank)
-        self._reply(Command.COMM_INIT, {"ok": 1})
+        self.reply(Command.COMM_INIT, {"ok": 1})
 
     def _comm_allreduce(self, f: dict[str, Any]) -> None:
         device = self._device(f["device"], "COMM_ALLREDUCE")

@@ -191,9 +191,6 @@ class ServerCore(TensorCommands, RowCommands, BufferCommands, GraphCommands, Com
         """Queue raw reply bytes (buffers, sent in order without a copy)."""
         self._out.extend(parts)
 
-    _reply = reply
-    _send = send
-
     def _send_data(self, head: bytes, data: memoryview) -> None:
         self._out.append(head)
         self._out.append(data)
@@ -347,11 +344,6 @@ class ServerCore(TensorCommands, RowCommands, BufferCommands, GraphCommands, Com
         self.commands += 1
         if self.config.verbose:
             log.info("%s: HELLO -> %s", self.name, self.protocol.label)
-
-    @property
-    def greeted(self) -> bool:
-        """Whether the HELLO exchange is done."""
-        return self.commands > 0
 
     def release(self) -> None:
         """Free everything the connection holds (buffers, stored graphs, links, a save under way); idempotent."""

@@ -148,15 +148,15 @@ class TensorCommands:
         if n is None and self.cache is not None and self.cache.wait_for_saves(_SAVE_WAIT):
             n = self.cache.entry_size(digest)  # another connection was saving: maybe this very entry
         if n is None:
-            self._reply(Command.SET_TENSOR_HASH, {"result": 0})
+            self.reply(Command.SET_TENSOR_HASH, {"result": 0})
             return
         t = self._flat_tensor(f, slots["tensor"][0], "SET_TENSOR_HASH")
         region = self._region(t, f[slots["offset"][0]], n, "SET_TENSOR_HASH")
         t.buffer.epoch += 1  # type: ignore[union-attr]  # a hit writes the region (a miss may have, see load_into)
         if self.cache is None or not self.cache.load_into(digest, region):
-            self._reply(Command.SET_TENSOR_HASH, {"result": 0})
+            self.reply(Command.SET_TENSOR_HASH, {"result": 0})
             return
-        self._reply(Command.SET_TENSOR_HASH, {"result": 1})
+        self.reply(Command.SET_TENSOR_HASH, {"result": 1})
 
     def _get_tensor(self, f: dict[str, Any]) -> None:
         """GET_TENSOR from the decoded dict: for replacement handlers that call it (the server uses the flat one)."""
@@ -200,7 +200,7 @@ class TensorCommands:
         if dst.buffer.size == 0:
             # Upstream allocates a zero-size buffer as a dummy without a copy function: the copy is declined
             # (result 0), not failed, even when there is nothing to copy.
-            self._reply(Command.COPY_TENSOR, {"result": 0})
+            self.reply(Command.COPY_TENSOR, {"result": 0})
             return
         if d + n > dst.buffer.end:
             raise Close(f"COPY_TENSOR: {n} bytes from dst data {d:#x} run past the dst buffer end "
@@ -210,7 +210,7 @@ class TensorCommands:
         dst.buffer.epoch += 1
         # numpy copies overlapping ranges correctly (memmove semantics).
         np.copyto(dst.buffer.memory[d_off : d_off + n], src.buffer.memory[s_off : s_off + n])
-        self._reply(Command.COPY_TENSOR, {"result": 1})
+        self.reply(Command.COPY_TENSOR, {"result": 1})
 
     def _init_tensor_flat(self, f: tuple, slots: dict[str, tuple[int, int]]) -> None:
         t = self._flat_tensor(f, slots["tensor"][0], "INIT_TENSOR")
@@ -229,12 +229,12 @@ class TensorCommands:
             if f[start + _T_ID] != 0 and stype < GGML_TYPE_COUNT and not TYPES[stype].removed:
                 self._flat_tensor(f, start, "GET_ALLOC_SIZE", f"srcs[{i}]")
         # CPU buffer types allocate exactly ggml_nbytes, a size_t upstream: it wraps past 2^64 rather than fail.
-        self._reply(Command.GET_ALLOC_SIZE, {"alloc_size": t.nbytes & U64_MASK})
+        self.reply(Command.GET_ALLOC_SIZE, {"alloc_size": t.nbytes & U64_MASK})
 
     def _supports_op(self, f: dict[str, Any]) -> None:
         self._device(f["device"], "GET_DEVICE_SUPPORTS_OP")
         op = self._tensor(f["op"], "GET_DEVICE_SUPPORTS_OP", "op")
         srcs = [self._tensor(s, "GET_DEVICE_SUPPORTS_OP", f"srcs[{i}]") if s["id"] else None
                 for i, s in enumerate(f["srcs"])]
-        self._reply(Command.GET_DEVICE_SUPPORTS_OP, {"supported": int(self._executor_supports(op, srcs))})
+        self.reply(Command.GET_DEVICE_SUPPORTS_OP, {"supported": int(self._executor_supports(op, srcs))})
 
