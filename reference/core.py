@@ -29,7 +29,7 @@ Rules of this module (what it may know and what it must not):
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 from ggml_rpc.spec import Command, Payload, encode_reply, hello_reply
@@ -40,7 +40,7 @@ from ggml_rpc.spec.messages import Shape
 
 from .buffer_commands import BufferCommands
 from .cache import HashCache
-from .closing import Close, PeerGone, Wait
+from .closing import Bulk, Close, PeerGone, Wait, fill
 from .closing import upstream as _upstream
 from .comm import CommCommands, Communicator, Links
 from .config import ServerConfig
@@ -53,6 +53,8 @@ from .tensor_commands import TensorCommands
 log = logging.getLogger("ggml_rpc.reference")
 
 _HEADER = REQUEST_HEADER.unpack_from
+#: The event of a command without a reply.
+_NO_REPLY: tuple = ()
 
 
 #: A command that needs more bytes than its header: a generator that yields what it waits for (an int: that many
@@ -127,7 +129,8 @@ class ServerCore(TensorCommands, RowCommands, BufferCommands, GraphCommands, Com
 
     def _dispatch_table(self, replaced: Mapping[Command, Any]) -> dict[int, tuple[Command, int, Callable]]:
         """Per command id of this version (HELLO excepted), framed as the codec's framers frame it: (command, exact
-        size or -1 when variable, runner).  A fixed-size runner takes the payload bytes, a variable-size one the
+        size or a negative kind, runner).  A fixed-size runner takes a buffer and the payload's offset in it; a
+        headed one (-1: SET_TENSOR, SET_TENSOR_2D) is a :data:`.tensor_commands.Headed`; any other (-2) takes the
         claimed size and returns the :data:`Receiver` that takes the payload."""
         # Hot commands read the flat tuple of the request's derived layout instead of a nested dict.
         flat_handlers: dict[Command, Callable[[tuple, dict[str, tuple[int, int]]], None]] = {
@@ -140,7 +143,7 @@ class ServerCore(TensorCommands, RowCommands, BufferCommands, GraphCommands, Com
             Command.GET_ALLOC_SIZE: self._get_alloc_size_flat,
             Command.GET_TENSOR_2D: self._get_tensor_2d_flat,
         }
-        dispatch: dict[int, tuple[Command, int, Callable]] = {}
+        dispatch: dict[int, tuple[Command, int, Any]] = {}
         for cmd_id, frame in request_frames(self.protocol).items():
             cmd, req = frame.command, frame.payload
             if frame.exact >= 0:
@@ -150,24 +153,24 @@ class ServerCore(TensorCommands, RowCommands, BufferCommands, GraphCommands, Com
             elif cmd is Command.SET_TENSOR_2D:
                 dispatch[cmd_id] = (cmd, -1, self._set_tensor_2d_runner(req))
             elif cmd is Command.GRAPH_COMPUTE:
-                dispatch[cmd_id] = (cmd, -1, lambda size, req=req: self._graph_compute(req, size))
+                dispatch[cmd_id] = (cmd, -2, lambda size, req=req: self._graph_compute(req, size))
             else:  # pragma: no cover - every shape of every version is handled above
-                dispatch[cmd_id] = (cmd, -1, lambda size, name=cmd.name: self._no_handler(name))
+                dispatch[cmd_id] = (cmd, -2, lambda size, name=cmd.name: self._no_handler(name))
         return dispatch
 
     def _fixed_runner(self, cmd: Command, req: Payload, flat_handlers: Mapping,
-                      replaced: Mapping[Command, Any]) -> Callable[[bytes], None]:
+                      replaced: Mapping[Command, Any]) -> Callable[[Any, int], None]:
         layout = flat_layout(req.schema)
-        unpack_dict = layout.unpack
+        unpack_dict, size = layout.unpack, layout.size
         hook = replaced.get(cmd)
         if hook is not None:  # a test's replacement: the decoded fields, and this core to answer through
-            return lambda body: hook(self, unpack_dict(body) if body else {})
+            return lambda buf, at: hook(self, unpack_dict(bytes(buf[at : at + size])) if size else {})
         flat = flat_handlers.get(cmd)
-        if flat is not None:
-            unpack, slots = layout.struct.unpack, layout.slots()
-            return lambda body: flat(unpack(body), slots)
+        if flat is not None:  # unpacked where the request lies: no copy of its bytes
+            unpack_from, slots = layout.struct.unpack_from, layout.slots()
+            return lambda buf, at: flat(unpack_from(buf, at), slots)
         handler = self.handlers[cmd]
-        return lambda body: handler(unpack_dict(body) if body else {})
+        return lambda buf, at: handler(unpack_dict(bytes(buf[at : at + size])) if size else {})
 
     @staticmethod
     def _no_handler(name: str) -> Receiver:
@@ -218,9 +221,9 @@ class ServerCore(TensorCommands, RowCommands, BufferCommands, GraphCommands, Com
 
     # ---- events ----------------------------------------------------------------------------------------------
 
-    def next_event(self) -> list | None:
-        """Run the stream until a command completes: its reply as a list of buffers (empty when it has none), or
-        None when more bytes are needed.  Raises :class:`Close` or :class:`PeerGone` when the connection ends."""
+    def next_event(self) -> Sequence | None:
+        """Run the stream until a command completes: its reply as a sequence of buffers (empty when it has none),
+        or None when more bytes are needed.  Raises :class:`Close` or :class:`PeerGone` when the connection ends."""
         try:
             while True:
                 if self._gen is None:
@@ -229,7 +232,10 @@ class ServerCore(TensorCommands, RowCommands, BufferCommands, GraphCommands, Com
                 elif not self._resume():
                     return None
                 if self._gen is None:
-                    out, self._out = self._out, []
+                    out = self._out
+                    if not out:
+                        return _NO_REPLY
+                    self._out = []
                     return out
         except Close as exc:
             if self._close_hook is not None:
@@ -257,24 +263,54 @@ class ServerCore(TensorCommands, RowCommands, BufferCommands, GraphCommands, Com
         command, want, run = entry
         if self._verbose:
             log.info("%s: %s size=%d", self.name, command.name, size)
-        if want < 0:
-            del buf[:REQUEST_HEADER_SIZE]
-            self._start(run(size))
-        elif size != want:
-            raise Close(f"{command.name} size {size}, not {want}{_upstream('close, payload unread')}")
-        elif have >= REQUEST_HEADER_SIZE + size:  # the usual case: the whole request is here
+        if want >= 0:
+            if size != want:
+                raise Close(f"{command.name} size {size}, not {want}{_upstream('close, payload unread')}")
             end = REQUEST_HEADER_SIZE + size
-            body = bytes(buf[REQUEST_HEADER_SIZE:end])
+            if have >= end:  # the usual case: the whole request is here
+                run(buf, REQUEST_HEADER_SIZE)
+                del buf[:end]
+            else:
+                del buf[:REQUEST_HEADER_SIZE]
+                self._start(self._later(run, size))
+        elif want == -1:
+            head, check, start = run
+            check(size)
+            end = REQUEST_HEADER_SIZE + head
+            if have < end:
+                del buf[:REQUEST_HEADER_SIZE]
+                self._start(self._headed(size, head, start))
+                return True
+            bulk = start(size, buf, REQUEST_HEADER_SIZE)
             del buf[:end]
-            run(body)
+            if bulk.__class__ is memoryview:
+                if len(buf) >= bulk.nbytes:  # a small payload that came with its header
+                    with memoryview(buf) as mv:
+                        bulk[:] = mv[: bulk.nbytes]
+                    del buf[: bulk.nbytes]
+                else:
+                    self._start(self._into(bulk))
+            elif bulk is not None:
+                self._start(fill(bulk))
         else:
             del buf[:REQUEST_HEADER_SIZE]
-            self._start(self._later(run, size))
+            self._start(run(size))
         return True
 
     @staticmethod
-    def _later(run: Callable[[bytes], None], size: int) -> Receiver:
-        run((yield size))
+    def _later(run: Callable[[Any, int], None], size: int) -> Receiver:
+        run((yield size), 0)
+
+    def _headed(self, size: int, head: int, start: Callable[[int, Any, int], memoryview | Bulk | None]) -> Receiver:
+        bulk = start(size, (yield head), 0)
+        if bulk.__class__ is memoryview:
+            yield bulk
+        elif bulk is not None:
+            yield from fill(bulk)
+
+    @staticmethod
+    def _into(view: memoryview) -> Receiver:
+        yield view
 
     def _start(self, gen: Receiver) -> None:
         self._gen = gen

@@ -15,7 +15,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -100,8 +100,11 @@ def _pump(sock: socket.socket, core: ServerCore) -> None:
             receive(view[:n])
 
 
-def send_all(sock: socket.socket, parts: list) -> None:
+def send_all(sock: socket.socket, parts: Sequence) -> None:
     """Send buffers in order without joining them: one sendmsg when the socket takes them all (the usual case)."""
+    if len(parts) == 1:  # a fixed-size reply: the cheapest call
+        sock.sendall(parts[0])
+        return
     sent = sock.sendmsg(parts)
     if sent == sum(map(len, parts)):  # every part is a flat byte buffer: its len is its size
         return

@@ -7,7 +7,7 @@ Hot commands read the flat tuple of their request's derived layout (``*_flat`` h
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,13 +18,16 @@ from ggml_rpc.spec.enums import GGML_TYPE_COUNT
 from ggml_rpc.spec.layout import flat_layout
 from ggml_rpc.spec.tensor import RpcTensor
 
-from .closing import Close
+from .closing import Bulk, Close
 from .closing import upstream as _upstream
 from .devices import U64_MASK, Buffer
 
 log = logging.getLogger("ggml_rpc.reference")
 
 _SIZE_LIMIT = 1 << 63  # upstream: a length error it does not catch (process abort)
+#: A command with a fixed head before its bulk data: (head size, size checks, from the claimed size and the head
+#: (a buffer and its offset there) to where the data goes: one view, a :class:`.closing.Bulk`, or None for no data).
+Headed = tuple[int, Callable[[int], None], Callable[[int, Any, int], "memoryview | Bulk | None"]]
 #: Tensor sizes remembered per connection (the memo is emptied when full).
 _NBYTES_REMEMBERED = 4096
 #: Longest a SET_TENSOR_HASH miss waits for saves under way on other connections (--concurrent only).
@@ -105,41 +108,38 @@ class TensorCommands:
 
     # ---- tensor data -----------------------------------------------------------------------------------------
 
-    def _set_tensor_runner(self, payload: Payload, head_size: int) -> Callable[[int], Generator]:
-        """SET_TENSOR's runner: ``head_size`` fixed bytes (the framer's fixed part), then the data straight into the
-        target region (a receiver, see :data:`.core.Receiver`)."""
+    def _set_tensor_runner(self, payload: Payload, head_size: int) -> Headed:
+        """SET_TENSOR: its size checks, then from ``head_size`` fixed bytes (the framer's fixed part) the target
+        region its data goes straight into."""
         layout = flat_layout(payload.schema)
         slots = layout.slots()
         flag_field = self.protocol.cache_rule.flag_field
         # No such field in this version's request: the flag reads as 0, as a dict .get(name, 0) would.
         flag = slots[flag_field][0] if flag_field in slots else -1
-        return lambda size: self._set_tensor(size, head_size, layout.struct.unpack, slots["tensor"][0],
-                                             slots["offset"][0], flag)
+        unpack_from, tensor, offset = layout.struct.unpack_from, slots["tensor"][0], slots["offset"][0]
 
-    def _set_tensor(self, size: int, head_size: int, unpack: Callable[[bytes], tuple], tensor: int, offset: int,
-                    flag: int) -> Generator:
-        if size < head_size:
-            raise Close(f"SET_TENSOR size {size} below its {head_size}-byte header{_upstream('close')}")
-        if size >= _SIZE_LIMIT:
-            raise Close(f"SET_TENSOR size {size} >= 2^63{_upstream('process abort, uncaught length error')}")
-        f = unpack((yield head_size))
-        n = size - head_size
-        t = self._flat_tensor(f, tensor, "SET_TENSOR")
-        # Checked before a single payload byte is read: nothing is received that does not fit its target.
-        region = self._region(t, f[offset], n, "SET_TENSOR")
-        if n == 0:
-            return
-        t.buffer.epoch += 1  # type: ignore[union-attr]  # _region checked it; bumped before a byte lands
-        cache = self.cache
-        if cache is None or not self.protocol.cache_rule.server_saves(n, f[flag] if flag >= 0 else 0):
-            yield region
-            return
-        cache.begin_save()
-        try:
-            yield region
-            cache.save(region)
-        finally:
-            cache.end_save()
+        def check(size: int) -> None:
+            if size < head_size:
+                raise Close(f"SET_TENSOR size {size} below its {head_size}-byte header{_upstream('close')}")
+            if size >= _SIZE_LIMIT:
+                raise Close(f"SET_TENSOR size {size} >= 2^63{_upstream('process abort, uncaught length error')}")
+
+        def start(size: int, data: Any, at: int) -> memoryview | Bulk | None:
+            f = unpack_from(data, at)
+            n = size - head_size
+            t = self._flat_tensor(f, tensor, "SET_TENSOR")
+            # Checked before a single payload byte is taken: nothing is received that does not fit its target.
+            region = self._region(t, f[offset], n, "SET_TENSOR")
+            if n == 0:
+                return None
+            t.buffer.epoch += 1  # type: ignore[union-attr]  # _region checked it; bumped before a byte lands
+            cache = self.cache
+            if cache is None or not self.protocol.cache_rule.server_saves(n, f[flag] if flag >= 0 else 0):
+                return region
+            cache.begin_save()
+            return Bulk([region], done=lambda: cache.save(region), cleanup=cache.end_save)
+
+        return head_size, check, start
 
     def _set_tensor_hash_flat(self, f: tuple, slots: dict[str, tuple[int, int]]) -> None:
         digest = f[slots["hash"][0]]

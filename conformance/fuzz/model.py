@@ -94,10 +94,10 @@ class ModelConnection:
                 out = core.next_event()
                 if out is None:
                     raise ModelStall("the model waited for more bytes than the fuzzer sent")
-                reply = out
+                reply = list(out)
                 if end:
                     # Everything the client will ever send is in: one more event sees the end of the stream.
-                    reply += core.next_event() or []
+                    reply.extend(core.next_event() or ())
         except (Close, PeerGone) as exc:
             self._finish(str(exc))
         except ModelStall:

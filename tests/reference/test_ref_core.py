@@ -64,7 +64,7 @@ def test_set_tensor_payload_lands_in_tensor_memory_and_get_tensor_replies_with_a
     sink[:] = (bytes(range(256)) * 16)[100:]
     core.skip(sink.nbytes)
     del sink
-    assert core.next_event() == []  # SET_TENSOR has no reply
+    assert core.next_event() == ()  # SET_TENSOR has no reply
     out = _event(core, encode_request(V7, Command.GET_TENSOR, {"tensor": t, "offset": 200, "size": 8}))
     assert out[0] == REPLY_HEADER.pack(8) and isinstance(out[1], memoryview)
     assert np.shares_memory(np.frombuffer(out[1], np.uint8), memory)
@@ -76,7 +76,7 @@ def test_one_event_per_command_even_when_many_are_buffered() -> None:
     t = _alloc_tensor(core, 64)
     core.receive_data(encode_request(V7, Command.MEMSET_TENSOR, {"tensor": t, "offset": 0, "size": 64, "value": 7})
                       + encode_request(V7, Command.GET_TENSOR, {"tensor": t, "offset": 0, "size": 2}))
-    assert core.next_event() == []
+    assert core.next_event() == ()
     assert bytes(core.next_event()[1]) == b"\x07\x07"  # type: ignore[index]
     assert core.next_event() is None
 
