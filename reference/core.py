@@ -7,7 +7,7 @@ Rules of this module (what it may know and what it must not):
    checks (protocol.md §6), and the connection's state (buffers, stored graphs, communicators, the hash cache).
 2. It never touches a socket, a thread or a timer.  Bytes come in through :meth:`ServerCore.receive_data` (``b""``
    is the end of the client's stream), or land directly where :meth:`ServerCore.bulk_ahead` says and are reported
-   with :meth:`ServerCore.skip`; replies go out from :meth:`ServerCore.next_event` as lists of buffers for
+   with :meth:`ServerCore.skip`; replies go out from :meth:`ServerCore.next_event` as sequences of buffers for
    ``sendmsg``.  The one network effect of a command, the 8.0.0 servers' link, goes through the injected
    :class:`~.comm.Links` (``server.py`` owns the sockets).
 3. It never copies bulk data it can avoid copying: SET_TENSOR(_2D) payloads go into tensor memory (only bytes that

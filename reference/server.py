@@ -121,14 +121,6 @@ def send_all(sock: socket.socket, parts: Sequence) -> None:
             sent = sock.sendmsg(views)
 
 
-def _is_loopback_host(host: str) -> bool:
-    try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except OSError:
-        return False
-    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
-
-
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     out = bytearray(n)
     view, got = memoryview(out), 0
@@ -188,7 +180,7 @@ class TcpLinks:
         return link
 
     def _connect(self, host: str, port: int) -> socket.socket:
-        if not self.any_host and not _is_loopback_host(host):
+        if not self.any_host and not _is_loopback(host):
             raise ValueError(f"peer host {host!r} is not a loopback address (the reference connects only there)")
         for _ in range(CONNECT_TRIES):
             try:
