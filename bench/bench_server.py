@@ -167,8 +167,8 @@ def bench_command_cpu(kinds: tuple[str, ...], batches: int = 40, k: int = 500) -
     """Server CPU microseconds per command, least of 3 runs: a connection served on a thread of this process over a
     socketpair, fed ``k`` pipelined requests at a time (its thread's CPU time: what the server's own code and system
     calls cost, whatever else the machine runs)."""
-    from ggml_rpc.reference import make_config
-    from ggml_rpc.reference.connection import Connection
+    from ggml_rpc.reference import ServerCore, make_config
+    from ggml_rpc.reference.server import serve_connection
 
     def once(kind: str) -> float:
         ours, theirs = socket.socketpair()
@@ -177,12 +177,12 @@ def bench_command_cpu(kinds: tuple[str, ...], batches: int = 40, k: int = 500) -
         theirs.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         theirs.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        conn = Connection(theirs, make_config("7"), None)
+        core = ServerCore(make_config("7"), None)
         cpu: list[float] = []
 
         def serve() -> None:
             t0 = time.thread_time()
-            conn.serve()
+            serve_connection(theirs, core)
             cpu.append(time.thread_time() - t0)
 
         thread = threading.Thread(target=serve)

@@ -1,4 +1,4 @@
-"""The reference connection's buffer and device commands (a mixin of :class:`.connection.Connection`)."""
+"""The reference connection's buffer and device commands (a mixin of :class:`.core.ServerCore`)."""
 
 from __future__ import annotations
 
@@ -36,9 +36,9 @@ class BufferCommands:
         if buf is None:
             log.info("%s: ALLOC_BUFFER of %d bytes on device %d refused (free %d): remote_ptr 0", self.name,
                      f["size"], device, self.table.devices[device].free)
-            self._reply(Command.ALLOC_BUFFER, {"remote_ptr": 0, "remote_size": 0})
+            self.reply(Command.ALLOC_BUFFER, {"remote_ptr": 0, "remote_size": 0})
         else:
-            self._reply(Command.ALLOC_BUFFER, {"remote_ptr": buf.handle, "remote_size": buf.size})
+            self.reply(Command.ALLOC_BUFFER, {"remote_ptr": buf.handle, "remote_size": buf.size})
 
     def _get_alignment(self, f: dict[str, Any]) -> None:
         self._device(f["device"], "GET_ALIGNMENT")
@@ -63,20 +63,20 @@ class BufferCommands:
 
     def _send_fixed(self, command: Command, encoded: bytes | None, fields: Mapping[str, Any]) -> None:
         if encoded is None:  # a version whose reply is not fixed-size (none today): encode it each time
-            self._reply(command, fields)
+            self.reply(command, fields)
         else:
-            self.sock.sendall(encoded)
+            self._out.append(encoded)
 
     def _get_device_memory(self, f: dict[str, Any]) -> None:
         dev = self.table.devices[self._device(f["device"], "GET_DEVICE_MEMORY")]
-        self._reply(Command.GET_DEVICE_MEMORY, {"free_mem": dev.free, "total_mem": dev.config.memory})
+        self.reply(Command.GET_DEVICE_MEMORY, {"free_mem": dev.free, "total_mem": dev.config.memory})
 
     def _device_count(self, f: dict[str, Any]) -> None:
         self._send_fixed(Command.DEVICE_COUNT, self._device_count_reply, {"device_count": self.config.devices})
 
     def _buffer_get_base(self, f: dict[str, Any]) -> None:
         buf = self._buffer(f["remote_ptr"], "BUFFER_GET_BASE")
-        self._reply(Command.BUFFER_GET_BASE, {"base_ptr": buf.base})
+        self.reply(Command.BUFFER_GET_BASE, {"base_ptr": buf.base})
 
     def _free_buffer(self, f: dict[str, Any]) -> None:
         buf = self._buffer(f["remote_ptr"], "FREE_BUFFER")

@@ -1,5 +1,6 @@
 """The reference connection's communicator of 8.0.0: COMM_INIT, COMM_ALLREDUCE and COMM_FREE (a mixin of
-:class:`.connection.Connection`), and the servers' own link that carries the partial sums.
+:class:`.core.ServerCore`), and the interface of the servers' own link that carries the partial sums (its sockets
+are :mod:`.server`'s: the core asks for a link and for an exchange on it).
 
 With tensor split a client asks two servers to join one communicator: rank 0 listens on a port for its peer, rank 1
 connects to it (upstream retries for about five seconds).  The link opens with both sides' 24 caps bytes (the
@@ -16,17 +17,14 @@ server's limit for one transfer is refused.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
-import socket
-import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from ggml_rpc.spec import Command
 from ggml_rpc.spec.enums import TYPES
-from ggml_rpc.spec.facts import COMM_BF16_FROM_ELEMENTS, CONN_CAPS_SIZE
+from ggml_rpc.spec.facts import COMM_BF16_FROM_ELEMENTS
 
 from .closing import Close
 from .closing import upstream as _upstream
@@ -35,10 +33,30 @@ log = logging.getLogger("ggml_rpc.reference")
 
 #: F32 tensors with at least this many elements cross the link as BF16.
 BF16_FROM_ELEMENTS = COMM_BF16_FROM_ELEMENTS
-#: Rank 1 tries to reach rank 0 this many times, this far apart (upstream: 100 x 50 ms).
-CONNECT_TRIES, CONNECT_PAUSE = 100, 0.05
 
 _F32, _F16, _BF16 = (next(t.id for t in TYPES.values() if t.name == n) for n in ("F32", "F16", "BF16"))
+
+
+class Link(Protocol):
+    """An open link to the other server of a communicator."""
+
+    def exchange(self, data: bytes, *, send_first: bool) -> bytes:
+        """Send ``data`` and receive as many bytes from the peer (rank 0 sends first, rank 1 receives first, so
+        large tensors cannot deadlock); raises OSError or ConnectionError when the link fails."""
+        ...
+
+    def close(self) -> None:
+        """Close the link (idempotent, never raises)."""
+        ...
+
+
+class Links(Protocol):
+    """Opens the servers' link for COMM_INIT."""
+
+    def open(self, rank: int, host: str, port: int) -> Link:
+        """Rank 0: listen on ``port`` for the peer; rank 1: connect to ``host:port``; both then exchange caps.
+        Raises OSError, ConnectionError or ValueError (a refused port or host) when no link opens."""
+        ...
 
 
 @dataclass
@@ -46,13 +64,10 @@ class Communicator:
     """One device's membership of a two-rank communicator: its rank and the open link to the other server."""
 
     rank: int
-    link: socket.socket
+    link: Link
 
     def close(self) -> None:
-        try:
-            self.link.close()
-        except OSError:
-            pass
+        self.link.close()
 
 
 def bf16_bits(values: np.ndarray) -> np.ndarray:
@@ -69,25 +84,6 @@ def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def _is_loopback_host(host: str) -> bool:
-    try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except OSError:
-        return False
-    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    out = bytearray(n)
-    view, got = memoryview(out), 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if not k:
-            raise ConnectionError(f"peer closed the link after {got} of {n} bytes")
-        got += k
-    return bytes(out)
-
-
 class CommCommands:
     """COMM_INIT, COMM_ALLREDUCE, COMM_FREE; needs the connection's config, tensor checks and reply."""
 
@@ -97,56 +93,22 @@ class CommCommands:
         if device >= self.config.devices or world != 2 or rank >= world:
             log.info("%s: COMM_INIT device %d rank %d of %d: only two ranks are served", self.name, device, rank,
                      world)
-            self._reply(Command.COMM_INIT, {"ok": 0})
+            self.reply(Command.COMM_INIT, {"ok": 0})
             return
         if device in self.comms:
-            self._reply(Command.COMM_INIT, {"ok": 1})  # already joined, as upstream answers
+            self.reply(Command.COMM_INIT, {"ok": 1})  # already joined, as upstream answers
             return
         try:
-            link = self._comm_listen(port) if rank == 0 else self._comm_connect(host, port)
+            if self.links is None:
+                raise ConnectionError("this server opens no links to other servers")
+            link = self.links.open(rank, host, port)
         except (OSError, ConnectionError, ValueError) as exc:
             log.info("%s: COMM_INIT device %d rank %d: %s", self.name, device, rank, exc)
-            self._reply(Command.COMM_INIT, {"ok": 0})
+            self.reply(Command.COMM_INIT, {"ok": 0})
             return
         self.comms[device] = Communicator(rank, link)
         log.info("%s: device %d joined the communicator as rank %d", self.name, device, rank)
-        self._reply(Command.COMM_INIT, {"ok": 1})
-
-    def _comm_listen(self, port: int) -> socket.socket:
-        if not 0 < port < 65536:
-            raise ValueError(f"port {port} is not a TCP port")
-        timeout = self.config.comm_timeout
-        host = self.config.comm_bind
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        with socket.create_server((host, port), family=family, backlog=1) as srv:
-            srv.settimeout(timeout)
-            try:
-                link, _ = srv.accept()
-            except TimeoutError:
-                raise ConnectionError(f"no peer connected to {host}:{port} within {timeout:g} s") from None
-        link.settimeout(timeout)
-        _recv_exact(link, CONN_CAPS_SIZE)  # the connector's caps first
-        link.sendall(bytes(CONN_CAPS_SIZE))  # plain TCP: no transport upgrade offered
-        link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return link
-
-    def _comm_connect(self, host: str, port: int) -> socket.socket:
-        if not 0 < port < 65536:
-            raise ValueError(f"port {port} is not a TCP port")
-        if not self.config.comm_any_host and not _is_loopback_host(host):
-            raise ValueError(f"peer host {host!r} is not a loopback address (the reference connects only there)")
-        for _ in range(CONNECT_TRIES):
-            try:
-                link = socket.create_connection((host, port), timeout=self.config.comm_timeout)
-                break
-            except OSError:
-                time.sleep(CONNECT_PAUSE)
-        else:
-            raise ConnectionError(f"cannot reach the peer at {host}:{port}")
-        link.sendall(bytes(CONN_CAPS_SIZE))
-        _recv_exact(link, CONN_CAPS_SIZE)
-        link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return link
+        self.reply(Command.COMM_INIT, {"ok": 1})
 
     def _comm_allreduce(self, f: dict[str, Any]) -> None:
         device = self._device(f["device"], "COMM_ALLREDUCE")
@@ -170,12 +132,7 @@ class CommCommands:
         wire_bf16 = ttype == _F32 and count >= BF16_FROM_ELEMENTS
         out = bf16_bits(mine).tobytes() if wire_bf16 else mine.tobytes()
         try:
-            if comm.rank == 0:
-                comm.link.sendall(out)
-                got = _recv_exact(comm.link, len(out))
-            else:
-                got = _recv_exact(comm.link, len(out))
-                comm.link.sendall(out)
+            got = comm.link.exchange(out, send_first=comm.rank == 0)
         except (OSError, ConnectionError) as exc:
             raise Close(f"COMM_ALLREDUCE: the peer link failed ({exc}){_upstream('close')}") from None
         t.buffer.epoch += 1
@@ -200,4 +157,4 @@ class CommCommands:
         self.comms.clear()
 
 
-__all__ = ["BF16_FROM_ELEMENTS", "CommCommands", "Communicator", "bf16_bits", "bf16_to_f32"]
+__all__ = ["BF16_FROM_ELEMENTS", "CommCommands", "Communicator", "Link", "Links", "bf16_bits", "bf16_to_f32"]

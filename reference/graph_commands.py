@@ -1,17 +1,18 @@
 """The reference connection's graph commands: GRAPH_COMPUTE (received as it arrives, rebuilt only when it changed)
-and GRAPH_RECOMPUTE, run by the built-in executor or the configured one (a mixin of :class:`.connection.Connection`).
+and GRAPH_RECOMPUTE, run by the built-in executor or the configured one (a mixin of :class:`.core.ServerCore`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Generator
 from typing import Any
 
 import numpy as np
 from ggml_rpc.spec import Payload, ProtocolError, tensor_name
 from ggml_rpc.spec.codec import decode_payload
 
-from .closing import Close, PeerGone
+from .closing import Close, Wait
 from .closing import upstream as _upstream
 from .graph import BuiltGraph, ExecutorError, GraphError, GraphTensor, build_graph
 from .tensor_commands import _SIZE_LIMIT, _Tensor
@@ -22,22 +23,23 @@ _GRAPH_CHUNK = 1 << 20
 
 
 class GraphCommands:
-    """GRAPH_COMPUTE and GRAPH_RECOMPUTE; needs the connection's table, graphs, executor and reader."""
+    """GRAPH_COMPUTE and GRAPH_RECOMPUTE; needs the core's table, graphs and executor."""
 
-    def _read_growing(self, size: int) -> memoryview:
-        """``size`` bytes, into the connection's graph receive buffer, which grows as bytes arrive (never on a mere
-        claim) and is kept for the next GRAPH_COMPUTE: a client sends the same large graph every token, and
-        growing a fresh buffer each time cost more than receiving it (3 MB: 3.0 ms against 0.6 ms)."""
+    def _receive_growing(self, size: int) -> Generator:
+        """``size`` bytes (the receiver's result), into the connection's graph receive buffer, which grows as bytes
+        arrive (never on a mere claim) and is kept for the next GRAPH_COMPUTE: a client sends the same large graph
+        every token, and growing a fresh buffer each time cost more than receiving it (3 MB: 3.0 ms against 0.6 ms)."""
         self._grow_graph_buf(min(size, _GRAPH_CHUNK))
         got = 0
         while got < size:
             if got == len(self._graph_buf):
                 self._grow_graph_buf(min(2 * got, size))
-            with memoryview(self._graph_buf) as mv:
-                n = self._rfile.readinto(mv[got:size])
-            if not n:
-                raise PeerGone(f"client closed the connection inside a GRAPH_COMPUTE ({got} of {size} bytes)")
-            got += n
+            end = min(len(self._graph_buf), size)
+            view = memoryview(self._graph_buf)[got:end]
+            yield Wait(view, lambda k, got=got: f"client closed the connection inside a GRAPH_COMPUTE ({got + k} of "
+                                                f"{size} bytes)")
+            del view  # the buffer may grow next: no view of it may be alive then
+            got = end
         return memoryview(self._graph_buf)[:size]
 
     def _grow_graph_buf(self, size: int) -> None:
@@ -49,13 +51,13 @@ class GraphCommands:
         except BufferError:  # a view of it is still alive somewhere: start a new one
             self._graph_buf = buf + bytes(size - len(buf))
 
-    def _graph_compute(self, payload: Payload, size: int) -> None:
+    def _graph_compute(self, payload: Payload, size: int) -> Generator:
         if size >= _SIZE_LIMIT:
             raise Close(f"GRAPH_COMPUTE size {size} >= 2^63{_upstream('process abort, uncaught length error')}")
         if size > self.config.max_graph_bytes:
             raise Close(f"GRAPH_COMPUTE size {size} above the server's limit {self.config.max_graph_bytes}"
                         f"{_upstream('allocates the claim')}")
-        body = self._read_growing(size)
+        body = yield from self._receive_growing(size)
         try:
             fields, _trailing = decode_payload(payload, body, command="GRAPH_COMPUTE")
         except ProtocolError as exc:

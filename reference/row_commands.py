@@ -1,5 +1,5 @@
 """The reference connection's two-dimensional transfers of 8.0.0: SET_TENSOR_2D and GET_TENSOR_2D (a mixin of
-:class:`.connection.Connection`).
+:class:`.core.ServerCore`).
 
 A 2-D region is ``n_copies`` rows of ``size`` bytes, the first at ``tensor.data + offset``, each ``stride`` bytes
 after the one before; on the wire the rows travel packed.  Both commands check the region the way upstream does
@@ -9,7 +9,7 @@ and SET_TENSOR_2D's payload must be exactly its header and ``size * n_copies`` b
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from ggml_rpc.spec import Payload
@@ -17,14 +17,14 @@ from ggml_rpc.spec.checks import region_2d_span
 from ggml_rpc.spec.codec import REPLY_HEADER
 from ggml_rpc.spec.layout import flat_layout
 
-from .closing import Close
+from .closing import Bulk, Close
 from .closing import upstream as _upstream
 from .devices import Buffer
-from .tensor_commands import _SIZE_LIMIT, _Tensor
+from .tensor_commands import _SIZE_LIMIT, Headed, _Tensor
 
 
 class RowCommands:
-    """SET_TENSOR_2D and GET_TENSOR_2D; needs the connection's tensor checks, reader and send methods."""
+    """SET_TENSOR_2D and GET_TENSOR_2D; needs the core's tensor checks and reply queue."""
 
     def _rows(self, t: _Tensor, offset: int, size: int, n_copies: int, stride: int,
               command: str) -> tuple[Buffer, int, int]:
@@ -44,36 +44,37 @@ class RowCommands:
                         f"{_upstream('close')}")
         return buf, t.data - buf.base + offset, span
 
-    def _set_tensor_2d_runner(self, payload: Payload) -> Callable[[int], None]:
+    def _set_tensor_2d_runner(self, payload: Payload) -> Headed:
         layout = flat_layout(payload.schema)
         slots = layout.slots()
         names = ("tensor", "offset", "size", "n_copies", "stride")
         tensor, offset, size, n_copies, stride = (slots[n][0] for n in names)
         head = layout.size
 
-        def run(claim: int) -> None:
+        def check(claim: int) -> None:
             if claim < head:
                 raise Close(f"SET_TENSOR_2D size {claim} below its {head}-byte header{_upstream('close')}")
             if claim >= _SIZE_LIMIT:
                 raise Close(f"SET_TENSOR_2D size {claim} >= 2^63{_upstream('process abort, uncaught length error')}")
-            f = layout.struct.unpack(self._read(head))
+
+        def start(claim: int, data: Any, at: int) -> memoryview | Bulk:
+            f = layout.struct.unpack_from(data, at)
             n, rows, row = claim - head, f[n_copies], f[size]
             if rows == 0 or row == 0 or row * rows != n:
                 raise Close(f"SET_TENSOR_2D: {n} data bytes for n_copies {rows} x size {row}{_upstream('close')}")
             t = self._flat_tensor(f, tensor, "SET_TENSOR_2D")
-            # Checked before a single data byte is read: nothing is received that does not fit its rows.
-            buf, start, _ = self._rows(t, f[offset], row, rows, f[stride], "SET_TENSOR_2D")
+            # Checked before a single data byte is taken: nothing is received that does not fit its rows.
+            buf, first, _ = self._rows(t, f[offset], row, rows, f[stride], "SET_TENSOR_2D")
             buf.epoch += 1
             step = f[stride]
-            if step == row:
-                self._read_into(buf.view()[start : start + n])
-                return
             view = buf.view()
-            for i in range(rows):  # rows land in order: with stride < size a later row overwrites, as upstream's
-                at = start + i * step
-                self._read_into(view[at : at + row])
+            if step == row:
+                return view[first : first + n]
+            # Rows land in order: with stride < size a later row overwrites, as upstream's.  One view at a time: the
+            # count is a claim (stride 0 stacks any number of rows on one).
+            return Bulk(view[at : at + row] for at in range(first, first + rows * step, step))
 
-        return run
+        return head, check, start
 
     def _get_tensor_2d_flat(self, f: tuple, slots: dict[str, tuple[int, int]]) -> None:
         t = self._flat_tensor(f, slots["tensor"][0], "GET_TENSOR_2D")

@@ -1,4 +1,6 @@
-"""The reference server's accept loop, and an in-process server for tests, the harness and benchmarks.
+"""The reference server's network I/O, all of it: the accept loop, the loop that feeds each connection's sans-IO
+core (:mod:`.core`) from its socket, the servers' link of the 8.0.0 communicator, and an in-process server for
+tests, the harness and benchmarks.  No other module of ``reference/`` opens, reads or writes a socket.
 
 Like upstream, one connection is served at a time: the accept loop runs the connection itself, so a second client
 waits in the listen backlog until the first leaves.  ``concurrent`` serves each connection on its own thread
@@ -12,16 +14,18 @@ import itertools
 import logging
 import socket
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
-from ggml_rpc.spec import DEFAULT_HOST, Protocol, parse_version_option
+from ggml_rpc.spec import DEFAULT_HOST, Protocol
+from ggml_rpc.spec.facts import CONN_CAPS_SIZE
 
 from .cache import HashCache
-from .connection import Connection, ServerConfig
-from .devices import DeviceConfig
-from .graph import GraphTensor
+from .closing import Close, PeerGone
+from .config import ServerConfig, make_config
+from .core import ServerCore
 
 log = logging.getLogger("ggml_rpc.reference")
 
@@ -46,6 +50,152 @@ def limit_blas_threads(threads: int) -> None:
     threadpool_limits(limits=threads)
 
 
+#: Bytes taken from the socket at a time outside bulk data (a request header and its fixed fields, many pipelined).
+_RECV_CHUNK = 1 << 16
+#: Rank 1 tries to reach rank 0 this many times, this far apart (upstream: 100 x 50 ms).
+CONNECT_TRIES, CONNECT_PAUSE = 100, 0.05
+
+
+def serve_connection(sock: socket.socket, core: ServerCore) -> str:
+    """Feed ``core`` from ``sock`` and send its replies until the connection ends; returns the reason.  The core is
+    released; the socket is left to the caller."""
+    try:
+        _pump(sock, core)
+    except PeerGone as exc:
+        reason = str(exc)
+    except Close as exc:
+        reason = f"closed: {exc}"
+    except (ConnectionResetError, BrokenPipeError) as exc:
+        reason = f"client reset the connection ({exc.strerror or exc})"
+    except OSError as exc:
+        reason = f"socket error: {exc}"
+    except Exception as exc:  # a bug here must cost one connection, never the server
+        log.debug("%s: internal error", core.name, exc_info=True)
+        reason = f"closed: internal error {type(exc).__name__}: {exc}"
+    finally:
+        core.release()
+    return reason
+
+
+def _pump(sock: socket.socket, core: ServerCore) -> None:
+    chunk = bytearray(_RECV_CHUNK)
+    view = memoryview(chunk)
+    recv_into, next_event, receive = sock.recv_into, core.next_event, core.receive_data
+    while True:
+        out = next_event()
+        if out is not None:
+            if out:
+                send_all(sock, out)
+            continue
+        sink = core.bulk_ahead()
+        if sink is not None:  # bulk data: straight into tensor memory (or the graph buffer)
+            n = recv_into(sink)
+            del sink  # the graph buffer may grow at the next event: no view of it may be alive then
+            if n:
+                core.skip(n)
+                continue
+            receive(b"")
+        else:
+            n = recv_into(chunk)
+            receive(view[:n])
+
+
+def send_all(sock: socket.socket, parts: Sequence) -> None:
+    """Send buffers in order without joining them: one sendmsg when the socket takes them all (the usual case)."""
+    if len(parts) == 1:  # a fixed-size reply: the cheapest call
+        sock.sendall(parts[0])
+        return
+    sent = sock.sendmsg(parts)
+    if sent == sum(map(len, parts)):  # every part is a flat byte buffer: its len is its size
+        return
+    views = [v for v in (memoryview(p).cast("B") for p in parts) if v.nbytes]
+    while views:
+        while sent:
+            if sent >= views[0].nbytes:
+                sent -= views[0].nbytes
+                views.pop(0)
+            else:
+                views[0] = views[0][sent:]
+                sent = 0
+        if views:
+            sent = sock.sendmsg(views)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    out = bytearray(n)
+    view, got = memoryview(out), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if not k:
+            raise ConnectionError(f"peer closed the link after {got} of {n} bytes")
+        got += k
+    return bytes(out)
+
+
+class TcpLink:
+    """The servers' link of a communicator over plain TCP (:class:`.comm.Link`)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def exchange(self, data: bytes, *, send_first: bool) -> bytes:
+        if send_first:
+            self.sock.sendall(data)
+            return _recv_exact(self.sock, len(data))
+        got = _recv_exact(self.sock, len(data))
+        self.sock.sendall(data)
+        return got
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class TcpLinks:
+    """Opens communicator links as a server configured so (:class:`.comm.Links`): rank 0 binds the address the
+    server serves on, never all interfaces; rank 1 connects only to loopback hosts unless ``comm_any_host``."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.bind, self.timeout, self.any_host = config.comm_bind, config.comm_timeout, config.comm_any_host
+
+    def open(self, rank: int, host: str, port: int) -> TcpLink:
+        if not 0 < port < 65536:
+            raise ValueError(f"port {port} is not a TCP port")
+        return TcpLink(self._listen(port) if rank == 0 else self._connect(host, port))
+
+    def _listen(self, port: int) -> socket.socket:
+        family = socket.AF_INET6 if ":" in self.bind else socket.AF_INET
+        with socket.create_server((self.bind, port), family=family, backlog=1) as srv:
+            srv.settimeout(self.timeout)
+            try:
+                link, _ = srv.accept()
+            except TimeoutError:
+                raise ConnectionError(f"no peer connected to {self.bind}:{port} within {self.timeout:g} s") from None
+        link.settimeout(self.timeout)
+        _recv_exact(link, CONN_CAPS_SIZE)  # the connector's caps first
+        link.sendall(bytes(CONN_CAPS_SIZE))  # plain TCP: no transport upgrade offered
+        link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return link
+
+    def _connect(self, host: str, port: int) -> socket.socket:
+        if not self.any_host and not _is_loopback(host):
+            raise ValueError(f"peer host {host!r} is not a loopback address (the reference connects only there)")
+        for _ in range(CONNECT_TRIES):
+            try:
+                link = socket.create_connection((host, port), timeout=self.timeout)
+                break
+            except OSError:
+                time.sleep(CONNECT_PAUSE)
+        else:
+            raise ConnectionError(f"cannot reach the peer at {host}:{port}")
+        link.sendall(bytes(CONN_CAPS_SIZE))
+        _recv_exact(link, CONN_CAPS_SIZE)
+        link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return link
+
+
 class Server:
     """A listening reference server.  :meth:`serve_forever` blocks; :meth:`stop` ends it from any thread."""
 
@@ -65,6 +215,10 @@ class Server:
         self._ids = itertools.count(1)
         if config.threads is not None:
             limit_blas_threads(config.threads)
+        if config.codebooks is not None:
+            from .executor import grids  # the executor is loaded only by a server that is told about codebooks
+
+            grids.use_codebooks(config.codebooks)
         if not _is_loopback(host):
             log.warning("listening on %s: the ggml RPC protocol has no authentication; anyone who can reach this "
                         "port can use the server", host)
@@ -102,9 +256,9 @@ class Server:
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             log.info("%s: open", name)
-            handler = Connection(conn, self.config, self.cache, name=name)
-            reason = handler.serve()
-            log.info("%s: %s after %d command(s)", name, reason, handler.commands)
+            core = ServerCore(self.config, self.cache, name=name, links=TcpLinks(self.config))
+            reason = serve_connection(conn, core)
+            log.info("%s: %s after %d command(s)", name, reason, core.commands)
         except Exception:  # never let one connection end the server
             log.exception("%s: unexpected error", name)
         finally:
@@ -147,46 +301,14 @@ class RunningServer:
         return iter((self.host, self.port))
 
 
-def make_config(
-    proto: Protocol | str | int = "7",
-    *,
-    devices: int = 1,
-    mem: int | None = None,
-    alignment: int | None = None,
-    max_size: int | None = None,
-    cache_dir: str | None = None,
-    cache_max_bytes: int | None = None,
-    concurrent: bool = False,
-    verbose: bool = False,
-    max_graph_bytes: int | None = None,
-    executor: Callable[[list[GraphTensor]], None] | None = None,
-    threads: int | None = 1,
-) -> ServerConfig:
-    """A ServerConfig from plain options (``proto``: a Protocol or a label such as ``6``, ``7``, ``7.0.1``)."""
-    protocol = proto if isinstance(proto, Protocol) else parse_version_option(str(proto))
-    dev = DeviceConfig()
-    dev = replace(
-        dev,
-        memory=dev.memory if mem is None else mem,
-        alignment=dev.alignment if alignment is None else alignment,
-        max_size=dev.max_size if max_size is None else max_size,
-    )
-    config = ServerConfig(protocol=protocol, devices=devices, device=dev, cache_dir=cache_dir,
-                          cache_max_bytes=cache_max_bytes, concurrent=concurrent, verbose=verbose, executor=executor,
-                          threads=threads)
-    if max_graph_bytes is not None:
-        config = replace(config, max_graph_bytes=max_graph_bytes)
-    return config
-
-
 @contextmanager
 def running_server(
     proto: Protocol | str | int = "7", *, host: str = DEFAULT_HOST, port: int = 0, **options: object
 ) -> Iterator[RunningServer]:
     """A reference server on a thread, listening on an ephemeral loopback port until the block ends.
 
-    Options are those of :func:`make_config` (devices, mem, alignment, max_size, cache_dir, cache_max_bytes,
-    concurrent, verbose, max_graph_bytes, executor, threads).
+    Options are those of :func:`.config.make_config` (devices, mem, alignment, max_size, cache_dir,
+    cache_max_bytes, concurrent, verbose, max_graph_bytes, executor, threads, codebooks, hooks).
     """
     server = Server(make_config(proto, **options), host, port)  # type: ignore[arg-type]
     thread = threading.Thread(target=server.serve_forever, name=f"ggml-rpc-reference:{server.port}", daemon=True)
@@ -196,3 +318,7 @@ def running_server(
     finally:
         server.stop()
         thread.join(timeout=10)
+
+
+__all__ = ["RunningServer", "Server", "TcpLink", "TcpLinks", "limit_blas_threads", "make_config", "running_server",
+           "send_all", "serve_connection"]

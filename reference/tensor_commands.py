@@ -1,5 +1,5 @@
 """The reference connection's tensor commands: deserialize_tensor's checks, SET/GET/MEMSET/COPY_TENSOR,
-SET_TENSOR_HASH, INIT_TENSOR, GET_ALLOC_SIZE and GET_DEVICE_SUPPORTS_OP (a mixin of :class:`.connection.Connection`).
+SET_TENSOR_HASH, INIT_TENSOR, GET_ALLOC_SIZE and GET_DEVICE_SUPPORTS_OP (a mixin of :class:`.core.ServerCore`).
 
 Hot commands read the flat tuple of their request's derived layout (``*_flat`` handlers) instead of a nested dict.
 """
@@ -18,13 +18,16 @@ from ggml_rpc.spec.enums import GGML_TYPE_COUNT
 from ggml_rpc.spec.layout import flat_layout
 from ggml_rpc.spec.tensor import RpcTensor
 
-from .closing import Close
+from .closing import Bulk, Close
 from .closing import upstream as _upstream
 from .devices import U64_MASK, Buffer
 
 log = logging.getLogger("ggml_rpc.reference")
 
 _SIZE_LIMIT = 1 << 63  # upstream: a length error it does not catch (process abort)
+#: A command with a fixed head before its bulk data: (head size, size checks, from the claimed size and the head
+#: (a buffer and its offset there) to where the data goes: one view, a :class:`.closing.Bulk`, or None for no data).
+Headed = tuple[int, Callable[[int], None], Callable[[int, Any, int], "memoryview | Bulk | None"]]
 #: Tensor sizes remembered per connection (the memo is emptied when full).
 _NBYTES_REMEMBERED = 4096
 #: Longest a SET_TENSOR_HASH miss waits for saves under way on other connections (--concurrent only).
@@ -56,11 +59,13 @@ class TensorCommands:
 
     def _tensor(self, t: Mapping[str, Any], command: str, what: str = "tensor") -> _Tensor:
         """deserialize_tensor of a decoded tensor dict (see :meth:`_checked`)."""
+        if self._tensor_hook is not None:
+            self._tensor_hook(t, command, what)
         return self._checked(t["type"], tuple(t["ne"]), tuple(t["nb"]), t["buffer"], t["data"], t, command, what)
 
     def _flat_tensor(self, flat: tuple, start: int, command: str, what: str = "tensor") -> _Tensor:
         """deserialize_tensor of the rpc_tensor at ``start`` in a request's flat tuple (see :meth:`_checked`)."""
-        if self._tensor_hooked:
+        if self._tensor_hook is not None:  # a test's hook sees every tensor as the dict it expects
             record = _TENSOR.unpack(_TENSOR.struct.pack(*flat[start : start + _TENSOR.width]))
             return self._tensor(record, command, what)
         t = flat[start : start + _TENSOR.width]
@@ -103,41 +108,38 @@ class TensorCommands:
 
     # ---- tensor data -----------------------------------------------------------------------------------------
 
-    def _set_tensor_runner(self, payload: Payload, head_size: int) -> Callable[[int], None]:
-        """SET_TENSOR's runner: ``head_size`` fixed bytes (the framer's fixed part), then the data straight into the
-        target region."""
+    def _set_tensor_runner(self, payload: Payload, head_size: int) -> Headed:
+        """SET_TENSOR: its size checks, then from ``head_size`` fixed bytes (the framer's fixed part) the target
+        region its data goes straight into."""
         layout = flat_layout(payload.schema)
         slots = layout.slots()
         flag_field = self.protocol.cache_rule.flag_field
         # No such field in this version's request: the flag reads as 0, as a dict .get(name, 0) would.
         flag = slots[flag_field][0] if flag_field in slots else -1
-        return lambda size: self._set_tensor(size, head_size, layout.struct.unpack, slots["tensor"][0],
-                                             slots["offset"][0], flag)
+        unpack_from, tensor, offset = layout.struct.unpack_from, slots["tensor"][0], slots["offset"][0]
 
-    def _set_tensor(self, size: int, head_size: int, unpack: Callable[[bytes], tuple], tensor: int, offset: int,
-                    flag: int) -> None:
-        if size < head_size:
-            raise Close(f"SET_TENSOR size {size} below its {head_size}-byte header{_upstream('close')}")
-        if size >= _SIZE_LIMIT:
-            raise Close(f"SET_TENSOR size {size} >= 2^63{_upstream('process abort, uncaught length error')}")
-        f = unpack(self._read(head_size))
-        n = size - head_size
-        t = self._flat_tensor(f, tensor, "SET_TENSOR")
-        # Checked before a single payload byte is read: nothing is received that does not fit its target.
-        region = self._region(t, f[offset], n, "SET_TENSOR")
-        if n == 0:
-            return
-        t.buffer.epoch += 1  # type: ignore[union-attr]  # _region checked it; bumped before a byte lands
-        cache = self.cache
-        if cache is None or not self.protocol.cache_rule.server_saves(n, f[flag] if flag >= 0 else 0):
-            self._read_into(region)
-            return
-        cache.begin_save()
-        try:
-            self._read_into(region)
-            cache.save(region)
-        finally:
-            cache.end_save()
+        def check(size: int) -> None:
+            if size < head_size:
+                raise Close(f"SET_TENSOR size {size} below its {head_size}-byte header{_upstream('close')}")
+            if size >= _SIZE_LIMIT:
+                raise Close(f"SET_TENSOR size {size} >= 2^63{_upstream('process abort, uncaught length error')}")
+
+        def start(size: int, data: Any, at: int) -> memoryview | Bulk | None:
+            f = unpack_from(data, at)
+            n = size - head_size
+            t = self._flat_tensor(f, tensor, "SET_TENSOR")
+            # Checked before a single payload byte is taken: nothing is received that does not fit its target.
+            region = self._region(t, f[offset], n, "SET_TENSOR")
+            if n == 0:
+                return None
+            t.buffer.epoch += 1  # type: ignore[union-attr]  # _region checked it; bumped before a byte lands
+            cache = self.cache
+            if cache is None or not self.protocol.cache_rule.server_saves(n, f[flag] if flag >= 0 else 0):
+                return region
+            cache.begin_save()
+            return Bulk([region], done=lambda: cache.save(region), cleanup=cache.end_save)
+
+        return head_size, check, start
 
     def _set_tensor_hash_flat(self, f: tuple, slots: dict[str, tuple[int, int]]) -> None:
         digest = f[slots["hash"][0]]
@@ -146,18 +148,18 @@ class TensorCommands:
         if n is None and self.cache is not None and self.cache.wait_for_saves(_SAVE_WAIT):
             n = self.cache.entry_size(digest)  # another connection was saving: maybe this very entry
         if n is None:
-            self._reply(Command.SET_TENSOR_HASH, {"result": 0})
+            self.reply(Command.SET_TENSOR_HASH, {"result": 0})
             return
         t = self._flat_tensor(f, slots["tensor"][0], "SET_TENSOR_HASH")
         region = self._region(t, f[slots["offset"][0]], n, "SET_TENSOR_HASH")
         t.buffer.epoch += 1  # type: ignore[union-attr]  # a hit writes the region (a miss may have, see load_into)
         if self.cache is None or not self.cache.load_into(digest, region):
-            self._reply(Command.SET_TENSOR_HASH, {"result": 0})
+            self.reply(Command.SET_TENSOR_HASH, {"result": 0})
             return
-        self._reply(Command.SET_TENSOR_HASH, {"result": 1})
+        self.reply(Command.SET_TENSOR_HASH, {"result": 1})
 
     def _get_tensor(self, f: dict[str, Any]) -> None:
-        """GET_TENSOR from the decoded dict: only for subclasses that replace it (the server uses the flat one)."""
+        """GET_TENSOR from the decoded dict: for replacement handlers that call it (the server uses the flat one)."""
         t = self._tensor(f["tensor"], "GET_TENSOR")
         size = f["size"]
         region = self._region(t, f["offset"], size, "GET_TENSOR")
@@ -198,7 +200,7 @@ class TensorCommands:
         if dst.buffer.size == 0:
             # Upstream allocates a zero-size buffer as a dummy without a copy function: the copy is declined
             # (result 0), not failed, even when there is nothing to copy.
-            self._reply(Command.COPY_TENSOR, {"result": 0})
+            self.reply(Command.COPY_TENSOR, {"result": 0})
             return
         if d + n > dst.buffer.end:
             raise Close(f"COPY_TENSOR: {n} bytes from dst data {d:#x} run past the dst buffer end "
@@ -208,7 +210,7 @@ class TensorCommands:
         dst.buffer.epoch += 1
         # numpy copies overlapping ranges correctly (memmove semantics).
         np.copyto(dst.buffer.memory[d_off : d_off + n], src.buffer.memory[s_off : s_off + n])
-        self._reply(Command.COPY_TENSOR, {"result": 1})
+        self.reply(Command.COPY_TENSOR, {"result": 1})
 
     def _init_tensor_flat(self, f: tuple, slots: dict[str, tuple[int, int]]) -> None:
         t = self._flat_tensor(f, slots["tensor"][0], "INIT_TENSOR")
@@ -227,12 +229,12 @@ class TensorCommands:
             if f[start + _T_ID] != 0 and stype < GGML_TYPE_COUNT and not TYPES[stype].removed:
                 self._flat_tensor(f, start, "GET_ALLOC_SIZE", f"srcs[{i}]")
         # CPU buffer types allocate exactly ggml_nbytes, a size_t upstream: it wraps past 2^64 rather than fail.
-        self._reply(Command.GET_ALLOC_SIZE, {"alloc_size": t.nbytes & U64_MASK})
+        self.reply(Command.GET_ALLOC_SIZE, {"alloc_size": t.nbytes & U64_MASK})
 
     def _supports_op(self, f: dict[str, Any]) -> None:
         self._device(f["device"], "GET_DEVICE_SUPPORTS_OP")
         op = self._tensor(f["op"], "GET_DEVICE_SUPPORTS_OP", "op")
         srcs = [self._tensor(s, "GET_DEVICE_SUPPORTS_OP", f"srcs[{i}]") if s["id"] else None
                 for i, s in enumerate(f["srcs"])]
-        self._reply(Command.GET_DEVICE_SUPPORTS_OP, {"supported": int(self._executor_supports(op, srcs))})
+        self.reply(Command.GET_DEVICE_SUPPORTS_OP, {"supported": int(self._executor_supports(op, srcs))})
 

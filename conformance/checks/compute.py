@@ -16,8 +16,8 @@ from ggml_rpc.conformance.checks._support import alloc, fail
 from ggml_rpc.conformance.checks._support import check as _check
 from ggml_rpc.conformance.client import ConnectionClosed
 from ggml_rpc.conformance.harness import Category, Context, Unsupported
+from ggml_rpc.conformance.nmse import nmse
 from ggml_rpc.reference.executor import execute
-from ggml_rpc.reference.executor.nmse import nmse
 from ggml_rpc.reference.graph import ExecutorError, build_graph
 from ggml_rpc.spec import (
     TYPES,

@@ -62,10 +62,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 @contextlib.contextmanager
 def embedded_server(protocol: Protocol) -> Iterator[tuple[str, int]]:
     """The reference server of ``protocol`` on an ephemeral loopback port, with a fresh cache directory."""
+    from ggml_rpc.conformance.upstream.codebooks import tables
     from ggml_rpc.reference import running_server
 
+    # A captured model may hold IQ weights: their codebooks come from an installed upstream peer, as for `serve`.
     with tempfile.TemporaryDirectory(prefix="ggml-rpc-replay-cache-") as cache, \
-            running_server(protocol, cache_dir=cache) as srv:
+            running_server(protocol, cache_dir=cache, codebooks=tables) as srv:
         yield srv.host, srv.port
 
 

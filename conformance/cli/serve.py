@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from ggml_rpc.reference import Server, make_config
 
     if args.list_ops:
-        from ggml_rpc.reference.executor import render_ops_table
+        from ggml_rpc.conformance.upstream.ops_table import render_ops_table
 
         sys.stdout.write(render_ops_table())
         return 0
@@ -71,9 +71,12 @@ def run(args: argparse.Namespace) -> int:
     if args.cache_dir and os.path.exists(args.cache_dir) and not os.path.isdir(args.cache_dir):
         raise UsageError(f"--cache-dir {args.cache_dir}: not a directory")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
+    from ggml_rpc.conformance.upstream.codebooks import tables
+
+    # The IQ codebooks come from an installed upstream peer, when there is one (the reference holds no upstream data).
     config = make_config(protocol, devices=args.devices, mem=mem, alignment=args.alignment, max_size=max_size,
                          cache_dir=args.cache_dir, cache_max_bytes=cache_max, concurrent=args.concurrent,
-                         verbose=args.verbose)
+                         verbose=args.verbose, codebooks=tables)
     try:
         server = Server(config, args.host, args.port)
     except OSError as exc:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggml_rpc.conformance.harness import Target
-from ggml_rpc.reference.connection import ServerConfig
+from ggml_rpc.reference.config import ServerConfig
 from ggml_rpc.spec import CONN_CAPS_SIZE, Command, Protocol, encode_request
 from ggml_rpc.spec.codec import REPLY_HEADER_SIZE
 from hypothesis import HealthCheck, Phase, Verbosity, settings

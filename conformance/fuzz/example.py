@@ -137,7 +137,7 @@ class Example(ExampleSteps, ReplyChecks):
     def has_graph(self, ref: ConnRef) -> bool:
         """Has the model a stored graph on this connection (GRAPH_RECOMPUTE would run)?"""
         m = self.models.get(ref)
-        return m is not None and not m.closed and bool(m.conn.graphs)
+        return m is not None and not m.closed and bool(m.core.graphs)
 
     def open(self, ref: ConnRef, first: FuzzMessage = HELLO) -> None:
         """A new connection (new model twin, new TCP connection), starting with ``first`` (normally HELLO)."""

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ggml_rpc.conformance.harness import Target
-from ggml_rpc.reference.connection import ServerConfig
+from ggml_rpc.reference.config import ServerConfig
 from ggml_rpc.spec import CONN_CAPS_SIZE, Command, Protocol, encode_request
 
 from .campaign import Campaign, Options

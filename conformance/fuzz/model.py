@@ -1,29 +1,26 @@
-"""The fuzzer's oracle: the reference server's own per-connection logic, stepped in-process.
+"""The fuzzer's oracle: the reference server's own per-connection logic, driven in-process.
 
-Each fuzzed connection has a twin :class:`ggml_rpc.reference.connection.Connection` served over a ``socketpair``.
-The fuzzer writes a message's bytes into the pair, runs exactly one step of the reference dispatcher (the HELLO
-handshake first, then one command per step) on the calling thread, and reads back whatever the reference wrote.
-There is no second implementation of the rules: what the reference server answers is what the spec says.
+Each fuzzed connection has a twin :class:`ggml_rpc.reference.core.ServerCore`, the sans-IO core every connection
+of the reference server runs.  The fuzzer feeds it a message's bytes, takes exactly one event (the HELLO exchange
+first, then one command per message) on the calling thread, and keeps the reply it returned.  There is no second
+implementation of the rules: what the reference server answers is what the spec says.
 
-The fuzzer only ever sends whole messages (or ends the connection after a cut one), so a step never waits for
-bytes that will not come; a stall is reported as :class:`ModelStall` (a fuzzer bug, not a finding).
+The fuzzer only ever sends whole messages (or ends the connection after a cut one), so a command never waits for
+bytes that will not come; one that does is reported as :class:`ModelStall` (a fuzzer bug, not a finding).
 """
 
 from __future__ import annotations
 
 import shutil
-import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from ggml_rpc.reference import ServerConfig, ServerCore
 from ggml_rpc.reference.cache import HashCache
-from ggml_rpc.reference.connection import Close, Connection, PeerGone, ServerConfig
-
-#: Seconds a model step may wait for bytes before the fuzzer is declared inconsistent.
-MODEL_STALL_SECONDS = 5.0
-_PAIR_BUFFER = 4 << 20
+from ggml_rpc.reference.closing import Close, PeerGone
+from ggml_rpc.reference.server import TcpLinks
 
 
 class ModelStall(Exception):
@@ -71,84 +68,51 @@ class ModelConnection:
     """One connection of the reference server, driven synchronously one message at a time."""
 
     def __init__(self, config: ServerConfig, cache: HashCache | None, name: str = "model") -> None:
-        self._server, self._client = socket.socketpair()
-        for s in (self._server, self._client):
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _PAIR_BUFFER)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _PAIR_BUFFER)
-        self._server.settimeout(MODEL_STALL_SECONDS)
-        self._client.setblocking(False)
-        self.conn = Connection(self._server, config, cache, name=name)
-        self._greeted = False
+        # The same links as the server's: a COMM_INIT is judged by what the reference really does with it.
+        self.core = ServerCore(config, cache, name=name, links=TcpLinks(config))
         self.closed = False
         self.reason = ""
 
     @property
     def buffers(self) -> dict:
         """The reference connection's live buffers, by handle (read-only use: bases for relocation)."""
-        return self.conn.table.buffers
+        return self.core.table.buffers
 
     def exchange(self, message: bytes | bytearray | memoryview, *, end: bool = False) -> ModelOutcome:
-        """Feed one message (``end``: then close the client's side) and run the dispatcher once."""
+        """Feed one message (``end``: then the end of the client's stream) and run one command (or the HELLO)."""
         if self.closed:
             raise RuntimeError("model connection already closed")
-        self._client.setblocking(True)
-        try:
-            if message:
-                self._client.sendall(message)
-            if end:
-                self._client.shutdown(socket.SHUT_WR)
-        finally:
-            self._client.setblocking(False)
+        core = self.core
+        if message:
+            core.receive_data(message)
+        if end:
+            core.receive_data(b"")
+        reply: list = []
         try:
             # Fuzzed numbers through the executor (NaN, inf, overflowing casts) are expected, not worth a warning.
             with np.errstate(all="ignore"):
-                if not self._greeted:
-                    self.conn.handshake()
-                    self._greeted = True
-                else:
-                    self.conn.step()
+                out = core.next_event()
+                if out is None:
+                    raise ModelStall("the model waited for more bytes than the fuzzer sent")
+                reply = list(out)
+                if end:
+                    # Everything the client will ever send is in: one more event sees the end of the stream.
+                    reply.extend(core.next_event() or ())
         except (Close, PeerGone) as exc:
             self._finish(str(exc))
-        except TimeoutError:
+        except ModelStall:
             self._finish("model stalled")
-            raise ModelStall("the model waited for more bytes than the fuzzer sent") from None
-        except (ConnectionError, OSError) as exc:  # pragma: no cover - a socketpair does not fail
-            self._finish(f"socket error: {exc}")
+            raise
         except Exception as exc:  # what the reference server's loop does with its own errors: close
             self._finish(f"closed: internal error {type(exc).__name__}: {exc}")
-        if end and not self.closed:
-            # Everything the client will ever send is in: one more step sees the end of the stream.
-            try:
-                self.conn.step()
-            except (Close, PeerGone) as exc:
-                self._finish(str(exc))
-        return ModelOutcome(self._drain(), self.closed, self.reason)
-
-    def _drain(self) -> bytes:
-        chunks = []
-        while True:
-            try:
-                chunk = self._client.recv(1 << 20)
-            except BlockingIOError:
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-        return b"".join(chunks)
+        # The reply is taken before the next message: it may be a view of memory that message writes.
+        return ModelOutcome(b"".join(reply), self.closed, self.reason)
 
     def _finish(self, reason: str) -> None:
         self.closed = True
         self.reason = reason
-        self.conn.release()
-        try:
-            self._server.close()
-        except OSError:
-            pass
+        self.core.release()
 
     def close(self) -> None:
         if not self.closed:
             self._finish("client closed the connection")
-        try:
-            self._client.close()
-        except OSError:
-            pass

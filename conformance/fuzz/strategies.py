@@ -68,8 +68,8 @@ def deep_chain(h: Hunt, ex: Example, d: RandomDraw, rng: random.Random) -> None:
     tensors["src"][1:, 0] = ids[:-1]
     msg = FuzzMessage(Command.GRAPH_COMPUTE, {"device": 0, "nodes": [int(ids[-1])], "tensors": tensors},
                       broken=f"deep: src chain = {depth}", tags=("deep",))
-    # The model steps in the fuzzer's thread through a socketpair: 89 MB do not fit its buffers.  The graph goes to
-    # the target alone, on a connection of its own that ends right after it; only the target's survival is judged.
+    # 89 MB are not worth holding in the model's receive buffer in the fuzzer's thread.  The graph goes to the target
+    # alone, on a connection of its own that ends right after it; only the target's survival is judged.
     ex.close_current()
     conn = ex.new_ref()
     ex.prepare(conn)

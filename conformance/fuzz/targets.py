@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 from ggml_rpc.conformance.harness import SpawnedTarget, Target, TargetError, exit_status
-from ggml_rpc.reference.connection import ServerConfig
+from ggml_rpc.reference.config import ServerConfig
 from ggml_rpc.reference.server import Server, make_config
 from ggml_rpc.spec import DEFAULT_HOST, Protocol
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from ggml_rpc.reference.executor.nmse import nmse
+from ggml_rpc.conformance.nmse import nmse
 from ggml_rpc.spec import Command, GgmlType, Protocol, Reply, Request, tensor_name
 from ggml_rpc.spec.layout import flat_layout
 

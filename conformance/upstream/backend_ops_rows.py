@@ -17,7 +17,7 @@ from .runs import UpstreamServer, reference_server
 #: The fixed subset CI runs (`--ops` default): element-wise, normalisation, softmax, copies and small reductions
 #: whose whole upstream case lists run in seconds, plus the ops that read every quantised type (MUL_MAT, GET_ROWS,
 #: CPY, OUT_PROD: about 4.5 minutes together on 2 cores). `--ops all` runs every op upstream tests (~50 min).
-#: Each was measured to pass every upstream case through the reference server (reference/op_counts.json).
+#: Each was measured to pass every upstream case through the reference server (conformance/upstream/op_counts.json).
 CI_OPS = ("ADD", "SUB", "MUL", "DIV", "SCALE", "SQR", "SQRT", "RMS_NORM", "NORM", "SOFT_MAX", "SILU", "GELU",
           "CONT", "SET_ROWS", "ROPE", "SWIGLU", "CONCAT", "GET_ROWS", "CPY", "OUT_PROD", "MUL_MAT")
 

@@ -173,6 +173,12 @@ def ensure(peer: Peer, *, force: bool = False) -> Path:
     return path
 
 
+def tables() -> Tables | None:
+    """The codebooks a reference server should use (its ``codebooks`` source): those :func:`find` finds, or None."""
+    found = find()
+    return None if found is None else found[0]
+
+
 def find() -> tuple[Tables, dict[str, object]] | None:
     """The codebooks the executor should use: :data:`ENV`'s file, else those of the newest installed peer (extracted
     now if its file is missing), else None."""

@@ -18,9 +18,9 @@ from . import attention, conv, elementwise, generate, layout, matmul, norm, redu
 from .core import KERNELS, SUPPORT
 from .grids import available
 from .plan import FREE_OPS, Plan, execute, prepare
-from .table import render_ops_table, supported_ops
+from .table import supported_ops
 
-__all__ = ["FREE_OPS", "ExecutorError", "Plan", "execute", "prepare", "render_ops_table", "supported_ops",
+__all__ = ["FREE_OPS", "ExecutorError", "Plan", "execute", "prepare", "supported_ops",
            "supports_op"]
 
 

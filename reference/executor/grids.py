@@ -2,10 +2,10 @@
 all blocks at once like :mod:`.dequant`.
 
 Each block holds a scale, per-32-element sub-block scales, indices into a codebook of 8 (or 4) small integers and
-sign bits.  The codebooks are upstream data this repository does not contain: they are read out of an installed
-upstream build by :mod:`ggml_rpc.conformance.upstream.codebooks` and loaded here on first use.  Without them these
-types are refused: :func:`available` answers False (so GET_DEVICE_SUPPORTS_OP says no) and dequantising raises
-an :class:`ExecutorError` that says how to get them.
+sign bits.  The codebooks are upstream data this repository does not contain: whoever starts a server gives their
+source (:func:`use_codebooks`; the kit's ``ggml-rpc serve`` reads them out of an installed upstream build) and they
+are loaded here on first use.  Without them these types are refused: :func:`available` answers False (so
+GET_DEVICE_SUPPORTS_OP says no) and dequantising raises an :class:`ExecutorError` that says how to get them.
 
 The float arithmetic follows ggml-quants.c's order (scale products first, then times the grid value, then the
 sign), so the values are upstream's bit for bit.
@@ -45,8 +45,8 @@ class Codebook:
     dtype: str
 
 
-#: The codebooks by upstream's names; the single table both the executor and the extraction
-#: (:mod:`ggml_rpc.conformance.upstream.codebooks`) read.  IQ1_M indexes IQ1_S's.
+#: The codebooks by upstream's names; the single table both the executor and the kit's extraction from an upstream
+#: build read.  IQ1_M indexes IQ1_S's.
 CODEBOOKS: dict[str, Codebook] = {
     "iq2xxs_grid": Codebook((IQ2_XXS,), 256, 8, "uint8"),
     "iq2xs_grid": Codebook((IQ2_XS,), 512, 8, "uint8"),
@@ -68,21 +68,31 @@ _BIT8 = np.arange(8, dtype=np.uint8)
 IQ1S_DELTA = np.float32(0.125)
 
 
+#: Where the codebooks come from: given by whoever starts a server (``ServerConfig.codebooks``; ``ggml-rpc serve``
+#: reads them from an installed upstream peer).  The reference itself knows no upstream build.
+_source: Callable[[], dict[str, np.ndarray] | None] | None = None
+
+
+def use_codebooks(source: Callable[[], dict[str, np.ndarray] | None] | None) -> None:
+    """Read the codebooks from ``source`` from now on (on first use; None: there are none).  Process-wide, as the
+    executor's kernels are."""
+    global _source
+    if source is not _source:
+        _source = source
+        codebooks.cache_clear()
+
+
 @cache
 def codebooks() -> dict[str, np.ndarray] | None:
-    """The tables (loaded once, on first use), or None when no upstream build provides them."""
-    try:
-        # The loader lives with the upstream peers it reads the tables from; imported here, not at module import,
-        # so importing the executor never touches the upstream cache.
-        from ggml_rpc.conformance.upstream.codebooks import find
-    except ImportError:
+    """The tables (loaded once, on first use, from the source given to :func:`use_codebooks`), or None."""
+    source = _source
+    if source is None:
         return None
     try:
-        found = find()
+        return source()
     except Exception:  # any failure to read a build means "no codebooks", never a crashed server
-        log.warning("could not read the IQ codebooks from the upstream build", exc_info=True)
+        log.warning("could not read the IQ codebooks", exc_info=True)
         return None
-    return None if found is None else found[0]
 
 
 def available(type_id: int) -> bool:

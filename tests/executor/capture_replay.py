@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from ggml_rpc.conformance.nmse import nmse
 from ggml_rpc.conformance.sessions.decode import decode_file
 from ggml_rpc.conformance.sessions.spans import as_buffer
 from ggml_rpc.reference.executor import execute
-from ggml_rpc.reference.executor.nmse import nmse
 from ggml_rpc.reference.graph import GraphTensor, build_graph
 from ggml_rpc.spec import Command, Reply, Request, tensor_name, tensor_nbytes
 

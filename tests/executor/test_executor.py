@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ggml_rpc.reference.executor import execute, render_ops_table, supported_ops, supports_op
+from ggml_rpc.conformance.upstream.ops_table import render_ops_table
+from ggml_rpc.reference.executor import execute, supported_ops, supports_op
 from ggml_rpc.reference.executor.arena import Arena, params
 from ggml_rpc.reference.graph import ExecutorError, GraphTensor
 from ggml_rpc.spec import GgmlOp, GgmlType, GluOp, UnaryOp
@@ -163,7 +164,7 @@ def test_ops_table_covers_every_op_and_the_checked_in_copy_is_current():
         assert f"GLU/{sub.name}" in rows
     assert {"MUL_MAT", "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "GET_ROWS", "RMS_NORM"} <= rows
     assert OPS_MD.read_text(encoding="utf-8") == table, (
-        "reference/OPS.md is stale: python -m ggml_rpc.reference.executor > reference/OPS.md")
+        "reference/OPS.md is stale: python -m ggml_rpc.conformance.upstream.ops_table > reference/OPS.md")
 
 
 def test_overlapping_strides_cannot_claim_huge_element_counts(arena):

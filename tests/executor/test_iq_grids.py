@@ -111,6 +111,7 @@ def oracle(upstream_peer) -> GgmlLibrary:
 
 @pytest.fixture(scope="module")
 def loaded(upstream_peer) -> dict[str, np.ndarray]:
+    grids.use_codebooks(cb.tables)  # as `ggml-rpc serve` configures its server
     grids.codebooks.cache_clear()
     tables = grids.codebooks()
     assert tables is not None, "upstream is installed but the executor found no codebooks"
@@ -126,6 +127,7 @@ def test_an_installed_peer_without_the_file_gets_it_on_first_use(upstream_peer, 
     shutil.copy(upstream_peer.record, prefix / "peer.json")
     monkeypatch.setenv("GGML_RPC_KIT_UPSTREAM", str(tmp_path))
     monkeypatch.delenv(cb.ENV, raising=False)
+    grids.use_codebooks(cb.tables)
     grids.codebooks.cache_clear()
     try:
         assert grids.available(grids.IQ2_XXS)

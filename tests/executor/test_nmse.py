@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from ggml_rpc.reference.executor.nmse import nmse
+from ggml_rpc.conformance.nmse import nmse
 
 
 def test_equal_values_are_zero_and_a_scaled_error_is_its_ratio() -> None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from ggml_rpc.reference.executor import counts, render_ops_table
+from ggml_rpc.conformance.upstream import op_counts as counts
+from ggml_rpc.conformance.upstream.ops_table import render_ops_table
 
 
 def interop(commit: str, date: str, rows: list[tuple[str, list[int], list[int]]]) -> dict:

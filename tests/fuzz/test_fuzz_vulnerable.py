@@ -11,13 +11,7 @@ from ggml_rpc.conformance.harness import ExternalTarget
 from ggml_rpc.conformance.sessions.replay import ReplayError, replay
 from ggml_rpc.reference import running_server
 from ggml_rpc.spec import V7
-from vulnerable import (
-    LeakyGetTensorConnection,
-    SilentMaxSizeConnection,
-    VulnerableServer,
-    WrongAlignmentConnection,
-    server_with,
-)
+from vulnerable import LEAKY_GET_TENSOR, SILENT_MAX_SIZE, WRONG_ALIGNMENT, VulnerableServer, server_with
 
 #: The seeded campaign's budget, in examples: how fast the machine runs them does not matter.
 CRASH_EXAMPLES = 300
@@ -102,17 +96,17 @@ def test_a_dead_external_target_stops_the_campaign(tmp_path):
 
 
 @pytest.mark.parametrize("variant, kind, command", [
-    (SilentMaxSizeConnection, "hang", "GET_MAX_SIZE"),
-    (WrongAlignmentConnection, "wrong-reply", "GET_ALIGNMENT"),
-    (LeakyGetTensorConnection, "out-of-buffer", "GET_TENSOR"),
-])
+    (SILENT_MAX_SIZE, "hang", "GET_MAX_SIZE"),
+    (WRONG_ALIGNMENT, "wrong-reply", "GET_ALIGNMENT"),
+    (LEAKY_GET_TENSOR, "out-of-buffer", "GET_TENSOR"),
+], ids=["silent-max-size", "wrong-alignment", "leaky-get-tensor"])
 def test_every_kind_of_finding_is_detected(variant, kind, command, tmp_path):
     # Shrinking gets a few seconds: how far it gets does not decide the test (the reproducer must replay against
     # the reference either way), and a hang costs a timeout per shrink attempt, which an unbounded shrink would
     # multiply into many minutes.
     options = Options(examples=CRASH_EXAMPLES, seed=0, out_dir=tmp_path, max_findings=1, shrink_seconds=5.0,
                       timeout=1.0)
-    campaign = embedded_campaign(V7, options, server_cls=server_with(variant))
+    campaign = embedded_campaign(V7, options, server_cls=server_with(variant, f"{kind}Server"))
     campaign.target.start()
     try:
         campaign.run()

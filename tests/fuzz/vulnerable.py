@@ -1,82 +1,73 @@
-"""A deliberately vulnerable reference server, for tests only: protocol.md §10 item 16 re-enabled.
+"""Deliberately vulnerable reference servers, for tests only: the reference with one bug put back through its hooks.
 
-Upstream 6/7 checks that a tensor's data lies inside its buffer with an assertion, so a tensor with a valid buffer
-handle and an address outside that buffer aborts the whole server process (remote denial of service).  The
-reference server closes only the connection; this variant aborts its process instead, exactly as upstream does.
+:data:`ABORTING` re-enables protocol.md §10 item 16: upstream 6/7 checks that a tensor's data lies inside its
+buffer with an assertion, so a tensor with a valid buffer handle and an address outside that buffer aborts the whole
+server process (remote denial of service).  The reference server closes only the connection; this variant aborts
+its process instead, exactly as upstream does.  The others break one reply each.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import warnings
-from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
-from ggml_rpc.reference.connection import Close, Connection
+from ggml_rpc.reference import Hooks, ServerConfig, ServerCore
+from ggml_rpc.reference.closing import Close
 from ggml_rpc.reference.server import Server
 from ggml_rpc.spec import Command
 from ggml_rpc.spec.codec import REPLY_HEADER
 
 
-class AbortingConnection(Connection):
-    """The reference connection, except that the buffer-range check kills the process (SIGABRT)."""
-
-    def _tensor(self, t: Mapping[str, Any], command: str, what: str = "tensor"):
-        try:
-            return super()._tensor(t, command, what)
-        except Close as exc:
-            if "buffer-range assertion" in str(exc):
-                os.abort()
-            raise
+def _abort_on_buffer_range(exc: Close) -> None:
+    if "buffer-range assertion" in str(exc):
+        os.abort()
 
 
-class SilentMaxSizeConnection(Connection):
-    """Never answers GET_MAX_SIZE (but goes on reading): the client waits for ever -- a hang."""
-
-    def _get_max_size(self, f: dict[str, Any]) -> None:
-        return None
+def _silent_max_size(core: ServerCore, f: dict[str, Any]) -> None:
+    return None
 
 
-class WrongAlignmentConnection(Connection):
-    """Answers GET_ALIGNMENT with 64 where the reference configuration says 32 -- a wrong reply."""
-
-    def _get_alignment(self, f: dict[str, Any]) -> None:
-        self._device(f["device"], "GET_ALIGNMENT")
-        self._reply(Command.GET_ALIGNMENT, {"alignment": 64})
+def _wrong_alignment(core: ServerCore, f: dict[str, Any]) -> None:
+    core._device(f["device"], "GET_ALIGNMENT")
+    core.reply(Command.GET_ALIGNMENT, {"alignment": 64})
 
 
-class LeakyGetTensorConnection(Connection):
-    """GET_TENSOR without the region check: reads past a tensor's buffer are answered with whatever follows (here
-    zero bytes standing for neighbouring memory) -- out-of-buffer data in a reply."""
-
-    def _get_tensor(self, f: dict[str, Any]) -> None:
-        size = f["size"]
-        if size > 1 << 20:
-            raise Close("too large even for a leaky server")
-        try:
-            super()._get_tensor(f)
-        except Close:
-            self._send([REPLY_HEADER.pack(size), bytes(size)])
+def _leaky_get_tensor(core: ServerCore, f: dict[str, Any]) -> None:
+    size = f["size"]
+    if size > 1 << 20:
+        raise Close("too large even for a leaky server")
+    try:
+        core.handlers[Command.GET_TENSOR](f)
+    except Close:
+        core.send([REPLY_HEADER.pack(size), bytes(size)])
 
 
-def server_with(connection_cls: type[Connection]) -> type[Server]:
-    """A reference server class whose connections are ``connection_cls``."""
+#: The buffer-range check kills the process (SIGABRT).
+ABORTING = Hooks(close=_abort_on_buffer_range)
+#: Never answers GET_MAX_SIZE (but goes on reading): the client waits for ever -- a hang.
+SILENT_MAX_SIZE = Hooks(handlers={Command.GET_MAX_SIZE: _silent_max_size})
+#: Answers GET_ALIGNMENT with 64 where the reference configuration says 32 -- a wrong reply.
+WRONG_ALIGNMENT = Hooks(handlers={Command.GET_ALIGNMENT: _wrong_alignment})
+#: GET_TENSOR without the region check: reads past a tensor's buffer are answered with whatever follows (here zero
+#: bytes standing for neighbouring memory) -- out-of-buffer data in a reply.
+LEAKY_GET_TENSOR = Hooks(handlers={Command.GET_TENSOR: _leaky_get_tensor})
+
+
+def server_with(hooks: Hooks, name: str) -> type[Server]:
+    """A reference server class whose connections run with ``hooks``."""
 
     class Variant(Server):
-        def _handle(self, conn: socket.socket, peer: tuple) -> None:
-            try:
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                connection_cls(conn, self.config, self.cache, name=connection_cls.__name__).serve()
-            finally:
-                conn.close()
+        def __init__(self, config: ServerConfig, *args: Any, **kwargs: Any) -> None:
+            super().__init__(replace(config, hooks=hooks), *args, **kwargs)
 
-    Variant.__name__ = f"{connection_cls.__name__}Server"
+    Variant.__name__ = name
     return Variant
 
 
-#: Serves every connection with :class:`AbortingConnection`.
-VulnerableServer = server_with(AbortingConnection)
+#: Serves every connection with :data:`ABORTING`.
+VulnerableServer = server_with(ABORTING, "VulnerableServer")
 
 
 def main() -> None:

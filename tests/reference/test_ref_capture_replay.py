@@ -13,10 +13,10 @@ import logging
 import numpy as np
 import pytest
 from ggml_rpc.conformance.client import ConnectionClosed
+from ggml_rpc.conformance.nmse import nmse
 from ggml_rpc.conformance.sessions.decode import decode_file
 from ggml_rpc.conformance.sessions.spans import as_buffer
 from ggml_rpc.reference import running_server
-from ggml_rpc.reference.executor.nmse import nmse
 from ggml_rpc.spec import Command
 from refhelpers import connect
 

@@ -1,4 +1,4 @@
-"""The reference server's small-request fast path: flat-tuple field positions and the subclass hooks it keeps."""
+"""The reference server's small-request fast path: flat-tuple field positions and the tensor hook it keeps."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 from ggml_rpc.conformance.client import RpcClient
-from ggml_rpc.reference import make_config
-from ggml_rpc.reference.connection import Connection
+from ggml_rpc.reference import Hooks, ServerCore, make_config
+from ggml_rpc.reference.server import serve_connection
 from ggml_rpc.spec import V6, V7, V7_0_1, Command, make_tensor
 from ggml_rpc.spec.layout import flat_layout
 from ggml_rpc.spec.messages import Shape
@@ -49,38 +49,37 @@ def test_slots_agree_with_the_nested_dict_on_random_bytes(name: str, schema: Any
             assert got == expected, path
 
 
-class _RecordingConnection(Connection):
-    """Checks tensors through the overridable dict hook and records which commands did."""
+def _recording_hooks(seen: list[str]) -> Hooks:
+    """A tensor hook that checks it gets every tensor as a dict and records which commands checked one."""
 
-    seen: list[str]
-
-    def _tensor(self, t: Any, command: str, what: str = "tensor") -> Any:
-        self.seen.append(command)
+    def hook(t: Any, command: str, what: str) -> None:
+        seen.append(command)
         assert isinstance(t["ne"], list) and isinstance(t["name"], bytes)
-        return super()._tensor(t, command, what)
+
+    return Hooks(tensor=hook)
 
 
-def _serve_then_close(conn: Connection, sock: socket.socket) -> None:
+def _serve_then_close(sock: socket.socket, core: ServerCore) -> None:
     try:
-        conn.serve()
+        serve_connection(sock, core)
     finally:
         sock.close()  # as the accept loop does: the connection only releases its own state
 
 
-def _serve_pair(cls: type[Connection], proto: str = "7") -> tuple[RpcClient, Connection, threading.Thread]:
+def _serve_pair(proto: str = "7") -> tuple[RpcClient, list[str], threading.Thread]:
     ours, theirs = socket.socketpair()
-    conn = cls(theirs, make_config(proto), None)
-    conn.seen = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=_serve_then_close, args=(conn, theirs), daemon=True)
+    seen: list[str] = []
+    core = ServerCore(make_config(proto, hooks=_recording_hooks(seen)), None)
+    thread = threading.Thread(target=_serve_then_close, args=(theirs, core), daemon=True)
     thread.start()
     ours.settimeout(10)
     client = RpcClient(ours)
     client.hello()
-    return client, conn, thread
+    return client, seen, thread
 
 
-def test_a_subclass_hooking_tensor_checks_sees_every_fast_path_command() -> None:
-    client, conn, thread = _serve_pair(_RecordingConnection)
+def test_a_tensor_hook_sees_every_fast_path_command() -> None:
+    client, seen, thread = _serve_pair()
     with client:
         handle, _ = client.alloc_buffer(0, 256)
         base = client.buffer_get_base(handle)
@@ -91,13 +90,13 @@ def test_a_subclass_hooking_tensor_checks_sees_every_fast_path_command() -> None
         assert bytes(client.get_tensor(t, 0, 2)) == b"\x09\x09"
     thread.join(timeout=10)
     assert not thread.is_alive()
-    assert conn.seen == ["SET_TENSOR", "MEMSET_TENSOR", "GET_TENSOR", "GET_TENSOR"]  # type: ignore[attr-defined]
+    assert seen == ["SET_TENSOR", "MEMSET_TENSOR", "GET_TENSOR", "GET_TENSOR"]
 
 
 def test_constant_replies_follow_the_configuration() -> None:
     ours, theirs = socket.socketpair()
     config = make_config("6", devices=3, alignment=64, max_size=1 << 30)
-    thread = threading.Thread(target=_serve_then_close, args=(Connection(theirs, config, None), theirs), daemon=True)
+    thread = threading.Thread(target=_serve_then_close, args=(theirs, ServerCore(config, None)), daemon=True)
     thread.start()
     ours.settimeout(10)
     with RpcClient(ours) as c:
@@ -111,7 +110,7 @@ def test_constant_replies_follow_the_configuration() -> None:
 
 
 def test_get_alloc_size_checks_each_src_with_an_id_and_a_valid_type() -> None:
-    client, conn, thread = _serve_pair(_RecordingConnection)
+    client, seen, thread = _serve_pair()
     with client:
         handle, _ = client.alloc_buffer(0, 256)
         base = client.buffer_get_base(handle)
@@ -126,4 +125,4 @@ def test_get_alloc_size_checks_each_src_with_an_id_and_a_valid_type() -> None:
     thread.join(timeout=10)
     assert not thread.is_alive()
     # The tensor and both `inside` srcs, then the tensor, `inside` and `outside` (which closes).
-    assert conn.seen == ["GET_ALLOC_SIZE"] * 6  # type: ignore[attr-defined]
+    assert seen == ["GET_ALLOC_SIZE"] * 6

@@ -2,8 +2,8 @@
 
 The counts come only from ``ggml-rpc interop --rows 'OPS*' --json FILE`` runs (upstream test-backend-ops run one
 op at a time through the reference server v7 and through upstream's own rpc-server v7).  ``record`` merges the
-OPS-* rows of such a run into the committed ``reference/op_counts.json``: an op keeps the figures of the last run
-that measured it, together with that run's date, commit and upstream build.  Nothing here computes a count.
+OPS-* rows of such a run into the committed ``conformance/upstream/op_counts.json``: an op keeps the figures of the
+last run that measured it, together with that run's date, commit and upstream build.  Nothing here computes a count.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-#: The committed record, next to OPS.md.
-COUNTS_FILE = Path(__file__).resolve().parents[1] / "op_counts.json"
+#: The committed record: interop results, kept with the interop matrix that produces them.
+COUNTS_FILE = Path(__file__).resolve().with_name("op_counts.json")
 FORMAT = "ggml-rpc-op-counts/1"
 _ROW_PREFIX = "OPS-"
 
@@ -81,7 +81,8 @@ def header(counts: dict[str, Any]) -> list[str]:
     """The OPS.md lines naming the runs the counts come from."""
     runs = counts.get("runs", [])
     if not runs:
-        return ["No test-backend-ops run is recorded yet (`python -m ggml_rpc.reference.executor --record FILE`)."]
+        return ["No test-backend-ops run is recorded yet "
+                "(`python -m ggml_rpc.conformance.upstream.ops_table --record FILE`)."]
     lines = ["`test-backend-ops`: cases passed/total through the reference server v7, then through upstream's",
              "rpc-server v7 (same build, same cases), from these `ggml-rpc interop --rows 'OPS*' --json` runs:", ""]
     for i, run in enumerate(runs):
