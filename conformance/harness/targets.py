@@ -239,13 +239,15 @@ class EmbeddedTarget(Target):
         return self._cache_dir
 
     def start(self) -> None:
+        from ggml_rpc.conformance.upstream.codebooks import tables
         from ggml_rpc.reference import running_server
 
         stack = contextlib.ExitStack()
         if self._given_cache is None:
             self._cache_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ggml-rpc-cache-")))
         cache = str(self._cache_dir) if self._cache_dir else None
-        server = stack.enter_context(running_server(self.protocol, cache_dir=cache))
+        # The IQ codebooks come from an installed upstream peer, as for `serve` (the reference holds no upstream data).
+        server = stack.enter_context(running_server(self.protocol, cache_dir=cache, codebooks=tables))
         self.host, self.port = server.host, server.port
         self._stack = stack
 

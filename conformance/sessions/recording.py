@@ -41,10 +41,11 @@ class Recording:
 
 @contextlib.contextmanager
 def _reference(protocol: Protocol) -> Iterator[tuple[str, int]]:
+    from ggml_rpc.conformance.upstream.codebooks import tables
     from ggml_rpc.reference import running_server
 
     with tempfile.TemporaryDirectory(prefix="ggml-rpc-scenario-cache-") as cache, \
-            running_server(protocol, cache_dir=cache) as srv:
+            running_server(protocol, cache_dir=cache, codebooks=tables) as srv:
         yield srv.host, srv.port
 
 
