@@ -34,8 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "Replays the client side of every connection of the captures, in order, against "
         "one server, relocating buffer handles and addresses, and compares each reply by class "
         "(exact, recorded, computed within an NMSE tolerance). Exit code 1 on any mismatch, and when the server "
-        "stopped accepting connections during the replay (reported with the last message sent); 2 when it cannot "
-        "be reached at all."
+        "stopped accepting connections during the replay (reported with the last message sent), and when a "
+        "capture ends inside a message (that connection is replayed up to there, the others go on); 2 when the "
+        "server cannot be reached at all."
     )
     p.add_argument("pcap", nargs="+", help="capture file(s), replayed in the order given")
     p.add_argument("--server", action="append", default=None, metavar="HOST:PORT",
@@ -79,6 +80,8 @@ def print_report(report: ReplayReport, out: TextIO | None = None) -> None:
               f"{c['close']} expected close(s); {c['recorded']} recorded only\n")
     for note in report.notes:
         out.write(f"note: {note}\n")
+    for cut in report.cuts:
+        out.write(f"CAPTURE CUT: {cut}\n")
     deaths = [m for m in report.mismatches if m.kind == DEATH]
     for m in report.mismatches:
         if m.kind != DEATH:
@@ -86,7 +89,8 @@ def print_report(report: ReplayReport, out: TextIO | None = None) -> None:
     for m in deaths:
         out.write(f"DIED: {m.got}\n")
     out.write(f"{len(report.mismatches) - len(deaths)} mismatch(es)"
-              + (", and the server died" if deaths else "") + "\n")
+              + (", and the server died" if deaths else "")
+              + (f"; {len(report.cuts)} connection(s) cut short by the capture" if report.cuts else "") + "\n")
 
 
 def run(args: argparse.Namespace) -> int:
