@@ -46,7 +46,8 @@ ENFORCES: dict[str, str] = {
     "compute": "one small graph per op family (binary, math, UNARY activations, MUL_MAT f32/f16 and Q8_0, norms, "
     "SOFT_MAX plain and masked, ROPE, GET_ROWS, CONT/CPY, GLU, reductions, REPEAT/CONCAT, GRAPH_RECOMPUTE; 8.0.0: "
     "GRAPH_RECOMPUTE by uid) compared with the reference executor by normalised mean squared error (1e-7 exact ops, "
-    "1e-5 transcendental, 5e-4 MUL_MAT); an op the server declines (closes on) is unsupported",
+    "1e-5 transcendental, 5e-4 MUL_MAT), inputs drawn from the run's `--seed`; an op the server declines (closes on) "
+    "is unsupported",
     "comm": "8.0.0's communicator: COMM_INIT for other than two ranks and COMM_ALLREDUCE without a communicator are "
     "refused, COMM_ALLREDUCE sums the tensor across two servers over their own link",
 }
