@@ -16,14 +16,13 @@ SIGPIPE shows as the next connection being refused).
 When a capture needs a cache hit the target cannot have, the replayer says so and sends the data instead, taken
 from any SET_TENSOR of the loaded captures with that hash, or reports that no capture holds it.
 
-A capture that ends inside a message (cut short, or stopped while a connection was open: :mod:`.truncation`) is
-replayed up to that message and no further on that connection, reported as a cut (the run fails), never as the
-target's mismatch: the recorded server did not close there, the recording stopped.
+A capture that ends inside a message (:mod:`.truncation`) is replayed up to it on that connection, reported as a
+cut (the run fails), never as the target's mismatch: the recording stopped there, not the recorded server.
 
 A target that stops accepting connections during the replay (a refused connect after the first connection), or
-that no longer answers HELLO once the replay is done, died of what was sent: that is reported as a mismatch of
-kind ``death`` naming the last message sent (file, connection, index, command), never as "0 mismatches" nor as a
-target that could not be reached.
+that no longer answers HELLO once the replay is done, died of what was sent: a mismatch of kind ``death`` naming
+the last message sent (file, connection, index, command), never "0 mismatches" nor a target that could not be
+reached.  A spawned target is restarted after each death (:mod:`.replay_spawn`).
 """
 
 from __future__ import annotations
@@ -100,8 +99,7 @@ class Replayer:
         report = ReplayReport(target=f"{host}:{port}", source_versions=labels, target_version=self.target.label)
         self.compare = ReplyComparer(self.target, report, TargetCache(self.target), nmse_tolerance)
 
-    # The comparer holds the report and the model of the target's cache; the replayer adds to both, and a caller
-    # may hand it the cache a previous replay against the same server left (``ggml-rpc bench`` does).
+    # The comparer holds the report and the target's cache model (``ggml-rpc bench`` hands it an earlier one).
 
     @property
     def report(self) -> ReplayReport:
@@ -131,7 +129,7 @@ class Replayer:
                     if dc.link is not None:
                         continue  # a servers' link (8.0.0): the servers open their own when replayed
                     self.report.connections += 1
-                    self._connection(cap.path, dc)
+                    self._play(cap.path, dc)
         except _TargetStopped as exc:
             self.report.connections -= 1  # the refused connection was not replayed
             self._died(str(exc))
@@ -143,6 +141,10 @@ class Replayer:
                     self._died(why)
         self.report.seconds = time.perf_counter() - start
         return self.report
+
+    def _play(self, path: str, dc: DecodedConnection) -> None:
+        """Replay one connection (:mod:`.replay_spawn` restarts a spawned target around it)."""
+        self._connection(path, dc)
 
     def _not_answering(self) -> str | None:
         """None when the target accepts a connection and answers HELLO; otherwise what happened."""
@@ -320,8 +322,7 @@ class Replayer:
     def _recorded_close_from(self, dc: DecodedConnection, req: Request, replies: dict[int, Reply],
                              stop: int | None = None) -> bool:
         """Did the recorded server close at or before ``req``: no reply recorded from here on, and a later request
-        that should have had one got none (or the client stream breaks the spec)?  Requests from ``stop`` (where
-        the capture was cut) say nothing: their replies are missing because the recording stopped."""
+        that should have had one got none (or the client stream breaks the spec)?  Requests from the cut: unknown."""
         later = [r for r in dc.requests[req.index :] if stop is None or r.index < stop]
         if any(id(r) in replies for r in later):
             return False
