@@ -123,3 +123,43 @@ def test_whole_fixtures_have_no_cut():
                  FIXTURES / "repro" / "v7-early-close-device-count.pcap"):
         assert all(not dc.cuts for dc in decode_file(path)), path
         assert not [v for v in lint_file(path) if v.rule == "CAPTURE-TRUNCATED"], path
+
+
+def _stopped_capture(path: Path, tail: bytes, *, close: bool) -> None:
+    """A whole capture file whose client sent HELLO, got its reply, then ``tail``; ``close``: both sides FIN,
+    else the capture stopped with the connection open."""
+    from ggml_rpc.conformance.sessions.pcapwrite import PcapWriter
+    from ggml_rpc.spec import V7, Command, encode_reply, encode_request, hello_reply
+
+    with PcapWriter(path) as w:
+        flow = w.flow()
+        flow.open()
+        flow.write(True, encode_request(V7, Command.HELLO, {"conn_caps": bytes(24)}))
+        flow.write(False, encode_reply(V7, Command.HELLO, hello_reply((7, 0, 0))))
+        flow.write(True, tail)
+        if close:
+            flow.close()
+
+
+@pytest.mark.parametrize(("tail", "command", "size"), [
+    (bytes([14, 24, 0, 0]), None, None),  # inside the next request's 9-byte header
+    (bytes([0]) + (12).to_bytes(8, "little") + bytes(4), "ALLOC_BUFFER", 21),  # inside its 12-byte payload
+])
+def test_a_capture_stopped_with_the_connection_open_is_cut_not_a_peer_fault(tmp_path, capsys, tail, command, size):
+    path = tmp_path / "stopped.pcap"
+    _stopped_capture(path, tail, close=False)
+    [dc] = decode_file(path)
+    [c] = dc.cuts
+    assert (c.direction, c.index, c.command, c.start, c.end, c.size) == ("client->server", 1, command, 33,
+                                                                          33 + len(tail), size)
+    assert [v.rule for v in lint_file(path)] == ["CAPTURE-TRUNCATED"]
+    assert main(["decode", str(path)]) == 1
+    assert "the capture ends inside message 1" in capsys.readouterr().err
+
+
+def test_a_client_that_closed_inside_a_message_is_not_a_cut(tmp_path):
+    path = tmp_path / "closed.pcap"
+    _stopped_capture(path, bytes([0]) + (12).to_bytes(8, "little") + bytes(4), close=True)
+    [dc] = decode_file(path)
+    assert dc.cuts == []  # the client's FIN ended its stream: the peer cut the message short, not the recording
+    assert "CAPTURE-TRUNCATED" not in {v.rule for v in lint_file(path)}
