@@ -32,6 +32,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--rpc-cache-dir", metavar="DIR", default=None, help="the server's cache directory")
     group.addoption("--rpc-strict", action="store_true", default=False, help="SHOULD failures fail too")
     group.addoption("--rpc-timeout", type=float, default=5.0, help="seconds to wait for an answer or a close")
+    group.addoption("--rpc-seed", type=int, default=None, help="seed of every input a check draws (default: "
+                    "the kit's fixed seed, as `ggml-rpc check --seed`)")
 
 
 def _target(config: pytest.Config) -> tuple[Target, object]:
@@ -65,6 +67,9 @@ def rpc_runner(pytestconfig: pytest.Config) -> Iterator[Runner]:
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     runner = Runner(target, expect=proto, timeout=pytestconfig.getoption("--rpc-timeout"))  # type: ignore[arg-type]
+    seed = pytestconfig.getoption("--rpc-seed")
+    if seed is not None:
+        runner.seed = seed
     try:
         runner.start()
     except TargetError as exc:

@@ -127,17 +127,21 @@ class _Framer:
     def offset(self) -> int:
         """Stream offset of the next byte a message-mode decoder has not consumed (header start, or payload start
         while inside a message)."""
-        in_message = self._head is not None or self._building is not None
-        return self._start + (self.header_size if in_message else 0)
+        return self._start + (self.header_size if self.unfinished is not None else 0)
 
     @property
     def in_message(self) -> bool:
-        return self._head is not None or self._building is not None or bool(self._partial) or bool(self._chunks)
+        return self.unfinished is not None or bool(self._partial) or bool(self._chunks)
 
     @property
     def current(self) -> Head | None:
         """The message being framed (its Head has been returned), or None between messages."""
         return self._head
+
+    @property
+    def unfinished(self) -> Head | None:
+        """The message being framed, also while its fixed part arrives: what a stream cut here leaves incomplete."""
+        return self._head or self._building
 
     def receive_data(self, data: Buffer) -> None:
         """Queue bytes; they are referenced until :meth:`next_event` returns None, copied only where a header or

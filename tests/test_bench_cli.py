@@ -22,6 +22,7 @@ from ggml_rpc.conformance.cli import main
 from ggml_rpc.conformance.cli.bench import QUICK
 from ggml_rpc.reference import running_server
 from ggml_rpc.spec import V6, V7, Command, RequestDecoder, encode_request
+from upstream_captures import captures
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_KEYS = ["set_tensor_4KiB", "set_tensor_1MiB", "set_tensor_16MiB", "get_tensor_4KiB", "get_tensor_1MiB",
@@ -241,13 +242,15 @@ def test_kit_session_decodes_to_what_it_says(protocol, tmp_path: Path) -> None:
     assert sent + read == s.data_bytes == 8 << 16
 
 
-def test_replaying_a_cache_using_capture_twice_on_one_server(real_captures: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("path", "version"), captures({"v8-upstream-tiny-f32-big-cold.pcap": "8"},
+                                                      {"v7-v7-gen-cold.pcap": "7"}))
+def test_replaying_a_cache_using_capture_twice_on_one_server(path: Path, version: str, tmp_path: Path) -> None:
     from ggml_rpc.conformance.bench.kit import Replay
     from ggml_rpc.conformance.sessions.replay import load_captures
 
     # The first replay fills the server's cache (recorded miss); the second must expect the hit it now gets.
-    m = Replay(load_captures([real_captures / "v7-v7-gen-cold.pcap"]), "real")
-    with running_server("7", cache_dir=str(tmp_path)) as srv:
+    m = Replay(load_captures([path]), "real")
+    with running_server(version, cache_dir=str(tmp_path)) as srv:
         (fr,) = [run_measurement(m, [BenchTarget("ref", srv.host, srv.port)], ["ref"], repeat=1)]
     (r,) = fr.results
     assert r.error is None and len(r.samples) == 1 and r.samples[0] > 0

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from ggml_rpc.conformance.cli import main
+from upstream_captures import captures
 
 GEN_REQUESTS = 196  # sum of the per-command totals in real-captures/README.md
 
@@ -104,7 +105,9 @@ def test_not_a_capture_and_bad_version(capsys, tmp_path, gen_cold):
     assert "unknown protocol version '5'" in capsys.readouterr().err
 
 
-def test_v6_capture_auto_detects(capsys, real_captures):
-    assert main(["decode", str(real_captures / "v6-v6-gen-cold.pcap")]) == 0
+@pytest.mark.parametrize(("path", "connections"), captures({"v6-upstream-tiny-q8_0-cold.pcap": 13},
+                                                           {"v6-v6-gen-cold.pcap": 11}))
+def test_v6_capture_auto_detects(capsys, path, connections):
+    assert main(["decode", str(path)]) == 0
     out = capsys.readouterr().out
-    assert out.count("protocol 6.0.0") == 11 and "cache_flag" not in out
+    assert out.count("protocol 6.0.0") == connections and "cache_flag" not in out

@@ -11,6 +11,7 @@ import dpkt
 import pytest
 from ggml_rpc.conformance.sessions import capture
 from ggml_rpc.conformance.sessions.capture import read_connections
+from upstream_captures import captures
 
 CLIENT4, SERVER4 = ("127.0.0.1", 40000), ("127.0.0.1", 50052)
 CLIENT6, SERVER6 = ("::1", 40001), ("::1", 50052)
@@ -34,10 +35,13 @@ def _read_both(path: Path, monkeypatch) -> tuple[list, list]:
     return fast, slow
 
 
-@pytest.mark.parametrize("name", ["v7-v7-gen-cold.pcap", "v6-v6-gen-cold.pcap", "v7-v7-test-backend-ops.pcap",
-                                  "v7client-v6server-hello.pcap"])
-def test_fast_path_equals_dpkt_path_on_real_captures(real_captures, monkeypatch, name):
-    fast, slow = _read_both(real_captures / name, monkeypatch)
+@pytest.mark.parametrize(("path", "_"), captures(
+    dict.fromkeys(["v6-upstream-tiny-q8_0-cold.pcap", "v7-upstream-tiny-q8_0-cold.pcap", "v7client-v6server-hello.pcap",
+                   "v8-upstream-tiny-q8_0-split-tensor.pcap"]),
+    dict.fromkeys(["v7-v7-gen-cold.pcap", "v6-v6-gen-cold.pcap", "v7-v7-test-backend-ops.pcap",
+                   "v7client-v6server-hello.pcap"])))
+def test_fast_path_equals_dpkt_path_on_real_captures(path, _, monkeypatch):
+    fast, slow = _read_both(path, monkeypatch)
     assert fast == slow and fast
 
 

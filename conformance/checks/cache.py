@@ -89,7 +89,8 @@ def saved_entry(ctx: Context) -> Entry:
                           "SET_TENSOR_HASH of its FNV-1a missed", expected="SET_TENSOR_HASH result 1",
                           got="result 0")
     raise Skipped(f"no hash cache observed ({what} is not answered by SET_TENSOR_HASH); start the server with a "
-                  "cache (-c) to run the cache checks, or pass --cache-dir to make a missing cache a failure")
+                  "cache (ggml-rpc serve --cache-dir DIR; upstream rpc-server -c) to run the cache checks, and pass "
+                  "the check --cache-dir DIR to make a missing cache a failure")
 
 
 def _expect_hit(ctx: Context, client: RpcClient, data: bytes, why: str) -> None:

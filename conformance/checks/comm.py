@@ -77,7 +77,7 @@ def allreduce_with_reference(ctx: Context) -> str:
     if ctx.target.host not in ("127.0.0.1", "localhost", "::1"):
         raise Skipped("the reference rank connects only to loopback: run the check on the server's machine")
     port = free_port(ctx.target.host)
-    rng = np.random.default_rng(0x5EED)
+    rng = ctx.rng()
     counts = (256, COMM_BF16_FROM_ELEMENTS)
     with _peer_reference(ctx.timeout) as peer:
         theirs = session(ctx, 4 * sum(counts))

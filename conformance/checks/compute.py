@@ -175,14 +175,10 @@ class GraphBuilder:
         return f"worst NMSE {worst:.2g} (limit {limit:g})"
 
 
-def _rng() -> np.random.Generator:
-    return np.random.default_rng()
-
-
 @_check("COMPUTE-001", "binary ops ADD, SUB, MUL, DIV (with row broadcast) match the reference", CO,
         section=Command.GRAPH_COMPUTE)
 def binary(ctx: Context) -> str:
-    g, r = GraphBuilder(ctx), _rng()
+    g, r = GraphBuilder(ctx), ctx.rng()
     a = g.input(F32, (16, 4), r.standard_normal((4, 16)))
     b = g.input(F32, (16, 4), r.standard_normal((4, 16)))
     row = g.input(F32, (16, 1), r.uniform(0.5, 2.0, (1, 16)))
@@ -194,7 +190,7 @@ def binary(ctx: Context) -> str:
 @_check("COMPUTE-002", "unary math (SQR, SQRT, SIN, COS, SCALE) matches the reference", CO,
         section=Command.GRAPH_COMPUTE)
 def math(ctx: Context) -> str:
-    g, r = GraphBuilder(ctx), _rng()
+    g, r = GraphBuilder(ctx), ctx.rng()
     x = g.input(F32, (32, 2), r.uniform(0.1, 3.0, (2, 32)))
     outs = [g.op(GgmlOp.SQR, [x], (32, 2)), g.op(GgmlOp.SQRT, [x], (32, 2)), g.op(GgmlOp.SIN, [x], (32, 2)),
             g.op(GgmlOp.COS, [x], (32, 2)), g.op(GgmlOp.SCALE, [x], (32, 2), params=op_params(0.75, 0.0))]
@@ -204,7 +200,7 @@ def math(ctx: Context) -> str:
 @_check("COMPUTE-003", "UNARY activations (NEG, RELU, GELU, SILU, TANH, SIGMOID, EXP) match the reference", CO,
         section=Command.GRAPH_COMPUTE)
 def unary(ctx: Context) -> str:
-    g, r = GraphBuilder(ctx), _rng()
+    g, r = GraphBuilder(ctx), ctx.rng()
     x = g.input(F32, (32, 2), r.standard_normal((2, 32)))
     outs = [g.op(GgmlOp.UNARY, [x], (32, 2), params=[int(u)])
             for u in (UnaryOp.NEG, UnaryOp.RELU, UnaryOp.GELU, UnaryOp.SILU, UnaryOp.TANH, UnaryOp.SIGMOID,
@@ -214,7 +210,7 @@ def unary(ctx: Context) -> str:
 
 @_check("COMPUTE-004", "MUL_MAT (f32 x f32 and f16 x f32) matches the reference", CO, section=Command.GRAPH_COMPUTE)
 def mul_mat(ctx: Context) -> str:
-    g, r = GraphBuilder(ctx), _rng()
+    g, r = GraphBuilder(ctx), ctx.rng()
     w = g.input(F32, (32, 8), r.standard_normal((8, 32)))
     wh = g.input(F16, (32, 8), r.standard_normal((8, 32)))
     x = g.input(F32, (32, 3), r.standard_normal((3, 32)))
@@ -224,7 +220,7 @@ def mul_mat(ctx: Context) -> str:
 
 @_check("COMPUTE-005", "RMS_NORM and NORM match the reference", CO, section=Command.GRAPH_COMPUTE)
 def norms(ctx: Context) -> str:
-    g, r = GraphBuilder(ctx), _rng()
+    g, r = GraphBuilder(ctx), ctx.rng()
     x = g.input(F32, (64, 3), r.standard_normal((3, 64)) * 3 + 1)
     outs = [g.op(GgmlOp.RMS_NORM, [x], (64, 3), params=op_params(1e-6)),
             g.op(GgmlOp.NORM, [x], (64, 3), params=op_params(1e-5))]
@@ -233,7 +229,7 @@ def norms(ctx: Context) -> str:
 
 @_check("COMPUTE-006", "SOFT_MAX (with scale) matches the reference", CO, section=Command.GRAPH_COMPUTE)
 def soft_max(ctx: Context) -> str:
-    g, r = GraphBuilder(ctx), _rng()
+    g, r = GraphBuilder(ctx), ctx.rng()
     x = g.input(F32, (32, 4), r.standard_normal((4, 32)) * 4)
     outs = [g.op(GgmlOp.SOFT_MAX, [x], (32, 4), params=op_params(0.5, 0.0))]
     return g.compare(outs, NMSE_MATH, "soft_max")
@@ -241,7 +237,7 @@ def soft_max(ctx: Context) -> str:
 
 @_check("COMPUTE-007", "ROPE (normal and NeoX modes) matches the reference", CO, section=Command.GRAPH_COMPUTE)
 def rope(ctx: Context) -> str:
-    g, r = GraphBuilder(ctx), _rng()
+    g, r = GraphBuilder(ctx), ctx.rng()
     x = g.input(F32, (16, 2, 3), r.standard_normal((3, 2, 16)))
     pos = g.input(I32, (3,), np.array([0, 5, 17]))
     outs = []
@@ -253,7 +249,7 @@ def rope(ctx: Context) -> str:
 
 @_check("COMPUTE-008", "GET_ROWS gathers the indexed rows", CO, section=Command.GRAPH_COMPUTE)
 def get_rows(ctx: Context) -> str:
-    g, r = GraphBuilder(ctx), _rng()
+    g, r = GraphBuilder(ctx), ctx.rng()
     table = g.input(F32, (8, 6), r.standard_normal((6, 8)))
     idx = g.input(I32, (3,), np.array([4, 0, 5]))
     outs = [g.op(GgmlOp.GET_ROWS, [table, idx], (8, 3))]
@@ -262,7 +258,7 @@ def get_rows(ctx: Context) -> str:
 
 @_check("COMPUTE-009", "layout: CONT of a TRANSPOSE view, and CPY f32 -> f16", CO, section=Command.GRAPH_COMPUTE)
 def layout(ctx: Context) -> str:
-    g, r = GraphBuilder(ctx), _rng()
+    g, r = GraphBuilder(ctx), ctx.rng()
     a = g.input(F32, (8, 4), r.standard_normal((4, 8)))
     at = g.view(GgmlOp.TRANSPOSE, a, (4, 8), (a["nb"][1], a["nb"][0], a["nb"][2], a["nb"][3]))
     cont = g.op(GgmlOp.CONT, [at], (4, 8))
@@ -273,7 +269,7 @@ def layout(ctx: Context) -> str:
 @_check("COMPUTE-010", "GRAPH_RECOMPUTE re-runs the stored graph on the tensors' current data", CO,
         section=Command.GRAPH_RECOMPUTE)
 def recompute(ctx: Context) -> str:
-    g, r = GraphBuilder(ctx), _rng()
+    g, r = GraphBuilder(ctx), ctx.rng()
     a = g.input(F32, (16,), r.standard_normal(16))
     b = g.input(F32, (16,), r.standard_normal(16))
     out = g.op(GgmlOp.ADD, [a, b], (16,))
@@ -293,7 +289,7 @@ def recompute(ctx: Context) -> str:
 
 @_check("COMPUTE-011", "GLU (fused SWIGLU, split GEGLU) matches the reference", CO, section=Command.GRAPH_COMPUTE)
 def glu(ctx: Context) -> str:
-    g, r = GraphBuilder(ctx), _rng()
+    g, r = GraphBuilder(ctx), ctx.rng()
     x = g.input(F32, (32, 2), r.standard_normal((2, 32)))
     a = g.input(F32, (16, 2), r.standard_normal((2, 16)))
     b = g.input(F32, (16, 2), r.standard_normal((2, 16)))
@@ -304,7 +300,7 @@ def glu(ctx: Context) -> str:
 
 @_check("COMPUTE-012", "reductions SUM_ROWS, MEAN and SUM match the reference", CO, section=Command.GRAPH_COMPUTE)
 def reductions(ctx: Context) -> str:
-    g, r = GraphBuilder(ctx), _rng()
+    g, r = GraphBuilder(ctx), ctx.rng()
     x = g.input(F32, (16, 3), r.standard_normal((3, 16)))
     outs = [g.op(GgmlOp.SUM_ROWS, [x], (1, 3)), g.op(GgmlOp.MEAN, [x], (1, 3)), g.op(GgmlOp.SUM, [x], (1,))]
     return g.compare(outs, NMSE_MATH, "reductions")
@@ -312,7 +308,7 @@ def reductions(ctx: Context) -> str:
 
 @_check("COMPUTE-013", "REPEAT and CONCAT match the reference", CO, section=Command.GRAPH_COMPUTE)
 def repeat_concat(ctx: Context) -> str:
-    g, r = GraphBuilder(ctx), _rng()
+    g, r = GraphBuilder(ctx), ctx.rng()
     small = g.input(F32, (4, 1), r.standard_normal((1, 4)))
     a = g.input(F32, (4, 2), r.standard_normal((2, 4)))
     b = g.input(F32, (4, 3), r.standard_normal((3, 4)))
@@ -333,7 +329,7 @@ def quantize_q8_0(x: np.ndarray) -> bytes:
 
 @_check("COMPUTE-014", "MUL_MAT with Q8_0 weights matches the reference", CO, section=Command.GRAPH_COMPUTE)
 def mul_mat_q8_0(ctx: Context) -> str:
-    g, r = GraphBuilder(ctx), _rng()
+    g, r = GraphBuilder(ctx), ctx.rng()
     w = g.input(Q8_0, (64, 8), quantize_q8_0(r.standard_normal((8, 64))))
     x = g.input(F32, (64, 3), r.standard_normal((3, 64)))
     outs = [g.op(GgmlOp.MUL_MAT, [w, x], (8, 3))]
@@ -342,7 +338,7 @@ def mul_mat_q8_0(ctx: Context) -> str:
 
 @_check("COMPUTE-015", "SOFT_MAX with a causal mask matches the reference", CO, section=Command.GRAPH_COMPUTE)
 def soft_max_mask(ctx: Context) -> str:
-    g, r = GraphBuilder(ctx), _rng()
+    g, r = GraphBuilder(ctx), ctx.rng()
     x = g.input(F32, (8, 4), r.standard_normal((4, 8)))
     mask = np.where(np.arange(8)[None, :] > np.arange(4)[:, None] + 4, -np.inf, 0.0)
     m = g.input(F32, (8, 4), mask)

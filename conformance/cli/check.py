@@ -10,6 +10,7 @@ from ggml_rpc.spec import V7, Protocol
 from rich.console import Console
 
 from ..harness import (
+    DEFAULT_SEED,
     Category,
     EmbeddedTarget,
     ExternalTarget,
@@ -56,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "TCP framing; `ggml-rpc replay` re-runs it, the kit's dissector shows it)")
     p.add_argument("--pcap-all", action="store_true", help="with --pcap-dir: a pcap of every check, not only the "
                    "failing ones")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED, metavar="N",
+                   help=f"seed of every input a check draws (compute graphs, COMM tensors; default {DEFAULT_SEED}): "
+                   "one seed, the same bytes sent; printed and stored in every report")
     p.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
                    help="how long to wait for an answer or a close (default 5)")
     p.add_argument("--list", action="store_true", help="print the catalogue and exit")
@@ -104,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
+    if args.seed < 0:
+        raise UsageError("--seed must be a non-negative integer")
     if args.pcap_all and not args.pcap_dir:
         raise UsageError("--pcap-all needs --pcap-dir DIR")
     for option, folder in (("--html", args.html), ("--pcap-dir", args.pcap_dir)):
@@ -114,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
             output_file(path, option)
     proto = parse_proto(args.proto)
     target = _target(args, proto)
-    runner = Runner(target, expect=proto, timeout=args.timeout, probe_timeout=args.timeout)
+    runner = Runner(target, expect=proto, timeout=args.timeout, probe_timeout=args.timeout, seed=args.seed)
     try:
         runner.start()
     except TargetError as exc:
@@ -122,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     try:
         report.header(console, target.description, target.address, runner.info)
+        console.print(f"seed {runner.seed} (--seed {runner.seed} sends the same inputs again)")
         totals: dict[Category, int] = {}
         for c in checks:
             totals[c.category] = totals.get(c.category, 0) + 1

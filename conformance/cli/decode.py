@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json is not None:
             js = sys.stdout if args.json == STDOUT else stack.enter_context(_open_file(args.json))
         # The text listing goes to standard output unless the JSON lines take it.
-        return _decode(conns, protocol, None if args.json == STDOUT else sys.stdout, js)
+        return _decode(args.pcap, conns, protocol, None if args.json == STDOUT else sys.stdout, js)
 
 
 def _open_file(path: str) -> TextIO:
@@ -53,7 +53,8 @@ def _open_file(path: str) -> TextIO:
         raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def _decode(conns: list[Connection], protocol: Protocol | None, out: TextIO | None, js: TextIO | None) -> int:
+def _decode(path: str, conns: list[Connection], protocol: Protocol | None, out: TextIO | None,
+            js: TextIO | None) -> int:
     """Printed connection by connection, message by message, in bounded memory: a message's bulk data is never read
     except to hash a GET_TENSOR reply, and only what the servers' link needs (COMM_* requests) is kept.  A
     connection is decoded twice: once for what its heading says (version, notes found while decoding), then printed
@@ -93,6 +94,14 @@ def _decode(conns: list[Connection], protocol: Protocol | None, out: TextIO | No
                                      "message_index": msg_index, "command": err.command, "field": err.field,
                                      "offset": err.offset, "error": err.message}) + "\n")
             print(f"ggml-rpc decode: spec violation: {line}", file=sys.stderr)
+        for cut in dc.cuts:
+            # A damaged capture is not a clean decode: said where the listing stops, and exit 1.
+            failed += 1
+            if js is not None:
+                js.write(json.dumps({"event": "truncated", "file": path, **cut.as_dict()}) + "\n")
+            if out is not None:
+                out.write(f"#   {cut.line()}\n")
+            print(f"ggml-rpc decode: {path}: {cut.line()}", file=sys.stderr)
     return 1 if failed else 0
 
 

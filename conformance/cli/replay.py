@@ -16,7 +16,7 @@ from ..harness import free_port
 from ..sessions.capture import CaptureError
 from ..sessions.compare import DEFAULT_NMSE, ReplayReport
 from ..sessions.fleet import recorded_servers, replay_fleet
-from ..sessions.replay import DEATH, Replayer, ReplayError, load_captures, source_protocol
+from ..sessions.replay import DEATH, LoadedCapture, Replayer, ReplayError, load_captures, source_protocol
 from .options import (
     PROTO_SPELLINGS,
     STDOUT,
@@ -34,8 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "Replays the client side of every connection of the captures, in order, against "
         "one server, relocating buffer handles and addresses, and compares each reply by class "
         "(exact, recorded, computed within an NMSE tolerance). Exit code 1 on any mismatch, and when the server "
-        "stopped accepting connections during the replay (reported with the last message sent); 2 when it cannot "
-        "be reached at all."
+        "stopped accepting connections during the replay (reported with the last message sent), and when a "
+        "capture ends inside a message (that connection is replayed up to there, the others go on); 2 when the "
+        "server cannot be reached at all."
     )
     p.add_argument("pcap", nargs="+", help="capture file(s), replayed in the order given")
     p.add_argument("--server", action="append", default=None, metavar="HOST:PORT",
@@ -43,6 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "fresh hash cache; one per recorded server when the captures hold several). Give it once to "
                    "send every connection to one server, or once per recorded server (in the order of their first "
                    "connection) to replay a split model's fleet, all servers at once")
+    p.add_argument("--spawn", metavar="CMD", default=None,
+                   help="start the target with CMD ({port}: a free port; else give --server HOST:PORT), as check "
+                   "--spawn does: restarted after each death, every death reported with its signal, connection "
+                   "and last message, the replay going on")
     p.add_argument("--proto", default="auto", help="version of the captures: " + proto_help(
         "auto", auto="from each HELLO reply"))
     p.add_argument("--as", dest="as_proto", default=None, metavar="VERSION",
@@ -81,6 +86,8 @@ def print_report(report: ReplayReport, out: TextIO | None = None) -> None:
               f"{c['close']} expected close(s); {c['recorded']} recorded only\n")
     for note in report.notes:
         out.write(f"note: {note}\n")
+    for cut in report.cuts:
+        out.write(f"CAPTURE CUT: {cut}\n")
     deaths = [m for m in report.mismatches if m.kind == DEATH]
     for m in report.mismatches:
         if m.kind != DEATH:
@@ -88,7 +95,8 @@ def print_report(report: ReplayReport, out: TextIO | None = None) -> None:
     for m in deaths:
         out.write(f"DIED: {m.got}\n")
     out.write(f"{len(report.mismatches) - len(deaths)} mismatch(es)"
-              + (", and the server died" if deaths else "") + "\n")
+              + ((", and the server died" + (f" {len(deaths)} times" if len(deaths) > 1 else "")) if deaths else "")
+              + (f"; {len(report.cuts)} connection(s) cut short by the capture" if report.cuts else "") + "\n")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,6 +131,10 @@ def run(args: argparse.Namespace) -> int:
     fleet = max((len(recorded_servers([cap])) for cap in captures), default=1)
     if fleet > 1 and len(captures) > 1:
         raise UsageError("a capture holding several servers (a fleet) is replayed on its own: give one file")
+    if args.spawn:
+        if fleet > 1 or len(servers) > 1:
+            raise UsageError("--spawn starts one server: a fleet (several servers) is replayed with --server")
+        return _spawned(args, captures, as_protocol, servers[0] if servers else None)
     try:
         if len(servers) > 1:
             report = replay_fleet_to(servers)
@@ -140,8 +152,39 @@ def run(args: argparse.Namespace) -> int:
                 report.target = f"embedded reference server {target.label} ({host}:{port})"
     except ReplayError as exc:
         raise UsageError(str(exc)) from None
+    return _finish(args, report)
+
+
+def _finish(args: argparse.Namespace, report: ReplayReport) -> int:
     # With the JSON on standard output the text report moves to stderr, so the output stays one JSON document.
     print_report(report, sys.stderr if args.json == STDOUT else sys.stdout)
     if args.json:
         write_output(args.json, json.dumps(report.as_dict(), indent=2) + "\n")
     return 0 if report.ok else 1
+
+
+def _spawned(args: argparse.Namespace, captures: list[LoadedCapture], as_protocol: Protocol | None,
+             address: tuple[str, int] | None) -> int:
+    """``--spawn CMD``: the target started (and restarted after each death) by the replayer."""
+    from ..harness.targets import SpawnedTarget, TargetError
+    from ..sessions.replay_spawn import SpawnedReplayer
+
+    target = SpawnedTarget(args.spawn)
+    if address is not None:
+        target.host, target.port = address
+    elif "{port}" not in args.spawn:
+        raise UsageError("--spawn CMD needs a {port} placeholder or --server HOST:PORT")
+    try:
+        target.start()
+    except TargetError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        replayer = SpawnedReplayer(captures, target, as_protocol=as_protocol, nmse_tolerance=args.nmse,
+                                   timeout=args.timeout, until_compute=args.until_compute)
+        report = replayer.run()
+    except ReplayError as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        target.stop()
+    report.target = f"{target.description} ({target.address}; {target.restarts} restart(s))"
+    return _finish(args, report)

@@ -45,6 +45,6 @@ def write_html(runner: Runner, directory: str | Path, strict: bool = False) -> P
     started = datetime.fromtimestamp(runner.started_at or 0, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     server = [("target", runner.target.description), ("address", runner.target.address),
               ("announced version", info.version_label), ("protocol", info.verdict), ("date", started),
-              ("kit version", kit_version())]
+              ("kit version", kit_version()), ("seed", str(runner.seed))]
     return write_html_report(directory, runner.results, server, info.protocol, runner.summary(),
                              verdict=runner.verdict(strict))

@@ -4,11 +4,13 @@ shared facts (:class:`Context`)."""
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from ggml_rpc.spec import PROTOCOLS, V6, Protocol, protocol_for
 
 from ..client import RpcClient
@@ -55,6 +57,10 @@ def verdict_for(version: tuple[int, int, int]) -> tuple[Protocol | None, str]:
     return protocol, f"speaks {label}"
 
 
+#: The seed of a run that names none: fixed, so that two runs send the same inputs unless asked otherwise.
+DEFAULT_SEED = 0x5EED
+
+
 class Context:
     """What a check function gets: the server's address and version, fresh connections, shared facts."""
 
@@ -87,6 +93,13 @@ class Context:
     @property
     def timeout(self) -> float:
         return self.runner.timeout
+
+    def rng(self) -> np.random.Generator:
+        """The generator this check draws its inputs from: the run's seed and the check's ID, so a check sends the
+        same bytes whether it runs alone (``--checks``) or after others.  (Payloads that must differ on every run,
+        so that a cache an earlier run filled never answers, are :func:`~ggml_rpc.conformance.checks._support.nonce`
+        bytes, not drawn from here.)"""
+        return np.random.default_rng([self.runner.seed, zlib.crc32(self.check.id.encode())])
 
     @property
     def cache_dir(self) -> Path | None:

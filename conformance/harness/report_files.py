@@ -7,7 +7,7 @@ JSON shape (``format`` names it; fields are only ever added)::
       "kit_version": "0.1.0",
       "server": {"target": "...", "address": "127.0.0.1:50052", "hello": "7.0.0", "verdict": "speaks 7.0",
                  "devices": 1, "cache": true | false | null},
-      "started": "2026-12-02T10:00:00+00:00", "duration_s": 1.23, "strict": false, "exit_code": 0,
+      "started": "2026-12-02T10:00:00+00:00", "duration_s": 1.23, "strict": false, "exit_code": 0, "seed": 24301,
       "verdict": {"state": "conformant" | "not conformant" | "not covered" | "incomplete", "exit_code": 0,
                   "line": "→ conformant — robustness: 0 deaths, 0 leaks", "reasons": [...], "deaths": 0, "leaks": 0,
                   "blocked": 0, "setup_refusals": [{"cause": "...", "blocked": 79}], "failures": ["FRAME-031"], ...},
@@ -77,6 +77,7 @@ def to_json(runner: Runner, strict: bool = False) -> dict[str, Any]:
         "duration_s": round(max(0.0, (runner.finished_at or runner.started_at) - runner.started_at), 3),
         "strict": strict,
         "exit_code": verdict.exit_code,
+        "seed": runner.seed,  # what `check --seed` takes to send the same inputs again
         "verdict": verdict.as_dict(),
         "summary": runner.summary(),
         "results": [r.as_dict() for r in runner.results],
@@ -140,7 +141,7 @@ def to_junit(runner: Runner, strict: bool = False) -> ET.Element:
         props = ET.SubElement(suite, "properties")
         for name, value in (("server", runner.target.address), ("hello", runner.info.version_label),
                             ("protocol", runner.info.verdict), ("verdict", verdict.state.value),
-                            ("verdict line", verdict.line())):
+                            ("verdict line", verdict.line()), ("seed", str(runner.seed))):
             ET.SubElement(props, "property", name=name, value=value)
         for r in results:
             case = ET.SubElement(suite, "testcase", {
@@ -245,7 +246,7 @@ def to_sarif(runner: Runner, strict: bool = False) -> dict[str, Any]:
                              "startTimeUtc": _iso(runner.started_at)}],
             "results": results,
             "properties": {"target": runner.target.description, "address": runner.target.address,
-                           "protocol": runner.info.verdict, "verdict": verdict.as_dict()},
+                           "protocol": runner.info.verdict, "verdict": verdict.as_dict(), "seed": runner.seed},
         }],
     }
 

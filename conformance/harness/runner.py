@@ -20,7 +20,7 @@ from typing import Any
 from ggml_rpc.spec import V6, HandshakeError, Protocol, ProtocolError
 
 from ..client import ConnectionClosed, RpcClient
-from .context import Context, ServerInfo, verdict_for
+from .context import DEFAULT_SEED, Context, ServerInfo, verdict_for
 from .model import (
     Blocked,
     Check,
@@ -49,8 +49,11 @@ class Runner:
         expect: Protocol | None = None,
         timeout: float = 5.0,
         probe_timeout: float = 5.0,
+        seed: int = DEFAULT_SEED,
     ) -> None:
         self.target = target
+        #: Seeds every value a check draws (:meth:`.Context.rng`): one seed, the same bytes sent.
+        self.seed = seed
         self.expect = expect
         self.timeout = timeout
         self.probe_timeout = probe_timeout

@@ -57,6 +57,10 @@ class Direction:
 
     isn: int | None = None  # sequence number of the first payload byte (after SYN)
     fin: bool = False
+    rst: bool = False
+    #: The capture stopped before this direction ended (see :func:`_mark_cut`): a message cut at the end of its
+    #: stream is damage to the capture, not a peer breaking the spec.
+    cut: bool = False
     #: Bytes the other direction had carried when this side's FIN came (a client FIN before replies it never read).
     fin_peer_bytes: int | None = None
     #: Payload bytes seen so far in this direction (retransmissions included: an upper bound, exact when clean).
@@ -122,11 +126,6 @@ def _ip_from_link(linktype: int, buf: bytes):
     raise CaptureError(f"unsupported link type {linktype}")
 
 
-def _addr(ip) -> str:
-    family = socket.AF_INET6 if isinstance(ip, dpkt.ip6.IP6) else socket.AF_INET
-    return socket.inet_ntop(family, ip.src), socket.inet_ntop(family, ip.dst)
-
-
 def _reader(fh, path: str | Path):
     # dpkt signals a short or foreign file header with ValueError or NeedData (an UnpackError)
     try:
@@ -143,7 +142,7 @@ def _reader(fh, path: str | Path):
 #: seq, payload file offset, payload length, payload bytes when only dpkt found it (else None)).
 _Segment = tuple[float, int, bytes, bytes, int, int, int, int, int, int, bytes | None]
 
-_TH_FIN, _TH_SYN, _TH_ACK = dpkt.tcp.TH_FIN, dpkt.tcp.TH_SYN, dpkt.tcp.TH_ACK
+_TH_FIN, _TH_SYN, _TH_RST, _TH_ACK = dpkt.tcp.TH_FIN, dpkt.tcp.TH_SYN, dpkt.tcp.TH_RST, dpkt.tcp.TH_ACK
 _ETH_VLAN = (0x8100, 0x88A8)
 _ETHERTYPE_IP4, _ETHERTYPE_IP6 = 0x0800, 0x86DD
 _TCP_HEAD = struct.Struct("!HHIIBB")  # sport, dport, seq, ack, data offset, flags
@@ -312,6 +311,8 @@ def read_connections(path: str | Path, *, port: int | None = None) -> list[Conne
         if syn:
             d.isn = (seq + 1) & 0xFFFFFFFF
             continue
+        if flags & _TH_RST:
+            d.rst = True
         if flags & _TH_FIN and not d.fin:
             d.fin = True
             d.fin_peer_bytes = (conn.s2c if d is conn.c2s else conn.c2s).seen
@@ -334,10 +335,20 @@ def read_connections(path: str | Path, *, port: int | None = None) -> list[Conne
     for conn in order:
         for d in (conn.c2s, conn.s2c):
             _reassemble(d, capture)
+        _mark_cut(conn, truncated=bool(file_notes))
         for label, d in (("client->server", conn.c2s), ("server->client", conn.s2c)):
             if d.gap_at is not None:
                 conn.notes.append(f"{label}: bytes missing at stream offset {d.gap_at} (lost packets)")
     return order
+
+
+def _mark_cut(conn: Connection, *, truncated: bool) -> None:
+    """Which directions the capture stopped before they ended: without FIN or RST in a file cut short; in a whole
+    file only when neither side closed (once one has, the other's silence is its own: a client that left before
+    its reply, a server that never answered)."""
+    closed = [d.fin or d.rst for d in (conn.c2s, conn.s2c)]
+    for d, done in zip((conn.c2s, conn.s2c), closed, strict=True):
+        d.cut = not done and (truncated or not any(closed))
 
 
 def _reassemble(d: Direction, capture: CaptureFile) -> None:

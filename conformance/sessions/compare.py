@@ -70,6 +70,9 @@ class ReplayReport:
     compared: dict[str, int] = field(default_factory=lambda: {"exact": 0, "computed": 0, "recorded": 0,
                                                               "close": 0})
     mismatches: list[Mismatch] = field(default_factory=list)
+    #: Where a capture ends inside a message: that connection was replayed up to there only (not a mismatch of the
+    #: target, but not a complete replay either: it fails the run).
+    cuts: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     bytes_sent: int = 0
     bytes_received: int = 0
@@ -78,7 +81,7 @@ class ReplayReport:
 
     @property
     def ok(self) -> bool:
-        return not self.mismatches
+        return not self.mismatches and not self.cuts
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -37,6 +37,7 @@ from ggml_rpc.spec.versions import V6
 
 from .capture import Connection, read_connections
 from .spans import Stream
+from .truncation import CaptureCut, reply_cut, request_cut
 
 
 @dataclass
@@ -55,6 +56,8 @@ class DecodedConnection:
     notes: list[str] = field(default_factory=list)
     #: 8.0.0: set when the connection is the servers' own link (:mod:`.peer_link`), which has no messages.
     link: Any = None
+    #: Where the capture ends inside a message of this connection (a damaged or stopped capture), per direction.
+    cuts: list[CaptureCut] = field(default_factory=list)
 
     def messages(self) -> Iterator[Request | Reply]:
         """Requests in order, each followed by its reply (if any)."""
@@ -173,6 +176,7 @@ def iter_connection(conn: Connection, protocol: Protocol | None = None, *, valid
     reqs = _Requests(conn.c2s.stream, protocol, validate, conn.saw_syn)
     reps = _Replies(conn.s2c.stream, protocol)
     server_error: ProtocolError | None = None
+    framed = 0  # requests decoded: the index a request cut inside its header would have had
 
     def reply() -> Reply | None:
         # The server's stream is read as far as the requests so far make replies due: a broken one stops there.
@@ -193,6 +197,7 @@ def iter_connection(conn: Connection, protocol: Protocol | None = None, *, valid
             req = reqs.next()
             if req is None:
                 break
+            framed = req.index + 1
             if kept(req):
                 out.requests.append(req)
             yield req
@@ -225,6 +230,8 @@ def iter_connection(conn: Connection, protocol: Protocol | None = None, *, valid
                 yield rep
         if conn.c2s.gap_at is None and not reqs.in_message:
             reqs.framer.finish()  # type: ignore[attr-defined]
+        elif reqs.in_message and conn.c2s.cut and conn.c2s.gap_at is None:
+            out.cuts.append(request_cut(conn.index, reqs.framer, framed, conn.c2s.size))
         elif reqs.in_message:
             out.notes.append(f"client->server stream ends inside a message at byte {reqs.framer.offset}")
     except ProtocolError as exc:
@@ -238,7 +245,10 @@ def iter_connection(conn: Connection, protocol: Protocol | None = None, *, valid
             if kept(rep):
                 out.replies.append(rep)
             yield rep
-        if reps.replies.awaiting and conn.s2c.gap_at is None:
+        if conn.s2c.cut and conn.s2c.gap_at is None and (cut := reply_cut(conn.index, reps.replies,
+                                                                             conn.s2c.size)) is not None:
+            out.cuts.append(cut)  # the capture stopped, not the server: no "no reply before the end" either
+        elif reps.replies.awaiting and conn.s2c.gap_at is None:
             reps.replies.finish()
             out.notes.append(f"{reps.replies.awaiting} request(s) got no reply before the connection ended")
     except ProtocolError as exc:

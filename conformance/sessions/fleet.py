@@ -70,6 +70,7 @@ def merge(reports: Sequence[ReplayReport], target: str, seconds: float) -> Repla
         for key, n in r.compared.items():
             out.compared[key] = out.compared.get(key, 0) + n
         out.mismatches += r.mismatches
+        out.cuts += r.cuts
         out.notes += r.notes
         out.bytes_sent += r.bytes_sent
         out.bytes_received += r.bytes_received

@@ -16,13 +16,15 @@ from ggml_rpc.spec import Protocol, ProtocolError
 from ggml_rpc.spec.rules import RULES as TABLE
 from ggml_rpc.spec.rules import follows_miss, other_framing, shifted_framing
 
-from .capture import Connection, read_connections
+from .capture import Connection, Direction, read_connections
 from .decode import decode_connection
 from .peer_link import decode_peer_link
 from .stream_checker import C2S, StreamChecker, Violation
+from .truncation import CAPTURE_TRUNCATED, RULE_TEXT
 
-#: Rule id -> one-line text, from the table (the ids lint and the proxy report).
-RULES = {r.id: r.text for r in TABLE}
+#: Rule id -> one-line text, from the table (the ids lint and the proxy report), and lint's own id for a capture
+#: that ends inside a message (only a recording can be cut short; the proxy sees the live stream).
+RULES = {r.id: r.text for r in TABLE} | {CAPTURE_TRUNCATED: RULE_TEXT}
 
 
 def check_connection(conn: Connection, protocol: Protocol | None = None) -> tuple[list[Violation], StreamChecker]:
@@ -33,8 +35,15 @@ def check_connection(conn: Connection, protocol: Protocol | None = None) -> tupl
         out.append(Violation("DECODE", conn.index, 0, C2S, None,
                              "capture starts mid-connection and no --proto was given: version unknown"))
         return out, checker
-    checker.run(conn.c2s.chunks(), conn.s2c.chunks())  # read a window at a time: bounded memory
+    # Read a window at a time: bounded memory.
+    checker.run(conn.c2s.chunks(), conn.s2c.chunks(), client_cut=_cut_at(conn.c2s), server_cut=_cut_at(conn.s2c))
     return out, checker
+
+
+def _cut_at(d: Direction) -> int | None:
+    """Where the capture stopped a direction it cut (a hole from lost packets is not a cut: framing stops there, as
+    it always has)."""
+    return d.size if d.cut and d.gap_at is None else None
 
 
 def _link_violations(conn: Connection, rank0: Connection, init_index: int, protocol: Protocol | None

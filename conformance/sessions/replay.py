@@ -16,35 +16,41 @@ SIGPIPE shows as the next connection being refused).
 When a capture needs a cache hit the target cannot have, the replayer says so and sends the data instead, taken
 from any SET_TENSOR of the loaded captures with that hash, or reports that no capture holds it.
 
+A capture that ends inside a message (:mod:`.truncation`) is replayed up to it on that connection, reported as a
+cut (the run fails), never as the target's mismatch: the recording stopped there, not the recorded server.
+
 A target that stops accepting connections during the replay (a refused connect after the first connection), or
-that no longer answers HELLO once the replay is done, died of what was sent: that is reported as a mismatch of
-kind ``death`` naming the last message sent (file, connection, index, command), never as "0 mismatches" nor as a
-target that could not be reached.
+that no longer answers HELLO once the replay is done, died of what was sent: a mismatch of kind ``death`` naming
+the last message sent (file, connection, index, command), never "0 mismatches" nor a target that could not be
+reached.  A spawned target is restarted after each death (:mod:`.replay_spawn`).
 """
 
 from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ggml_rpc.spec import REPLY_HEADER_SIZE, Command, Protocol, ProtocolError, Reply, Request, SizeMismatch, fnv1a64
+from ggml_rpc.spec import REPLY_HEADER_SIZE, Command, Protocol, ProtocolError, Reply, Request, SizeMismatch
 
 from ..client import ConnectionClosed, RpcClient
 from .compare import DEFAULT_NMSE, Mismatch, ReplayReport, ReplyComparer, tensor_label
-from .decode import DecodedConnection, decode_file
+from .decode import DecodedConnection
 from .lint import follows_miss
 from .relocate import Relocator, TargetCache
+from .replay_captures import (
+    LoadedCapture,
+    Payloads,
+    ReplayError,
+    cut_at,
+    left_before_reply,
+    load_captures,
+    source_protocol,
+)
 from .rewrite import GraphRewrite, RewriteRefused, check_rewritable
 from .sending import SLICE, received, send_request
-from .spans import LazyBytes
-
-
-class ReplayError(Exception):
-    """The captures cannot be replayed at all (undecodable, mixed versions without ``--as``...)."""
 
 
 class _TargetStopped(Exception):
@@ -53,47 +59,6 @@ class _TargetStopped(Exception):
 
 #: The kind of the mismatch that reports a target that died during the replay.
 DEATH = "death"
-
-
-# ---- loading -----------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class LoadedCapture:
-    path: str
-    connections: list[DecodedConnection]
-
-
-def load_captures(paths: Sequence[str | Path], protocol: Protocol | None = None) -> list[LoadedCapture]:
-    """Decode every capture; any connection that does not decode cleanly makes the replay impossible."""
-    out = []
-    for path in paths:
-        conns = decode_file(path, protocol, validate=False)
-        for dc in conns:
-            # A client stream that breaks the spec is replayed as recorded up to the break, then sent raw: the
-            # recorded server closed there, the target must too.  A broken server stream cannot be replayed.
-            if dc.error is not None and dc.error_direction != "client->server":
-                raise ReplayError(f"{path}: connection {dc.conn.index}: the recorded server's replies do not decode "
-                                  f"({dc.error}); run `ggml-rpc decode` for details")
-            if dc.protocol is None and dc.error is None:
-                raise ReplayError(f"{path}: connection {dc.conn.index}: protocol version unknown (no HELLO reply)")
-        out.append(LoadedCapture(str(path), conns))
-    return out
-
-
-def source_protocol(captures: Sequence[LoadedCapture], default: Protocol | None = None) -> Protocol:
-    """The one version the captures speak (ReplayError if they mix versions); ``default`` when no connection got
-    as far as a HELLO reply."""
-    versions = {dc.protocol.label: dc.protocol for cap in captures for dc in cap.connections
-                if dc.protocol is not None}
-    if not versions:
-        if default is not None:
-            return default
-        raise ReplayError("no connection of the captures names its version (no HELLO reply): give --proto or --as")
-    if len(versions) > 1:
-        raise ReplayError(f"the captures mix protocol versions ({', '.join(sorted(versions))}): replay them "
-                          "separately")
-    return next(iter(versions.values()))
 
 
 # ---- the replayer --------------------------------------------------------------------------------------------------
@@ -125,7 +90,7 @@ class Replayer:
                          if dc.protocol is not None}) or [self.source.label]
         self.host, self.port = host, port
         self.timeout = timeout
-        self._by_hash: dict[int, memoryview | LazyBytes] | None = None
+        self._payloads = Payloads(self.captures)  # the data a cache hit the target cannot have needs
         if as_protocol is not None:
             try:
                 check_rewritable(((cap.path, dc) for cap in self.captures for dc in cap.connections), as_protocol)
@@ -134,8 +99,7 @@ class Replayer:
         report = ReplayReport(target=f"{host}:{port}", source_versions=labels, target_version=self.target.label)
         self.compare = ReplyComparer(self.target, report, TargetCache(self.target), nmse_tolerance)
 
-    # The comparer holds the report and the model of the target's cache; the replayer adds to both, and a caller
-    # may hand it the cache a previous replay against the same server left (``ggml-rpc bench`` does).
+    # The comparer holds the report and the target's cache model (``ggml-rpc bench`` hands it an earlier one).
 
     @property
     def report(self) -> ReplayReport:
@@ -148,24 +112,6 @@ class Replayer:
     @cache.setter
     def cache(self, cache: TargetCache) -> None:
         self.compare.cache = cache
-
-    # -- cache data supply --
-
-    def _payloads(self) -> Iterator[memoryview | LazyBytes]:
-        for cap in self.captures:
-            for dc in cap.connections:
-                for req in dc.requests:
-                    if req.command is Command.SET_TENSOR and req.data is not None and req.data.nbytes:
-                        yield req.data
-
-    def _data_for(self, digest: int) -> memoryview | LazyBytes | None:
-        """A SET_TENSOR payload of any loaded capture with this hash (all payloads are hashed once, when first
-        needed: only replays that need a cache state the target lacks pay for it)."""
-        if self._by_hash is None:
-            self._by_hash = {}
-            for data in self._payloads():
-                self._by_hash.setdefault(fnv1a64(data), data)
-        return self._by_hash.get(digest)
 
     # -- running --
 
@@ -183,7 +129,7 @@ class Replayer:
                     if dc.link is not None:
                         continue  # a servers' link (8.0.0): the servers open their own when replayed
                     self.report.connections += 1
-                    self._connection(cap.path, dc)
+                    self._play(cap.path, dc)
         except _TargetStopped as exc:
             self.report.connections -= 1  # the refused connection was not replayed
             self._died(str(exc))
@@ -195,6 +141,10 @@ class Replayer:
                     self._died(why)
         self.report.seconds = time.perf_counter() - start
         return self.report
+
+    def _play(self, path: str, dc: DecodedConnection) -> None:
+        """Replay one connection (:mod:`.replay_spawn` restarts a spawned target around it)."""
+        self._connection(path, dc)
 
     def _not_answering(self) -> str | None:
         """None when the target accepts a connection and answers HELLO; otherwise what happened."""
@@ -224,6 +174,12 @@ class Replayer:
         last_miss: Request | None = None
         graphs = GraphRewrite(dc.protocol or self.source, self.target)
         left_at = left_before_reply(dc)
+        stop = cut_at(dc)
+        requests = dc.requests if stop is None else [r for r in dc.requests if r.index < stop]
+        for cut in dc.cuts:
+            self.report.cuts.append(f"{path} {cut.line()}; not replayed from message {stop} on")
+        if stop == 0:
+            return  # cut before its first request was whole: nothing to send
         try:
             client = RpcClient(socket.create_connection((self.host, self.port), timeout=self.timeout),
                                self.target)
@@ -234,7 +190,7 @@ class Replayer:
             raise ReplayError(f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}") from None
         client.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with client:
-            for req in dc.requests:
+            for req in requests:
                 cmd = req.command
                 if self.until_compute and cmd in (Command.GRAPH_COMPUTE, Command.GRAPH_RECOMPUTE):
                     left = len(dc.requests) - req.index
@@ -302,7 +258,7 @@ class Replayer:
                     body = bytearray(size)
                     client._recv_into(memoryview(body))
                 except ConnectionClosed as exc:
-                    if self._recorded_close_from(dc, req, replies):
+                    if self._recorded_close_from(dc, req, replies, stop):
                         self.report.compared["close"] += 1  # closed a little earlier than we could ask: as recorded
                         return
                     self.compare.mismatch(path, dc, req, "transport", "a reply" if rec is not None else "no reply",
@@ -363,10 +319,11 @@ class Replayer:
                 f"the server to close on bytes that break the spec ({dc.error.message})",
                 "a reply or an open connection"))
 
-    def _recorded_close_from(self, dc: DecodedConnection, req: Request, replies: dict[int, Reply]) -> bool:
+    def _recorded_close_from(self, dc: DecodedConnection, req: Request, replies: dict[int, Reply],
+                             stop: int | None = None) -> bool:
         """Did the recorded server close at or before ``req``: no reply recorded from here on, and a later request
-        that should have had one got none (or the client stream breaks the spec)?"""
-        later = dc.requests[req.index :]
+        that should have had one got none (or the client stream breaks the spec)?  Requests from the cut: unknown."""
+        later = [r for r in dc.requests[req.index :] if stop is None or r.index < stop]
         if any(id(r) in replies for r in later):
             return False
         if dc.error is not None and dc.error_direction == "client->server":
@@ -396,7 +353,7 @@ class Replayer:
                 client: RpcClient) -> bool:
         """The capture hit a cache entry the target cannot hold: send the data instead (or report why not)."""
         digest = req.fields["hash"]
-        data = self._data_for(digest)
+        data = self._payloads.data_for(digest)
         name = tensor_label(req.fields["tensor"])
         if data is None:
             self.compare.mismatch(path, dc, req, "exact", f"a cache hit for {digest:016x} ({name})",
@@ -419,15 +376,6 @@ class Replayer:
         return True
 
 
-def left_before_reply(dc: DecodedConnection) -> int | None:
-    """Where in the server's stream the recorded client stopped reading (its FIN came before the server had sent
-    everything the capture holds), or None for a client that read all it was sent."""
-    c2s, s2c = dc.conn.c2s, dc.conn.s2c
-    if c2s.fin_peer_bytes is not None and c2s.fin_peer_bytes < s2c.size:
-        return c2s.fin_peer_bytes
-    return None
-
-
 def replay(
     paths: Sequence[str | Path],
     host: str,
@@ -445,3 +393,7 @@ def replay(
     captures = load_captures(paths, protocol)
     return Replayer(captures, host, port, as_protocol=as_protocol, nmse_tolerance=nmse_tolerance,
                     timeout=timeout, until_compute=until_compute).run(check_alive=check_alive)
+
+
+__all__ = ["DEATH", "LoadedCapture", "ReplayError", "Replayer", "cut_at", "left_before_reply", "load_captures",
+           "replay", "source_protocol"]

@@ -38,6 +38,8 @@ from ggml_rpc.spec.framing import Bulk, End, Head, ReplyFramer, RequestFramer
 from ggml_rpc.spec.rules import ConnState, Message, first_broken, wants_data_hash
 from ggml_rpc.spec.versions import PROTOCOLS
 
+from .truncation import CAPTURE_TRUNCATED, CaptureCut, reply_cut, request_cut
+
 #: Largest non-bulk payload (GRAPH_COMPUTE) the checker collects; beyond it the message is passed on unchecked.
 MAX_CHECKED_PAYLOAD = 256 << 20
 _LONGEST_HEADER = max(p.commands[Command.SET_TENSOR].request.header_size for p in PROTOCOLS)
@@ -132,10 +134,12 @@ class StreamChecker:
                 self._rp.receive_data(chunk)
                 self._drain(False)
 
-    def run(self, c2s: Buffer | Iterable[Buffer], s2c: Buffer | Iterable[Buffer]) -> None:
+    def run(self, c2s: Buffer | Iterable[Buffer], s2c: Buffer | Iterable[Buffer], *, client_cut: int | None = None,
+            server_cut: int | None = None) -> None:
         """A whole captured connection: requests in order, each reply read as soon as it is due (as the proxy
         sees them), then :meth:`close`.  Each direction is the bytes or an iterable of chunks (a capture's streams
-        read a window at a time): chunks are fed only as the judging needs them, so memory stays bounded."""
+        read a window at a time): chunks are fed only as the judging needs them, so memory stays bounded.
+        ``client_cut``/``server_cut``: that direction's length, when the capture stopped before it ended."""
         feeds = {True: _chunks(c2s), False: _chunks(s2c)}
         with self.lock:
             while True:
@@ -159,18 +163,31 @@ class StreamChecker:
                         break
                 else:
                     break
-        self.close()
+        self.close(client_cut=client_cut, server_cut=server_cut)
 
-    def close(self) -> None:
-        """The connection ended: judge a request cut short by what arrived of it, and whatever still waits."""
+    def close(self, *, client_cut: int | None = None, server_cut: int | None = None) -> None:
+        """The connection ended: judge a request cut short by what arrived of it, and whatever still waits.
+
+        A direction the capture stopped before it ended (its length given as ``client_cut``/``server_cut``) is
+        different: a message cut there is reported as ``CAPTURE-TRUNCATED``, not judged (its peer did not cut it
+        short, the recording did)."""
         with self.lock:
             if self._closed:
                 return
             self._closed = True
             head = self._rq.current
-            if head is not None and self._fields is not None:
+            cuts: list[CaptureCut] = []
+            if client_cut is not None and not self.broken[True] and self._rq.in_message:
+                cuts.append(request_cut(self.connection, self._rq, self.requests, client_cut))
+            elif head is not None and self._fields is not None:
                 self._complete(head)  # the data never came: it is judged by its claimed length, unhashed
+            if server_cut is not None and not self.broken[False]:
+                due = reply_cut(self.connection, self._rp, server_cut)
+                cuts += [due] if due is not None else []
             self._flush(everything=True)
+            for cut in cuts:
+                self.report(Violation(CAPTURE_TRUNCATED, self.connection, cut.index, cut.direction, cut.command,
+                                      cut.detail()))
 
     # ---- framing -----------------------------------------------------------------------------------------------
 

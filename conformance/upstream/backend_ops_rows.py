@@ -2,12 +2,15 @@
 
 One process per op and server: the upstream client aborts the whole process when a server closes a connection, so
 one refused case must not hide the rest. A row passes when the reference server passes every case that upstream's
-own server passes (and the run finished).
+own server passes, compared case by case by name (``ADD(type=f32,ne=[16,10,1,1],...)`` as test-backend-ops prints
+it), and the run finished: equal pass counts could hide one case lost and another gained.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from .interpose import BackendOpsResult, run_backend_ops
 from .matrix import FAIL, PASS, UNSUPPORTED, Cell, Row, Workspace
@@ -48,6 +51,29 @@ def _describe(r: BackendOpsResult, op: str) -> str:
 REFERENCE_TIME_FACTOR = 6.0
 
 
+#: Case names listed per difference in a row's figures (a whole op can have thousands of cases).
+LISTED = 20
+
+
+@dataclass(frozen=True)
+class CaseDiff:
+    """Cases that pass through one server and not the other (by name; a name printed twice counts twice)."""
+
+    #: Upstream's server passes them, the reference does not (failed, declined, or never ran): the row fails.
+    lost: list[str]
+    #: The reference passes them, upstream's server does not: reported, not a failure.
+    gained: list[str]
+
+
+def compare_cases(reference: BackendOpsResult, upstream: BackendOpsResult, op: str) -> CaseDiff:
+    """The cases of ``op`` whose outcome differs between the two runs."""
+    def mine(r: BackendOpsResult) -> Counter[str]:
+        return Counter({name: n for name, n in r.ok_cases.items() if name.startswith(f"{op}(")})
+
+    ref, up = mine(reference), mine(upstream)
+    return CaseDiff(sorted((up - ref).elements()), sorted((ref - up).elements()))
+
+
 def op_row(op: str, timeout: float = 900.0) -> Cell:
     peer = PEERS["7.0.0"]
     with UpstreamServer(peer, cache=False) as server:
@@ -55,14 +81,25 @@ def op_row(op: str, timeout: float = 900.0) -> Cell:
     with reference_server(7, None) as address:
         reference = run_backend_ops(peer, address, op,
                                     timeout=max(timeout, REFERENCE_TIME_FACTOR * upstream.seconds))
+    return judge(op, reference, upstream)
+
+
+def judge(op: str, reference: BackendOpsResult, upstream: BackendOpsResult) -> Cell:
+    """The row's cell: PASS when the reference passes every case upstream's server passes (by name) and finished."""
+    diff = compare_cases(reference, upstream, op)
     figures = {"reference": [reference.passed.get(op, 0), reference.total(op)],
                "upstream": [upstream.passed.get(op, 0), upstream.total(op)],
                "seconds": [round(reference.seconds, 1), round(upstream.seconds, 1)],
-               "reference_failures": reference.failures[:5]}
+               "reference_failures": reference.failures[:5],
+               "only_upstream_passes": diff.lost[:LISTED], "only_reference_passes": diff.gained[:LISTED]}
     detail = f"reference {_describe(reference, op)}, upstream {_describe(upstream, op)}"
     if upstream.total(op) == 0 and not upstream.aborted:
         return Cell(UNSUPPORTED, f"upstream tests no case of {op} on RPC0", figures)
-    ok = (not reference.aborted and reference.passed.get(op, 0) >= upstream.passed.get(op, 0))
+    ok = not reference.aborted and not diff.lost
+    if diff.lost:
+        detail += f"; {len(diff.lost)} case(s) pass only upstream, first: {diff.lost[0]}"
+    if diff.gained:
+        detail += f"; {len(diff.gained)} case(s) pass only through the reference, first: {diff.gained[0]}"
     if not ok and reference.failures:
         detail += f"; first failure: {reference.failures[0]}"
     return Cell(PASS if ok else FAIL, detail, figures)

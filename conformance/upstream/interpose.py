@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections import Counter
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -65,6 +66,8 @@ class BackendOpsResult:
     exit_code: int | None = None
     seconds: float = 0.0
     stderr_tail: str = ""
+    #: Each case's name (``OP(params)``, as printed) -> how many times it passed: OPS rows compare these by name.
+    ok_cases: Counter[str] = field(default_factory=Counter)
 
     @property
     def aborted(self) -> bool:
@@ -92,6 +95,7 @@ def parse_backend_ops(text: str) -> BackendOpsResult:
             res.unsupported[op] = res.unsupported.get(op, 0) + 1
         elif rest.rstrip().endswith("OK"):
             res.passed[op] = res.passed.get(op, 0) + 1
+            res.ok_cases[f"{op}({m.group('params')})"] += 1
         elif "FAIL" in rest:
             res.failed[op] = res.failed.get(op, 0) + 1
             if len(res.failures) < 20:

@@ -7,6 +7,7 @@ from ggml_rpc.conformance.cli import main
 from ggml_rpc.conformance.sessions.lint import lint_file
 from ggml_rpc.conformance.sessions.pcapwrite import write_session
 from ggml_rpc.spec import V6, V7, Command, encode_reply, encode_request
+from upstream_captures import captures
 
 from .conftest import hash_then_set, hello, weight
 
@@ -19,13 +20,15 @@ def _lint(tmp_path, writes):
     return lint_file(path)
 
 
-@pytest.mark.parametrize(
-    "name",
-    ["v7-v7-gen-cold.pcap", "v6-v6-gen-cold.pcap", "v7-v7-test-backend-ops.pcap", "v7client-v6server-hello.pcap"],
-)
-def test_real_captures_lint_clean(real_captures, name, capsys):
-    assert lint_file(real_captures / name) == []
-    assert main(["lint", str(real_captures / name)]) == 0
+CLEAN = ["v6-upstream-tiny-q8_0-cold.pcap", "v7-upstream-tiny-q8_0-cold.pcap", "v8-upstream-tiny-q8_0-cold.pcap",
+         "v8-upstream-tiny-q8_0-split-tensor.pcap", "v7client-v6server-hello.pcap"]
+SHARED = ["v7-v7-gen-cold.pcap", "v6-v6-gen-cold.pcap", "v7-v7-test-backend-ops.pcap", "v7client-v6server-hello.pcap"]
+
+
+@pytest.mark.parametrize(("path", "_"), captures(dict.fromkeys(CLEAN), dict.fromkeys(SHARED)))
+def test_real_captures_lint_clean(path, _, capsys):
+    assert lint_file(path) == []
+    assert main(["lint", str(path)]) == 0
     assert "0 violation(s)" in capsys.readouterr().out
 
 

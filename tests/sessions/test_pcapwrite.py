@@ -9,6 +9,7 @@ from ggml_rpc.conformance.sessions.pcapwrite import PcapWriter, write_session
 from ggml_rpc.spec import Reply
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from upstream_captures import captures
 
 from .conftest import tshark_problems
 
@@ -24,8 +25,10 @@ def _writes(conn):
 
 
 @pytest.mark.parametrize("mss", [536, 1460, 65495])
-def test_real_capture_rewritten_reassembles_identically(real_captures, tmp_path, mss):
-    src = read_connections(real_captures / "v7-v7-test-backend-ops.pcap")
+@pytest.mark.parametrize(("path", "_"), captures({"v7-upstream-tiny-q8_0-cold.pcap": None},
+                                                 {"v7-v7-test-backend-ops.pcap": None}))
+def test_real_capture_rewritten_reassembles_identically(path, _, tmp_path, mss):
+    src = read_connections(path)
     out = tmp_path / "rewritten.pcap"
     write_session(out, [_writes(c) for c in src], mss=mss)
     back = read_connections(out)
@@ -34,7 +37,7 @@ def test_real_capture_rewritten_reassembles_identically(real_captures, tmp_path,
         assert a.saw_syn and not a.notes
         assert a.c2s.data == b.c2s.data
         assert a.s2c.data == b.s2c.data
-    original = decode_file(real_captures / "v7-v7-test-backend-ops.pcap")
+    original = decode_file(path)
     for a, b in zip(decode_file(out), original, strict=True):
         assert a.error is None
         assert [(m.command, m.size, bytes(m.raw)) for m in a.messages()] == \

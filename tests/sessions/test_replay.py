@@ -10,31 +10,35 @@ from ggml_rpc.conformance.sessions.relocate import Relocator
 from ggml_rpc.conformance.sessions.replay import load_captures, replay
 from ggml_rpc.reference import running_server
 from ggml_rpc.spec import TENSOR_DTYPE, V6, V7, Command, encode_reply, encode_request, make_tensor
+from upstream_captures import UPSTREAM_FIXTURES, captures
 
 from .conftest import hello
 
+# Genuine upstream sessions: the kit's fixtures always, the ../shared captures too when present.
+FIXED = {"v7-upstream-tiny-q8_0-cold.pcap": V7, "v6-upstream-tiny-q8_0-cold.pcap": V6,
+         "v7client-v6server-hello.pcap": V6}
 REAL = {"v7-v7-gen-cold.pcap": V7, "v6-v6-gen-cold.pcap": V6, "v7-v7-test-backend-ops.pcap": V7,
         "v7client-v6server-hello.pcap": V6}
+GENERATION = {k: v for k, v in FIXED.items() if "cold" in k}
 OTHER = {"6.0.0": V7, "7.0.0": V6}
 
 
 @pytest.mark.parametrize("rewrite", [False, True], ids=["same-version", "as-other-version"])
-@pytest.mark.parametrize("name", sorted(REAL))
-def test_real_capture_non_compute_parts_replay_clean(real_captures, tmp_path, name, rewrite):
-    proto = REAL[name]
+@pytest.mark.parametrize(("path", "proto"), captures(FIXED, REAL))
+def test_real_capture_non_compute_parts_replay_clean(tmp_path, path, proto, rewrite):
     target = OTHER[proto.label] if rewrite else proto
     with running_server(target, cache_dir=str(tmp_path)) as srv:
-        report = replay([real_captures / name], srv.host, srv.port, as_protocol=target if rewrite else None,
-                        until_compute=True)
+        report = replay([path], srv.host, srv.port, as_protocol=target if rewrite else None, until_compute=True)
     assert report.mismatches == []
     assert report.compared["exact"] >= 1
     assert report.target_version == target.label
 
 
-@pytest.mark.parametrize(("name", "graphs", "outputs"), [("v7-v7-test-backend-ops.pcap", 102, 15),
-                                                          ("v7-v7-gen-cold.pcap", 17, 17),
-                                                          ("v6-v6-gen-cold.pcap", 17, 17)])
-def test_every_graph_is_relocated_into_the_target_buffers(real_captures, tmp_path, name, graphs, outputs):
+@pytest.mark.parametrize(("path", "expected"), captures(
+    {"v7-upstream-tiny-q8_0-cold.pcap": (V7, 16, 16), "v6-upstream-tiny-q8_0-cold.pcap": (V6, 16, 16)},
+    {"v7-v7-test-backend-ops.pcap": (V7, 102, 15), "v7-v7-gen-cold.pcap": (V7, 17, 17),
+     "v6-v6-gen-cold.pcap": (V6, 17, 17)}))
+def test_every_graph_is_relocated_into_the_target_buffers(tmp_path, path, expected):
     """With an executor that computes nothing, the server still accepts every relocated graph (it checks each
     tensor's data lies inside its buffer) and the only mismatches are the computed reads."""
     seen = []
@@ -42,23 +46,26 @@ def test_every_graph_is_relocated_into_the_target_buffers(real_captures, tmp_pat
     def record(graph):
         seen.append(len(graph))
 
-    with running_server(REAL[name], cache_dir=str(tmp_path), executor=record) as srv:
-        report = replay([real_captures / name], srv.host, srv.port)
+    proto, graphs, outputs = expected
+    with running_server(proto, cache_dir=str(tmp_path), executor=record) as srv:
+        report = replay([path], srv.host, srv.port)
     assert len(seen) == graphs
     assert {m.kind for m in report.mismatches} == {"computed"}
     assert len(report.mismatches) == outputs
 
 
 @pytest.mark.parametrize("rewrite", [False, True], ids=["same-version", "as-other-version"])
-@pytest.mark.parametrize("name", ["v7-v7-gen-cold.pcap", "v6-v6-gen-cold.pcap", "v7-v7-test-backend-ops.pcap"])
-def test_real_capture_full_replay_reproduces_the_logits(real_captures, name, rewrite, capsys):
-    args = ["replay", str(real_captures / name)] + (["--as", str(OTHER[REAL[name].label].major)] if rewrite else [])
+@pytest.mark.parametrize(("path", "proto"), captures(GENERATION, {k: REAL[k] for k in (
+    "v7-v7-gen-cold.pcap", "v6-v6-gen-cold.pcap", "v7-v7-test-backend-ops.pcap")}))
+def test_real_capture_full_replay_reproduces_the_logits(path, proto, rewrite, capsys):
+    args = ["replay", str(path)] + (["--as", str(OTHER[proto.label].major)] if rewrite else [])
     assert main(args) == 0, capsys.readouterr().out
 
 
-def test_replaying_a_cold_capture_twice_expects_the_hit(real_captures):
-    path = str(real_captures / "v7-v7-gen-cold.pcap")
-    assert main(["replay", "--until-compute", path, path]) == 0
+@pytest.mark.parametrize(("path", "_"), captures({"v7-upstream-tiny-q8_0-cold.pcap": None},
+                                                 {"v7-v7-gen-cold.pcap": None}))
+def test_replaying_a_cold_capture_twice_expects_the_hit(path, _):
+    assert main(["replay", "--until-compute", str(path), str(path)]) == 0
 
 
 def test_graph_relocation_is_vectorised_and_matches_per_tensor_relocation():
@@ -125,10 +132,10 @@ def test_a_recorded_close_must_be_reproduced(tmp_path):
     assert report.mismatches == [] and report.compared["close"] == 1
 
 
-def test_user_mistakes_exit_2(real_captures, tmp_path):
-    path = str(real_captures / "v7client-v6server-hello.pcap")
+def test_user_mistakes_exit_2(tmp_path):
+    path = str(UPSTREAM_FIXTURES / "v7client-v6server-hello.pcap")
     assert main(["replay", path, "--server", "nonsense"]) == 2
-    assert main(["replay", path, str(real_captures / "v7-v7-test-backend-ops.pcap")]) == 2  # mixed versions
+    assert main(["replay", path, str(UPSTREAM_FIXTURES / "v7-upstream-tiny-q8_0-cold.pcap")]) == 2  # mixed versions
     assert main(["replay", str(tmp_path / "missing.pcap")]) == 2
 
 

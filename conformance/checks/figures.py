@@ -1,0 +1,130 @@
+"""The README's catalogue table, generated from :data:`~ggml_rpc.conformance.checks.CATALOGUE`.
+
+The counts and ID ranges were typed by hand and went stale with every release that added checks (103 checks and
+``FRAME-…035`` when there were 122 and ``FRAME-047``).  They now come from the catalogue: the table between the
+markers below is this module's output, a test fails when the README's copy differs, and
+``python -m ggml_rpc.conformance.checks.figures README.md`` rewrites it.  Only the one-line summaries of what each
+category enforces are prose, kept here beside the figures they describe.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ggml_rpc.conformance.harness import Category, Check
+
+BEGIN = "<!-- catalogue table: generated from CATALOGUE by ggml_rpc.conformance.checks.figures; do not edit -->"
+END = "<!-- end of catalogue table -->"
+
+#: What each category enforces (prose; the figures beside it are computed).
+ENFORCES: dict[str, str] = {
+    "handshake": "HELLO reply of 28 bytes, covered version (and the one expected), pad 0, zero caps over TCP, same "
+    "version on every connection; a non-HELLO first command, a HELLO of the wrong size and a second HELLO close "
+    "without a reply; at least one device",
+    "framing": "one check per validation rule of protocol.md §6 (unknown ids, NONE, wrong fixed sizes, devices out "
+    "of range, unknown handles, invalid and removed types, tensors outside their buffer or wrapping, "
+    "SET/GET/MEMSET/COPY past the region or the tensor, GRAPH_COMPUTE truncations, unknown/null nodes, dangling "
+    "sources, data without buffer, huge size claims, cache hits that do not fit, a SET_TENSOR in the other "
+    "version's layout; 8.0.0: 2-D rows of size 0, past the tensor or overflowing, GRAPH_RECOMPUTE of an unknown or "
+    "freed uid). MUST: the connection closes where the spec says and no reply carries a byte; SHOULD: the server "
+    "still accepts connections afterwards (upstream 6.0/7.0 builds die on several of these)",
+    "data": "buffers (handles, sizes, base stable and aligned, size 0, FREE), alignment, max size, device memory, "
+    "round trips at offset 0, 1, unaligned addresses and a whole 1 MiB buffer, MEMSET_TENSOR, BUFFER_CLEAR, "
+    "COPY_TENSOR, GET_ALLOC_SIZE ≥ nbytes, INIT_TENSOR, hash misses, GET_DEVICE_SUPPORTS_OP (7.0.1), an allocation "
+    "the device cannot satisfy answered in band (`remote_ptr` 0), commands that send no reply at all, a fresh "
+    "buffer that hands out no other allocation's bytes; 8.0.0: SET_TENSOR_2D / GET_TENSOR_2D rows",
+    "cache-v6": "the version's cache rule, black-box through SET_TENSOR_HASH (v6: > 10 MiB saved, exactly 10 MiB "
+    "and small payloads not; v7: any non-zero flag saves at any size, unflagged never, even > 10 MiB; a hit fills "
+    "identical bytes at the requested offset, on a later connection too), white-box with `--cache-dir` (file named "
+    "by the FNV-1a hex holding the raw payload, no stray files). Without an observable cache they skip, saying so",
+    "isolation": "buffer handles of a closed or of another live connection are refused (the live case is skipped on "
+    "servers that serve one connection at a time, as upstream does)",
+    "compute": "one small graph per op family (binary, math, UNARY activations, MUL_MAT f32/f16 and Q8_0, norms, "
+    "SOFT_MAX plain and masked, ROPE, GET_ROWS, CONT/CPY, GLU, reductions, REPEAT/CONCAT, GRAPH_RECOMPUTE; 8.0.0: "
+    "GRAPH_RECOMPUTE by uid) compared with the reference executor by normalised mean squared error (1e-7 exact ops, "
+    "1e-5 transcendental, 5e-4 MUL_MAT), inputs drawn from the run's `--seed`; an op the server declines (closes on) "
+    "is unsupported",
+    "comm": "8.0.0's communicator: COMM_INIT for other than two ranks and COMM_ALLREDUCE without a communicator are "
+    "refused, COMM_ALLREDUCE sums the tensor across two servers over their own link",
+}
+#: Categories shown in one row (the cache rules of two versions share one summary).
+_MERGED = {"cache-v7": "cache-v6"}
+
+
+@dataclass(frozen=True)
+class Row:
+    categories: tuple[str, ...]
+    count: int
+    ids: str  # the ranges, e.g. "`FRAME-001…047`"
+    enforces: str
+
+
+def _range(ids: Sequence[str]) -> str:
+    """``PREFIX-001…NNN`` for IDs numbered 1..N without a gap; otherwise every ID (a gap must show)."""
+    prefix, _, _ = ids[0].rpartition("-")
+    numbers = [int(i.rpartition("-")[2]) for i in ids]
+    if all(i.rpartition("-")[0] == prefix for i in ids) and numbers == list(range(numbers[0], numbers[-1] + 1)):
+        width = len(ids[0].rpartition("-")[2])
+        return f"`{ids[0]}…{numbers[-1]:0{width}d}`" if len(ids) > 1 else f"`{ids[0]}`"
+    return ", ".join(f"`{i}`" for i in ids)
+
+
+def rows(catalogue: Sequence[Check]) -> list[Row]:
+    """One row per category (in run order), merged where :data:`_MERGED` says."""
+    ids: dict[str, list[str]] = {}
+    for c in catalogue:
+        ids.setdefault(c.category.value, []).append(c.id)
+    out: list[Row] = []
+    for cat in Category:
+        name = cat.value
+        if name not in ids or name in _MERGED:
+            continue
+        group = [name, *(k for k, v in _MERGED.items() if v == name and k in ids)]
+        out.append(Row(tuple(group), sum(len(ids[g]) for g in group), ", ".join(_range(ids[g]) for g in group),
+                       ENFORCES[name]))
+    return out
+
+
+def table(catalogue: Sequence[Check]) -> str:
+    """The README block: markers, the total, and the table."""
+    lines = [BEGIN, "", f"{len(catalogue)} checks in {len(rows(catalogue))} groups:", "",
+             "| category | checks | IDs | what it enforces |", "|---|---|---|---|"]
+    lines += [f"| {', '.join(r.categories)} | {r.count} | {r.ids} | {r.enforces} |" for r in rows(catalogue)]
+    return "\n".join([*lines, "", END])
+
+
+_BLOCK = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
+
+
+def readme_block(text: str) -> str | None:
+    """The generated block as it stands in a README's text (None when the markers are missing)."""
+    m = _BLOCK.search(text)
+    return m.group(0) if m else None
+
+
+def update(path: str | Path, catalogue: Sequence[Check]) -> bool:
+    """Rewrite the block in ``path``; True when it changed."""
+    p = Path(path)
+    text = p.read_text(encoding="utf-8")
+    if readme_block(text) is None:
+        raise ValueError(f"{path}: no catalogue table markers")
+    new = _BLOCK.sub(lambda _m: table(catalogue), text)
+    if new != text:
+        p.write_text(new, encoding="utf-8")
+    return new != text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from ggml_rpc.conformance.checks import CATALOGUE
+
+    for path in argv if argv is not None else sys.argv[1:]:
+        print(f"{path}: {'updated' if update(path, CATALOGUE) else 'up to date'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
