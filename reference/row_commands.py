@@ -72,7 +72,7 @@ class RowCommands:
                 return view[first : first + n]
             # Rows land in order: with stride < size a later row overwrites, as upstream's.  One view at a time: the
             # count is a claim (stride 0 stacks any number of rows on one).
-            return Bulk(view[at : at + row] for at in range(first, first + rows * step, step))
+            return Bulk(view[first + i * step : first + i * step + row] for i in range(rows))
 
         return head, check, start
 

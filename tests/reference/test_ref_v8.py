@@ -44,6 +44,15 @@ def test_overlapping_rows_are_written_in_order(srv8) -> None:
         assert bytes(c.get_tensor(t, 0, 12)) == b"AAAA" + b"B" * 8
 
 
+def test_rows_with_stride_zero_land_on_one_place_the_last_one_kept(srv8) -> None:
+    with connect(srv8) as c:
+        t = tensor_in(c, 64)[0]
+        c.set_tensor(t, 0, bytes(64))
+        c.set_tensor_2d(t, 8, 4, 0, b"AAAABBBBCCCC")
+        assert bytes(c.get_tensor(t, 0, 16)) == bytes(8) + b"CCCC" + bytes(4)
+        assert c.get_tensor_2d(t, 8, 4, 3, 0) == b"CCCC" * 3
+
+
 @pytest.mark.parametrize(("size", "n_copies", "stride", "why"), [
     (0, 4, 8, "size 0"), (8, 0, 8, "no rows"), (8, 4, 1 << 62, "span overflows 64 bits"),
     (8, 200, 8, "rows past the tensor"),
