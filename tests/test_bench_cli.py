@@ -17,7 +17,13 @@ import numpy as np
 import pytest
 from ggml_rpc.conformance.bench.kit import make_session
 from ggml_rpc.conformance.bench.runner import Figure, Measurement, NotApplicable, Stats, run_measurement
-from ggml_rpc.conformance.bench.wire import CHAIN_ID_BASE, CHAIN_ID_STRIDE, BenchTarget, GraphCompute, chain_graph
+from ggml_rpc.conformance.bench.server_figures import (
+    CHAIN_ID_BASE,
+    CHAIN_ID_STRIDE,
+    BenchTarget,
+    GraphCompute,
+    chain_graph,
+)
 from ggml_rpc.conformance.cli import main
 from ggml_rpc.conformance.cli.bench import QUICK
 from ggml_rpc.reference import running_server

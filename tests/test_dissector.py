@@ -7,7 +7,7 @@ import re
 import pytest
 from construct import Array, Bytes, GreedyBytes, Int8ul, Int16ul, Int32ul, Int64ul, Struct
 from ggml_rpc.conformance.cli import main
-from ggml_rpc.conformance.dissector.generate import GeneratorError, describe_fields, generate, lua_str
+from ggml_rpc.conformance.dissector.lua_source import GeneratorError, describe_fields, generate, lua_str
 from ggml_rpc.spec import PROTOCOLS, V6, V7, V7_0_1, Command, Payload, Shape, TensorFlag
 from ggml_rpc.spec.messages import NO_REPLY, SET_TENSOR_V7_REQ
 from ggml_rpc.spec.tensor import RpcTensor

@@ -16,7 +16,7 @@ from pathlib import Path
 import dpkt
 import numpy as np
 import pytest
-from ggml_rpc.conformance.dissector.generate import generate
+from ggml_rpc.conformance.dissector.lua_source import generate
 from ggml_rpc.conformance.sessions.decode import decode_file
 from ggml_rpc.spec import (
     V7,

@@ -38,7 +38,7 @@ from ..sessions.decode import decode_file
 from ..sessions.pcapwrite import write_session
 from ..sessions.replay import LoadedCapture, Replayer, load_captures
 from .runner import Figure, Measurement, timed
-from .wire import BenchTarget, chain_graph, size_label
+from .server_figures import BenchTarget, chain_graph, size_label
 
 #: Handle and base the session's (made-up) server hands out; replay relocates them to the target's.
 _HANDLE, _BASE = 0x5EED0001, 0x7F0000000000

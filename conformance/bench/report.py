@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .runner import FigureResult, Result
-from .wire import BenchTarget
+from .server_figures import BenchTarget
 
 
 def header(console: Console, targets: Sequence[BenchTarget], plan: str) -> None:

@@ -22,7 +22,7 @@ from rich.console import Console
 from ..bench.kit import GraphDecode, PcapDecode, PcapWrite, Replay, SessionFiles
 from ..bench.report import BenchProgress, figures_table, header, write_json
 from ..bench.runner import FigureResult, Measurement, record, run_measurement, steps_of
-from ..bench.wire import MIB, BenchTarget, GetTensor, GraphCompute, HashHit, RoundTrips, SetTensor, size_label
+from ..bench.server_figures import MIB, BenchTarget, GetTensor, GraphCompute, HashHit, RoundTrips, SetTensor, size_label
 from ..client import ConnectionClosed
 from ..harness import SpawnedTarget, TargetError, parse_address
 from .console import PipeConsole

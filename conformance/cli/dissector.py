@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ggml_rpc.spec.facts import DEFAULT_PORT
 
-from ..dissector.generate import generate
+from ..dissector.lua_source import generate
 from .options import UsageError, port_number
 
 

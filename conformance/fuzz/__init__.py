@@ -1,12 +1,12 @@
 """Fuzzing any ggml RPC server against the reference server's own logic (``ggml-rpc fuzz``).
 
-* :mod:`.generate` and :mod:`.nearvalid`: requests derived from the spec's payload schemas -- valid ones steered
+* :mod:`.valid_requests` and :mod:`.nearvalid`: requests derived from the spec's payload schemas -- valid ones steered
   towards the server's state, and near-valid ones that break exactly one rule;
-* :mod:`.model`: the oracle, the reference server's per-connection dispatcher run in-process;
+* :mod:`.oracle`: the oracle, the reference server's per-connection dispatcher run in-process;
 * :mod:`.machine`: the hypothesis state machine (bundles of connections, buffers, tensors; a rule per command);
 * :mod:`.example` (with :mod:`.steps` and :mod:`.replies`) and :mod:`.campaign` (with :mod:`.saving`):
   invariants, findings, shrinking rounds, budgets, target restarts;
-* :mod:`.hunt` (with :mod:`.strategies`, :mod:`.transcripts`, :mod:`.reports`): the campaign for a target that
+* :mod:`.hunt` (with :mod:`.hunt_strategies`, :mod:`.transcripts`, :mod:`.reports`): the campaign for a target that
   dies often, its strategies aimed at known classes, delta debugging, findings.json and SARIF;
 * :mod:`.targets`: the embedded target, spawned targets (with a hash cache the model can follow), what the model
   can know of a target's cache;

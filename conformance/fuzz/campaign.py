@@ -27,16 +27,16 @@ from hypothesis.configuration import set_hypothesis_home_dir, storage_directory
 from hypothesis.errors import Flaky
 from hypothesis.stateful import get_state_machine_test
 
+from .channel import Refused, TargetConnection
 from .example import Example
 from .findings import Finding, SavedFinding
 from .machine import build_machine
 from .memory import return_free_memory as _return_free_memory
 from .memory import rss_kib
 from .message import FuzzMessage
-from .model import ModelCache, clear_directory
+from .oracle import ModelCache, clear_directory
 from .saving import FindingSaver
 from .targets import cache_unknown
-from .wire import Refused, TargetConnection
 
 #: Examples per hypothesis run (one round).
 ROUND_EXAMPLES = 10

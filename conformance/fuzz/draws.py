@@ -1,6 +1,6 @@
 """Where the generators' choices come from: hypothesis (shrinkable) or a seeded PRNG (fast).
 
-The request generators of :mod:`.generate` and :mod:`.nearvalid` are written once against :class:`Draw`.  Under
+The request generators of :mod:`.valid_requests` and :mod:`.nearvalid` are written once against :class:`Draw`.  Under
 :class:`HypothesisDraw` every choice is a hypothesis draw, so hypothesis shrinks each field of a failing request;
 under :class:`RandomDraw` the same generators run from one seeded ``random.Random``, which costs a fraction of a
 hypothesis draw.  The state machine draws each step's main request through hypothesis and the burst of requests

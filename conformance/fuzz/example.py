@@ -1,6 +1,6 @@
 """One fuzz example: connections to the target, each with its in-process model twin, and the invariants.
 
-Every message goes to the model first (the reference server's own dispatcher, see :mod:`.model`), then to the
+Every message goes to the model first (the reference server's own dispatcher, see :mod:`.oracle`), then to the
 target with the target's handles and addresses (learnt from ALLOC_BUFFER / BUFFER_GET_BASE replies, as
 ``ggml-rpc replay`` relocates them).  Then:
 
@@ -26,13 +26,13 @@ from ggml_rpc.conformance.sessions.relocate import Relocator
 from ggml_rpc.spec import CONN_CAPS_SIZE, Command, fnv1a64
 from ggml_rpc.spec.codec import REPLY_HEADER_SIZE
 
+from .channel import Refused, TargetConnection
 from .findings import Finding, Writes
-from .generate import ConnRef, Scope
 from .message import FuzzMessage
-from .model import ModelConnection
+from .oracle import ModelConnection
 from .replies import ReplyChecks
 from .steps import BROKEN_PER_TEN, MAX_READ, PREREQUISITES, WRITES, ExampleSteps
-from .wire import Refused, TargetConnection
+from .valid_requests import ConnRef, Scope
 
 if TYPE_CHECKING:
     from .campaign import Campaign

@@ -33,11 +33,11 @@ from .campaign import Campaign, Options
 from .draws import RandomDraw
 from .example import Example
 from .findings import Finding, SavedFinding, Writes, death_symptom, rule_class, save
+from .hunt_strategies import STRATEGIES, strategy
 from .memory import return_free_memory
-from .model import ModelStall
+from .oracle import ModelStall
 from .reports import finding_dict, to_sarif, write_reports
 from .saving import _hello_reply
-from .strategies import STRATEGIES, strategy
 from .transcripts import culprit, flatten, request_groups
 
 #: Steps of one example (generic steps and strategies together).
@@ -75,7 +75,7 @@ class Hunt(Campaign):
         self._classes: dict[tuple, SavedFinding] = {}
         #: Every hit, per class id (the first is shrunk; the count says how often the class came back).
         self.hits: dict[str, int] = {}
-        #: Src-chain depths the target outlived (see :func:`.strategies.deep_chain`).
+        #: Src-chain depths the target outlived (see :func:`.hunt_strategies.deep_chain`).
         self.survived_deep: set[int] = set()
 
     # ---- the run -----------------------------------------------------------------------------------------------

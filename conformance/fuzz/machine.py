@@ -8,7 +8,7 @@ Each command rule's request is drawn choice by choice through hypothesis; a burs
 made by the same generators from a seed hypothesis draws (:mod:`.draws`): hypothesis shrinks the burst's length
 and seed, and the burst keeps the campaign's message rate far above what per-field draws allow.
 
-The oracle is the reference server's own connection logic (:mod:`.model`); the invariants are checked by
+The oracle is the reference server's own connection logic (:mod:`.oracle`); the invariants are checked by
 :class:`.example.Example` after every message and at the end of every example.
 """
 
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, multiple, rule
 
 from .draws import HypothesisDraw
-from .generate import BufferRef, ConnRef, TensorRef, alloc_size, placed_tensors
+from .valid_requests import BufferRef, ConnRef, TensorRef, alloc_size, placed_tensors
 
 if TYPE_CHECKING:
     from .campaign import Campaign

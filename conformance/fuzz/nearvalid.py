@@ -34,8 +34,8 @@ from ggml_rpc.spec.schema_walk import element_size, int_range
 from hypothesis import strategies as st
 
 from .draws import Draw, HypothesisDraw
-from .generate import Scope, payload_fields
 from .message import FuzzMessage
+from .valid_requests import Scope, payload_fields
 
 RULES = ("size", "id", "bound", "type", "count", "truncation", "flag")
 

@@ -11,8 +11,8 @@ from ggml_rpc.spec import Command
 from ggml_rpc.spec.codec import REPLY_HEADER_SIZE
 from ggml_rpc.spec.layout import flat_layout
 
+from .channel import TargetConnection
 from .message import FuzzMessage
-from .wire import TargetConnection
 
 
 class ReplyChecks:

@@ -9,9 +9,9 @@ from ggml_rpc.spec import CONN_CAPS_SIZE, Command
 from ggml_rpc.spec.layout import flat_layout
 
 from .draws import Draw, RandomDraw
-from .generate import BufferRef, ConnRef, alloc_size, needs_state, placed_tensor, valid_request
 from .message import FuzzMessage
 from .nearvalid import break_one, unknown_commands
+from .valid_requests import BufferRef, ConnRef, alloc_size, needs_state, placed_tensor, valid_request
 
 #: Out of ten requests, how many break one rule (the rest are valid).
 BROKEN_PER_TEN = 1

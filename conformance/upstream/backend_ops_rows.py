@@ -11,11 +11,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from .cells import FAIL, PASS, UNSUPPORTED, Cell, Row
 from .interpose import BackendOpsResult, run_backend_ops
-from .matrix import FAIL, PASS, UNSUPPORTED, Cell, Row, Workspace
 from .peers import PEERS
 from .runs import UpstreamServer, reference_server
+
+if TYPE_CHECKING:
+    from .matrix import Workspace
 
 #: The fixed subset CI runs (`--ops` default): element-wise, normalisation, softmax, copies and small reductions
 #: whose whole upstream case lists run in seconds, plus the ops that read every quantised type (MUL_MAT, GET_ROWS,

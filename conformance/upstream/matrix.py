@@ -10,45 +10,18 @@ import json
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from .cells import FAIL, PASS, UNSUPPORTED, Cell, Row, RowResult
 from .models import ensure_models
 from .peers import PEERS, Peer
 from .runs import UpstreamServer, completion, completion_argv, generated_text, kit, reason_line, reference_server
 from .split_rows import split_rows
 
-PASS, FAIL, UNSUPPORTED = "pass", "fail", "unsupported"
-
 #: The size above which upstream clients hash a tensor before sending it (SET_TENSOR_HASH).
 HASH_MIN_SIZE = 10 * 1024 * 1024
-
-
-@dataclass
-class Cell:
-    status: str
-    detail: str
-    figures: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Row:
-    id: str
-    title: str
-    proto: str
-    run: Callable[[], Cell]
-
-
-@dataclass
-class RowResult:
-    id: str
-    title: str
-    proto: str
-    status: str
-    detail: str
-    seconds: float
-    figures: dict[str, Any] = field(default_factory=dict)
 
 
 class Workspace:

@@ -16,11 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .cells import FAIL, PASS, Cell, Row
 from .peers import Peer
 from .runs import UpstreamServer, generated_text, reference_server, split_completion
 
 if TYPE_CHECKING:
-    from .matrix import Cell, Row, Workspace
+    from .matrix import Workspace
 
 #: The fleets every split runs on: who serves each half.
 FLEETS: tuple[tuple[str, str], ...] = (("upstream", "upstream"), ("reference", "reference"), ("upstream", "reference"))
@@ -54,8 +55,6 @@ def split_row(peer: Peer, ws: Workspace, model: str, split: str, kinds: tuple[st
     from ggml_rpc.conformance.sessions.proxy import running_proxy
     from ggml_rpc.conformance.sessions.replay import load_captures
 
-    from .matrix import FAIL, PASS, Cell
-
     expected = ws.baseline(peer, model)
     pcap = ws.pcap_dir / f"v{peer.major}-split-{split}-{'-'.join(kinds)}-{model}.pcap"
     violations: list[str] = []
@@ -86,8 +85,6 @@ def split_row(peer: Peer, ws: Workspace, model: str, split: str, kinds: tuple[st
 
 def split_rows(peer: Peer, ws: Workspace, model: str) -> Iterator[Row]:
     """Every split of ``peer``'s client over every fleet, with ``model``."""
-    from .matrix import Row
-
     v = f"v{peer.major}"
     for split in splits_of(peer):
         for kinds in FLEETS:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from ggml_rpc.spec import NATIVE_CALLBACK_OPS, GgmlOp, GluOp, UnaryOp, op_name
 
 from ..graph import ExecutorError, GraphTensor
-from . import attention, conv, elementwise, generate, layout, matmul, norm, reduce, rope, rows, softmax
+from . import attention, conv, creation, elementwise, matmul, movement, norm, reduce, rope, rows, softmax
 from .core import KERNELS, SUPPORT
 from .grids import available
 from .plan import FREE_OPS, Plan, execute, prepare

@@ -11,7 +11,7 @@ import socket
 import threading
 
 from ggml_rpc.conformance.client import RpcClient
-from ggml_rpc.conformance.fuzz.model import ModelConnection
+from ggml_rpc.conformance.fuzz.oracle import ModelConnection
 from ggml_rpc.conformance.fuzz.targets import fuzz_config
 from ggml_rpc.conformance.sessions.capture import read_connections
 from ggml_rpc.conformance.sessions.decode import decode_file

@@ -10,12 +10,19 @@ from typing import Any
 
 import pytest
 from ggml_rpc.conformance.fuzz.draws import HypothesisDraw, RandomDraw
-from ggml_rpc.conformance.fuzz.generate import BufferRef, ConnRef, Scope, placed_tensor, valid_request, valid_requests
 from ggml_rpc.conformance.fuzz.machine import build_machine
 from ggml_rpc.conformance.fuzz.message import PAD_LIMIT, FuzzMessage
-from ggml_rpc.conformance.fuzz.model import ModelConnection
 from ggml_rpc.conformance.fuzz.nearvalid import RULES, break_one, near_valid, targets, unknown_commands
+from ggml_rpc.conformance.fuzz.oracle import ModelConnection
 from ggml_rpc.conformance.fuzz.targets import fuzz_config
+from ggml_rpc.conformance.fuzz.valid_requests import (
+    BufferRef,
+    ConnRef,
+    Scope,
+    placed_tensor,
+    valid_request,
+    valid_requests,
+)
 from ggml_rpc.spec import (
     CONN_CAPS_SIZE,
     PROTOCOLS,

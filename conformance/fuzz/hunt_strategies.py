@@ -18,8 +18,8 @@ from ggml_rpc.spec import Command, GgmlOp, GgmlType, TensorFlag
 from ggml_rpc.spec.codec import TENSOR_DTYPE
 
 from .draws import RandomDraw
-from .generate import BufferRef, TensorRef
 from .message import FuzzMessage
+from .valid_requests import BufferRef, TensorRef
 
 if TYPE_CHECKING:
     from .example import Example

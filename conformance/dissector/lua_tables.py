@@ -2,7 +2,7 @@
 
 :class:`LayoutBuilder` walks a payload's construct Struct once and collects one :class:`LuaField` per distinct
 field (its ProtoField) and one :class:`Layout` per Struct (kind, size, fixed or ``this.<field>`` count of each
-element); :mod:`.generate` writes them out as Lua.
+element); :mod:`.lua_source` writes them out as Lua.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from ggml_rpc.spec.messages import GRAPH_MIN_SIZE, Payload
 from ggml_rpc.spec.payloads import DEFAULT_MAX_PAYLOAD
 from ggml_rpc.spec.versions import PROTOCOLS, Protocol
 
-from .layout import PROTO_NAME, GeneratorError, LayoutBuilder, LuaField, offset_of, width_of
+from .lua_tables import PROTO_NAME, GeneratorError, LayoutBuilder, LuaField, offset_of, width_of
 from .runtime import RUNTIME
 
 #: GRAPH_COMPUTE payloads up to this size are reassembled and decoded in full; larger ones show their header.
