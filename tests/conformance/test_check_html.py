@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
+from html import unescape as html_unescape
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -156,3 +158,46 @@ def test_the_checked_in_upstream_report_shows_its_deaths_and_has_no_broken_links
         for href in _parse(page).links:
             path = urlsplit(href).path
             assert not path or (page.parent / unquote(path)).exists(), f"{page.name}: broken link {href}"
+
+
+_MEASURE = """<script>
+window.addEventListener("load", () => {
+  const out = [];
+  const width = document.documentElement.clientWidth;
+  for (const row of document.querySelectorAll("table.evidence tr.failing-step, table.evidence tr")) {
+    for (const cell of row.querySelectorAll("td")) {
+      const box = cell.getBoundingClientRect();
+      if (box.width > 0) out.push(Math.ceil(box.right) <= width ? "in" : "out:" + Math.ceil(box.right));
+    }
+  }
+  const failing = document.querySelector("table.evidence tr.failing-step");
+  const pre = document.createElement("pre");
+  pre.id = "measured";
+  pre.textContent = JSON.stringify({width: width, cells: out, failing: failing !== null,
+                                    failing_top: failing ? Math.floor(failing.getBoundingClientRect().top) : -1});
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+@pytest.mark.skipif(_chromium() is None and not os.environ.get("CI"),
+                    reason="chromium is not installed (.ci/run installs it)")
+def test_a_real_browser_shows_a_failing_checks_evidence_inside_the_viewport(report: dict, tmp_path: Path) -> None:
+    """The failing check's page at 1200 x 900: every evidence cell ends inside the viewport (the cells wrap instead
+    of pushing "expected"/"got" off-screen) and the failing step is marked and on the first screen."""
+    browser = _chromium()
+    assert browser is not None, "chromium is missing (.ci/run installs Debian's chromium)"
+    page = report["dir"] / "html" / "checks" / f"{FAILING}.html"
+    measured = page.with_name(f"{FAILING}.measured.html")  # beside it: its stylesheet link resolves the same
+    html = page.read_text(encoding="utf-8")
+    measured.write_text(html.replace("</body>", _MEASURE + "</body>"), encoding="utf-8")
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--window-size=1200,900", "--virtual-time-budget=3000", f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*flags, "--dump-dom", measured.as_uri()], capture_output=True, text=True, timeout=120,
+                         check=False).stdout
+    found = re.search(r'<pre id="measured">(.*?)</pre>', dom, re.S)
+    assert found, "the browser ran no measurement"
+    result = json.loads(html_unescape(found.group(1)))
+    assert result["cells"] and all(c == "in" for c in result["cells"]), result
+    assert result["failing"] and 0 <= result["failing_top"] < 900, result
