@@ -71,8 +71,8 @@ def test_in_memory_streams_give_memoryviews():
 def test_read_comparison_in_slices_matches_the_whole():
     """compare.py's sliced read comparison gives the whole-buffer first difference and NMSE."""
     import numpy as np
-    from ggml_rpc.conformance.sessions.compare import _ReadDiff, _slices, first_difference
     from ggml_rpc.conformance.nmse import nmse
+    from ggml_rpc.conformance.sessions.compare import _ReadDiff, _slices, first_difference
 
     rng = np.random.default_rng(3)
     want = rng.standard_normal(300_000).astype(np.float32)
