@@ -102,6 +102,9 @@ def _open_with_buffer(target: BenchTarget, size: int, ne: tuple[int, ...] | None
 def _close(conn: _Conn) -> None:
     try:
         if conn.handle:
+            # Cleanup never waits long: interrupted, the server (in the kit's process group) is stopping too and
+            # may hold the connection without answering; closing it frees the buffer anyway.
+            conn.client.sock.settimeout(0.5)
             conn.client.free_buffer(conn.handle)
             conn.client.get_alignment(0)  # FREE_BUFFER has no reply: wait until the server has done it
     except Exception:  # the connection may already be gone; closing it frees the buffer anyway
