@@ -160,6 +160,15 @@ class _MessageDecoder:
         raise NotImplementedError
 
 
+def request_of(head: Head, raw: memoryview, data: Any, *, validate: bool) -> Request:
+    """The :class:`Request` a framed head, its raw bytes and its bulk data make (content rules checked with
+    ``validate``): one construction for every decoder, whole-buffer or streaming."""
+    req = Request(head.command, head.fields, data, head.size, head.offset, head.index, raw)
+    if validate:
+        check_request(req)
+    return req
+
+
 class RequestDecoder(_MessageDecoder):
     """Client -> server bytes to :class:`Request` messages.
 
@@ -184,10 +193,7 @@ class RequestDecoder(_MessageDecoder):
         if got is None:
             return None
         head, raw, data = got
-        req = Request(head.command, head.fields, data, head.size, head.offset, head.index, raw)
-        if self.validate:
-            check_request(req)
-        return req
+        return request_of(head, raw, data, validate=self.validate)
 
 
 class ReplyDecoder(_MessageDecoder):
@@ -223,5 +229,5 @@ __all__ = [
     "DEFAULT_MAX_PAYLOAD", "REPLY_HEADER", "REPLY_HEADER_SIZE", "REQUEST_HEADER", "REQUEST_HEADER_SIZE",
     "TENSOR_DTYPE", "TENSOR_LAYOUT", "Buffer", "Reply", "ReplyDecoder", "Request", "RequestDecoder",
     "check_request", "check_tensor", "decode_payload", "encode_payload", "encode_reply", "encode_request",
-    "protocol_from_hello", "reply_parts", "request_parts", "tensors_array",
+    "protocol_from_hello", "reply_parts", "request_of", "request_parts", "tensors_array",
 ]

@@ -26,12 +26,12 @@ from ggml_rpc.spec import (
     ProtocolError,
     Reply,
     Request,
-    check_request,
     fnv1a64,
     protocol_from_hello,
     tensor_name,
     type_name,
 )
+from ggml_rpc.spec.codec import request_of
 from ggml_rpc.spec.framing import End, Head, ReplyFramer, RequestFramer, _Framer
 from ggml_rpc.spec.versions import V6
 
@@ -138,10 +138,7 @@ class _Requests(_Feed):
         if got is None:
             return None
         head, raw, data = got
-        req = Request(head.command, head.fields, data, head.size, head.offset, head.index, raw)
-        if self.validate:
-            check_request(req)
-        return req
+        return request_of(head, raw, data, validate=self.validate)
 
 
 class _Replies(_Feed):
