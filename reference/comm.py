@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 from ggml_rpc.spec import Command
 from ggml_rpc.spec.enums import TYPES
-from ggml_rpc.spec.facts import COMM_BF16_FROM_ELEMENTS
+from ggml_rpc.spec.facts import COMM_BF16_FROM_ELEMENTS, comm_wire_type
 
 from .closing import Close
 from .closing import upstream as _upstream
@@ -129,7 +129,7 @@ class CommCommands:
             raise Close("COMM_ALLREDUCE: a tensor that is not contiguous is not summed by the reference")
         region = t.buffer.slice(t.data, t.nbytes)
         mine = np.frombuffer(region, dtype={_F32: np.float32, _F16: np.float16, _BF16: np.uint16}[ttype])
-        wire_bf16 = ttype == _F32 and count >= BF16_FROM_ELEMENTS
+        wire_bf16 = comm_wire_type(ttype, count) == _BF16
         out = bf16_bits(mine).tobytes() if wire_bf16 else mine.tobytes()
         try:
             got = comm.link.exchange(out, send_first=comm.rank == 0)

@@ -14,6 +14,13 @@ HASH_THRESHOLD = 10 * 1024 * 1024
 GRAPH_CACHE_MAX = 1024
 #: 8.0.0: COMM_ALLREDUCE sends an F32 tensor of at least this many elements over the servers' link as BF16.
 COMM_BF16_FROM_ELEMENTS = 32768
+_F32, _BF16 = (next(t.id for t in TYPES.values() if t.name == n) for n in ("F32", "BF16"))
+
+
+def comm_wire_type(type_id: int, elements: int) -> int:
+    """8.0.0: the ggml type a COMM_ALLREDUCE copy of a tensor travels as on the servers' link (F32 of
+    :data:`COMM_BF16_FROM_ELEMENTS` elements or more as BF16, halving the bytes; anything else as it is)."""
+    return _BF16 if type_id == _F32 and elements >= COMM_BF16_FROM_ELEMENTS else type_id
 
 FNV_OFFSET_BASIS = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3

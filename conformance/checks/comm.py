@@ -22,7 +22,7 @@ from ggml_rpc.conformance.harness import Category, Context, Skipped, free_port
 from ggml_rpc.reference.comm import bf16_bits, bf16_to_f32
 from ggml_rpc.spec import V8, encode_request, make_tensor
 from ggml_rpc.spec import Command as C
-from ggml_rpc.spec.facts import COMM_BF16_FROM_ELEMENTS
+from ggml_rpc.spec.facts import COMM_BF16_FROM_ELEMENTS, comm_wire_type
 from ggml_rpc.spec.messages import COMM_HOST_SIZE
 
 V8_ONLY = (8,)
@@ -112,16 +112,17 @@ def allreduce_with_reference(ctx: Context) -> str:
             except ConnectionClosed as exc:
                 raise fail(f"a connection closed during COMM_ALLREDUCE of {n} elements", expected="both sums",
                            got=str(exc)) from None
-            wire_b = bf16_to_f32(bf16_bits(b)) if n >= COMM_BF16_FROM_ELEMENTS else b
+            on_link = comm_wire_type(F32, n) != F32  # BF16 on the link: the other rank's copy arrives rounded
+            wire_b = bf16_to_f32(bf16_bits(b)) if on_link else b
             want = a + wire_b
-            wire = "BF16" if n >= COMM_BF16_FROM_ELEMENTS else "F32"
+            wire = "BF16" if on_link else "F32"
             ctx.note(f"COMM_ALLREDUCE of {n} F32 ({wire} on the link)", expected="own + other rank's",
                      got=f"max |error| {float(np.max(np.abs(got - want))):.3g}")
             if not np.array_equal(got, want):
                 i = int(np.argmax(got != want))
                 raise fail(f"the server's sum of {n} elements differs at element {i}",
                            expected=f"{want[i]!r} (= {a[i]!r} + {wire_b[i]!r})", got=repr(got[i]))
-            if n < COMM_BF16_FROM_ELEMENTS and not np.array_equal(ref, want):
+            if not on_link and not np.array_equal(ref, want):
                 raise fail("the reference rank's sum differs: the server sent other bytes than its tensor",
                            expected=repr(want[:4]), got=repr(ref[:4]))
             notes.append(f"{n} x F32 via {wire}")

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ggml_rpc.spec import Command, GgmlType, ProtocolError, tensor_name, type_name
-from ggml_rpc.spec.facts import COMM_BF16_FROM_ELEMENTS, CONN_CAPS_SIZE, tensor_nbytes
+from ggml_rpc.spec import Command, ProtocolError, tensor_name, type_name
+from ggml_rpc.spec.enums import TYPES
+from ggml_rpc.spec.facts import CONN_CAPS_SIZE, comm_wire_type, tensor_nbytes
 
 from .capture import Connection
 from .decode import DecodedConnection
@@ -42,13 +43,14 @@ class PeerLink:
 
 
 def _wire(tensor: dict[str, Any]) -> tuple[str, int]:
-    nbytes = tensor_nbytes(tensor)
+    """The type and byte count one rank's copy of ``tensor`` takes on the link (spec's rule)."""
     count = 1
     for n in tensor["ne"]:
         count *= int(n)
-    if tensor["type"] == GgmlType.F32 and count >= COMM_BF16_FROM_ELEMENTS:
-        return "BF16", 2 * count
-    return type_name(tensor["type"]), nbytes
+    wire = comm_wire_type(tensor["type"], count)
+    if wire == tensor["type"]:
+        return type_name(wire), tensor_nbytes(tensor)
+    return type_name(wire), count * TYPES[wire].size
 
 
 def link_ports(decoded: Sequence[DecodedConnection]) -> dict[int, tuple[DecodedConnection, int]]:
