@@ -126,8 +126,7 @@ def client_line(peer: Peer, model: str) -> str:
 def server_name(peer: Peer) -> str:
     return "rpc-server" if peer.kind == "sdist" else "ggml_backend_rpc_start_server (the kit's wheel_peer serve)"
 
-#: Checks whose failure on upstream is a known data leak, not a death (a fresh buffer hands out old bytes).
-LEAKS = frozenset({"DATA-030"})
+
 #: A genuine upstream server passes at least this many checks (what it does right must stay judged right).
 MIN_UPSTREAM_PASSES = 80
 
@@ -149,7 +148,9 @@ def check_row(peer: Peer, ws: Workspace) -> Cell:
     deaths = [f"{r['id']} {r['server_death'].get('status', '?').replace('killed by signal ', '')}"
               for r in report["results"] if r.get("server_death")]
     failed = [r for r in report["results"] if r["outcome"] in ("fail", "error")]
-    unexplained = [r["id"] for r in failed if not r.get("server_death") and r["id"] not in LEAKS]
+    from ggml_rpc.conformance.harness.verdict import LEAK_CHECKS  # the verdict's own list of leak findings
+
+    unexplained = [r["id"] for r in failed if not r.get("server_death") and r["id"] not in LEAK_CHECKS]
     figures = {"summary": s, "deaths": deaths, "verdict": verdict.get("state"), "exit_code": done.code,
                "failures_without_death": unexplained}
     detail = (f"{s['pass']} pass; verdict {verdict.get('state', '?')} (exit {done.code}); {len(deaths)} deaths: "
