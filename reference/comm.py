@@ -24,15 +24,13 @@ from typing import Any, Protocol
 import numpy as np
 from ggml_rpc.spec import Command
 from ggml_rpc.spec.enums import TYPES
-from ggml_rpc.spec.facts import COMM_BF16_FROM_ELEMENTS, comm_wire_type
+from ggml_rpc.spec.facts import comm_wire_type
 
 from .closing import Close
 from .closing import upstream as _upstream
 
 log = logging.getLogger("ggml_rpc.reference")
 
-#: F32 tensors with at least this many elements cross the link as BF16.
-BF16_FROM_ELEMENTS = COMM_BF16_FROM_ELEMENTS
 
 _F32, _F16, _BF16 = (next(t.id for t in TYPES.values() if t.name == n) for n in ("F32", "F16", "BF16"))
 
@@ -157,4 +155,4 @@ class CommCommands:
         self.comms.clear()
 
 
-__all__ = ["BF16_FROM_ELEMENTS", "CommCommands", "Communicator", "Link", "Links", "bf16_bits", "bf16_to_f32"]
+__all__ = ["CommCommands", "Communicator", "Link", "Links", "bf16_bits", "bf16_to_f32"]

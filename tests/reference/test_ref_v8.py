@@ -7,8 +7,9 @@ import threading
 import numpy as np
 import pytest
 from ggml_rpc.reference import running_server
-from ggml_rpc.reference.comm import BF16_FROM_ELEMENTS, bf16_bits, bf16_to_f32
+from ggml_rpc.reference.comm import bf16_bits, bf16_to_f32
 from ggml_rpc.spec import V8, Command, GgmlOp, TensorFlag
+from ggml_rpc.spec.facts import COMM_BF16_FROM_ELEMENTS as BF16_FROM_ELEMENTS
 from refhelpers import TIMEOUT, assert_closes, assert_served, connect, tensor_in
 
 
