@@ -188,7 +188,9 @@ def run(args: argparse.Namespace) -> int:
 def print_summary(campaign, out=None) -> None:
     out = out or sys.stdout
     st = campaign.stats
-    kinds = {k: 0 for k in ("crash", "hang", "wrong-reply", "out-of-buffer", "info-leak")}
+    from ..fuzz.findings import KINDS
+
+    kinds = {k: 0 for k in KINDS}
     for f in campaign.findings:
         kinds[f.kind] += 1
     out.write(f"{st.examples} examples, {st.messages} messages ({st.broken} near-valid) in {st.seconds:.1f} s: "

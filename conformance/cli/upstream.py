@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     inst.add_argument("--proto", default="all", help="6, 7, 8 or all (default all)")
     inst.add_argument("--jobs", type=int, default=None, help="parallel build jobs (default: one per core)")
     inst.add_argument("--force", action="store_true", help="rebuild even when installed")
+    inst.add_argument("--sanitize", choices=["address"], default=None,
+                      help="build an instrumented copy instead (address: AddressSanitizer and UBSan, frame pointers "
+                      "kept) in a prefix of its own; 6 and 7 only, on demand (about twice a release build's time)")
     inst.set_defaults(func=run_install)
     cb = sub.add_parser("codebooks", help="(re)read the IQ grid codebooks out of the installed builds")
     cb.add_argument("--proto", default="all", help="6, 7, 8 or all (default all)")
@@ -54,11 +57,18 @@ def _versions(text: str) -> list[str]:
 
 def run_install(args: argparse.Namespace) -> int:
     from ..upstream.install import InstallError, install, missing_tools
-    from ..upstream.peers import PEERS
+    from ..upstream.peers import PEERS, Peer, sanitized_peer
 
     versions = _versions(args.proto)
+    peers: list[Peer] = [PEERS[v] for v in versions]
+    if args.sanitize:
+        try:
+            peers = [sanitized_peer(v, args.sanitize) for v in versions if PEERS[v].kind == "sdist"] if \
+                args.proto == "all" else [sanitized_peer(v, args.sanitize) for v in versions]
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     # Only a build from an sdist needs the compilers; the wheel peer installs without them.
-    missing = missing_tools() if any(PEERS[v].kind == "sdist" for v in versions) else []
+    missing = missing_tools() if any(p.kind == "sdist" for p in peers) else []
     if missing:
         raise UsageError(f"building upstream needs {', '.join(missing)}: apt-get install {' '.join(missing)}")
 
@@ -66,11 +76,11 @@ def run_install(args: argparse.Namespace) -> int:
         print(line, flush=True)
 
     failed = 0
-    for version in versions:
+    for peer in peers:
         try:
-            install(PEERS[version], say=say, jobs=args.jobs, force=args.force)
+            install(peer, say=say, jobs=args.jobs, force=args.force)
         except InstallError as exc:
-            print(f"ggml-rpc upstream install: {version}: {exc}", file=sys.stderr)
+            print(f"ggml-rpc upstream install: {peer.label}: {exc}", file=sys.stderr)
             failed += 1
     return 1 if failed else 0
 

@@ -92,6 +92,9 @@ class Example(ExampleSteps, ReplyChecks):
         #: Target buffer handles live on the open connection (a server may reuse a freed buffer's address as the
         #: handle of a new one: a stale model handle relocated to it names a live buffer, which is no finding).
         self._target_live: set[int] = set()
+        #: Sanitizer reports the target had printed before this example (an instrumented server's reports after
+        #: it are this example's).
+        self._sanitizer_mark = campaign.target.sanitizer_count
 
     # ---- connections -----------------------------------------------------------------------------------------
 
@@ -206,6 +209,7 @@ class Example(ExampleSteps, ReplyChecks):
             if not self.c.alive():
                 self._fail("crash", "the target stopped accepting connections after "
                            f"{self.last.describe() if self.last else 'this example'}", self.last)
+            self._check_sanitizer(self.last, settle=True)
         finally:
             for m in self.models.values():
                 m.close()
@@ -247,6 +251,7 @@ class Example(ExampleSteps, ReplyChecks):
             self._target_live.discard(self.reloc.handle(msg.fields.get("remote_ptr", 0)))
         if out.reply:
             self._check_reply(msg, out.reply, tconn)
+            self._check_sanitizer(msg)
             return out.reply[REPLY_HEADER_SIZE:]
         if out.closed:
             rec = tconn.until_closed()
@@ -270,6 +275,22 @@ class Example(ExampleSteps, ReplyChecks):
             self._end_target()
             self._closed_unexpectedly(msg, "keeps the connection open")
         return None
+
+    def _check_sanitizer(self, msg: FuzzMessage | None, *, settle: bool = False) -> None:
+        """An instrumented target that printed a sanitizer report it survived (UBSan recovers) broke a rule no
+        reply shows: a finding of its own. A fatal report (ASan) is read with the death instead. The report may
+        be read a message late (the server's output is read by another thread): shrinking moves the blame to the
+        last message that still produces it."""
+        target = self.c.target
+        if not settle and target.sanitizer_count <= self._sanitizer_mark:
+            return  # the common case costs one comparison per message
+        reports = [r for r in target.sanitizer_reports(self._sanitizer_mark) if not r.fatal]
+        self._sanitizer_mark = target.sanitizer_count
+        if reports:
+            first = reports[0]
+            more = f" (and {len(reports) - 1} more report(s))" if len(reports) > 1 else ""
+            self._fail("undefined-behaviour", f"the target reported {first.headline()}{more}", msg,
+                       symptom=first.symptom, sanitizer=first.to_dict())
 
     def _reused_handle(self, model: ModelConnection, msg: FuzzMessage) -> bool:
         """Does ``msg`` name a handle the model does not know on this connection, which relocates to a buffer the
@@ -347,12 +368,14 @@ class Example(ExampleSteps, ReplyChecks):
             self._fail("crash", f"the target died on {msg.describe()} (it no longer accepts connections)", msg)
         self._fail("wrong-reply", f"the target closed the connection where the reference {model_did}", msg)
 
-    def _fail(self, kind: str, message: str, msg: FuzzMessage | None, symptom: str = "") -> None:
+    def _fail(self, kind: str, message: str, msg: FuzzMessage | None, symptom: str = "",
+              sanitizer: dict | None = None) -> None:
         if kind == "hang" and self.c.target.process_exited():
             kind = "crash"
             message += " (the target process then exited)"
         finding = Finding(kind, message, command=msg.name if msg else "", broken=msg.broken if msg else None)
         finding.symptom = symptom
+        finding.sanitizer = sanitizer
         self.finding = finding
         if kind in ("crash", "hang"):
             finding.death = self.c.target.death_info()

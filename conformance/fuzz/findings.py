@@ -16,7 +16,13 @@ from pathlib import Path
 from ggml_rpc.conformance.sessions.pcapwrite import write_session
 
 #: ``info-leak``: bytes the server never wrote (another allocation's, freed data, pointers) in a reply.
-KINDS = ("crash", "hang", "wrong-reply", "out-of-buffer", "info-leak")
+#: ``undefined-behaviour``: an instrumented server's sanitizer report it survived (UBSan recovers).
+KINDS = ("crash", "hang", "wrong-reply", "out-of-buffer", "info-leak", "undefined-behaviour")
+
+
+def sanitizer_symptom(symptom: str) -> bool:
+    """Does the symptom come from a sanitizer's report (``ASan heap-buffer-overflow READ in f``)?"""
+    return symptom.startswith(("ASan ", "UBSan ", "LSan "))
 #: A ggml assertion as upstream logs it before aborting: ``…/ggml-backend.cpp:345: GGML_ASSERT(…) failed``.
 _ASSERT = re.compile(r"([\w.+-]+\.(?:c|cc|cpp|h|hpp)):(\d+): GGML_ASSERT")
 _SIZE_CLAIM = re.compile(r"claims (\d+) bytes")
@@ -28,6 +34,8 @@ def death_symptom(death: dict | None) -> str:
     """The signal (or exit) of a death, with the assertion's source location when the log names one."""
     if not death:
         return ""
+    if death.get("sanitizer"):
+        return str(death["sanitizer"]["symptom"])  # the instrumented build said what broke, and where
     status = str(death.get("status", ""))
     symptom = status.rsplit(" ", 1)[-1] if "signal" in status else status
     for line in reversed(death.get("log_tail") or []):
@@ -73,14 +81,20 @@ class Finding(Exception):
         self.broken = broken
         #: Exit status / log tail of the target when it died (crash, hang), taken when it was noticed.
         self.death: dict | None = None
-        #: What a leak looked like (``pointers``, ``freed-data``, ``stale-bytes``), for info-leak findings.
+        #: What a leak looked like (``pointers``, ``freed-data``, ``stale-bytes``), for info-leak findings; the
+        #: report's class for an undefined-behaviour finding.
         self.symptom = ""
+        #: The sanitizer's report a surviving instrumented server printed (undefined-behaviour findings).
+        self.sanitizer: dict | None = None
 
     @property
     def signature(self) -> tuple[str, str, str, str]:
         """Findings with the same signature are the same bug for de-duplication: the kind, the signal (and
-        assertion) or leak symptom, the command, and the rule broken (without its drawn value)."""
-        return self.kind, death_symptom(self.death) or self.symptom, self.command, rule_class(self.broken)
+        assertion) or leak symptom, the command, and the rule broken (without its drawn value). A sanitizer's
+        report is a class by itself (kind, top upstream frame, command): the rule broken to get there is not."""
+        symptom = death_symptom(self.death) or self.symptom
+        rule = "-" if sanitizer_symptom(symptom) else rule_class(self.broken)
+        return self.kind, symptom, self.command, rule
 
 
 @dataclass
@@ -105,11 +119,20 @@ class SavedFinding:
     first_seconds: float = 0.0
     #: The reproducer was re-run against a fresh target and failed it the same way again.
     verified: bool | None = None
+    #: The sanitizer's report behind the finding (a death's is in ``death``).
+    sanitizer: dict | None = None
+
+    @property
+    def report(self) -> dict | None:
+        """The sanitizer's report: the one that killed the server, or the one it printed and survived."""
+        return (self.death or {}).get("sanitizer") or self.sanitizer
 
     @property
     def class_id(self) -> str:
-        """One stable name for the finding class (SARIF rule id)."""
-        parts = [self.kind, self.symptom or "-", self.command or "-", self.rule or "valid"]
+        """One stable name for the finding class (SARIF rule id): kind, symptom, command and rule; for a
+        sanitizer's report kind, report class and command only."""
+        rule = "-" if sanitizer_symptom(self.symptom) else self.rule or "valid"
+        parts = [self.kind, self.symptom or "-", self.command or "-", rule]
         return "/".join(p.replace("/", "_") for p in parts)
 
     def line(self) -> str:
@@ -139,6 +162,8 @@ def save(finding: SavedFinding, transcript: list[Writes], out_dir: Path, number:
     if finding.death:
         details.append(f"target status: {finding.death.get('status')}")
         details += [f"  log: {line}" for line in finding.death.get("log_tail", [])[-10:]]
+    if finding.report:
+        details += [f"  sanitizer: {line}" for line in finding.report.get("report", [])[:40]]
     details += finding.notes
     finding.summary_file.write_text("\n".join(details) + "\n")
     with open(out_dir / "findings.txt", "a") as fh:

@@ -174,7 +174,7 @@ class Hunt(Campaign):
         saved = SavedFinding(finding.kind, finding.message, finding.command, finding.broken, messages=0,
                              connections=1, death=finding.death, shrunk=verified is not None, symptom=key[1],
                              rule=rule_class(finding.broken), first_seconds=round(self.stats.seconds, 2),
-                             verified=verified)
+                             verified=verified, sanitizer=finding.sanitizer)
         self._classes[key] = self._classes[finding.signature] = saved
         self.hits[saved.class_id] = 1
         self.hunt.classes += 1
@@ -235,10 +235,14 @@ class Hunt(Campaign):
         self.clear_caches()  # the replay expects the cache state the example started with: empty
         if not self.alive():
             return False
+        mark = self.target.sanitizer_count
         try:
             got = self._replay(groups, early)
         finally:
             self._dead = True
+        if finding.kind == "undefined-behaviour":
+            # The fresh instrumented server must print a report of the same class again.
+            return any(not r.fatal and r.symptom == finding.symptom for r in self.target.sanitizer_reports(mark))
         if finding.kind == "crash":
             if self.alive():
                 return False

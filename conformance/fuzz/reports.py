@@ -20,7 +20,9 @@ def finding_dict(f: SavedFinding, hits: int = 1) -> dict[str, Any]:
         "messages": f.messages, "connections": f.connections, "verified": f.verified, "shrunk": f.shrunk,
         "reproducer": str(f.pcap) if f.pcap else None,
         "reproducer_bytes": f.pcap.stat().st_size if f.pcap and f.pcap.exists() else None,
-        "death": {k: v for k, v in (f.death or {}).items() if k in ("status", "exit_code", "log_tail")} or None,
+        "death": {k: v for k, v in (f.death or {}).items() if k in ("status", "exit_code", "log_tail", "sanitizer")}
+        or None,
+        "sanitizer": f.report,
         "notes": f.notes,
     }
 
@@ -54,7 +56,8 @@ def to_sarif(findings: list[SavedFinding], summary: dict[str, Any]) -> dict[str,
                       "properties": {"kind": f.kind, "symptom": f.symptom, "command": f.command, "rule": f.rule}})
         result: dict[str, Any] = {
             "ruleId": f.class_id, "ruleIndex": len(rules) - 1,
-            "level": "error" if f.kind in ("crash", "info-leak", "out-of-buffer") else "warning",
+            "level": "error" if f.kind in ("crash", "info-leak", "out-of-buffer", "undefined-behaviour")
+            else "warning",
             "message": {"text": f.line()},
             "properties": {"first_seconds": f.first_seconds, "verified": f.verified, "messages": f.messages},
         }

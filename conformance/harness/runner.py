@@ -66,6 +66,8 @@ class Runner:
         self.unexplained_deaths: list[dict[str, Any]] = []
         self.results: list[Result] = []
         self._last_run: str | None = None
+        #: Sanitizer reports of an instrumented spawned server already judged (the next check's are after it).
+        self._sanitizer_mark = 0
         self.started_at = 0.0
         self.finished_at = 0.0
         self._started = False
@@ -240,6 +242,7 @@ class Runner:
 
     def _after(self, check: Check, result: Result) -> None:
         """Make sure the server survived; record a death and restart (spawned) or stop the run."""
+        self._sanitizer_reports(check, result)
         if self.server_alive():
             return
         # A spawned server still running may only be slow to answer (or still dumping core): wait for its answer or
@@ -273,6 +276,24 @@ class Runner:
         error = self._revive(check.id, f"server stopped answering after {check.id}")
         if error is not None:
             result.evidence.append(Evidence("restart failed", got=error))
+
+    def _sanitizer_reports(self, check: Check, result: Result) -> None:
+        """An instrumented server that printed a sanitizer report during the check and went on (UBSan recovers)
+        broke the rule the report names: the check fails at its own level, the report as evidence. A fatal
+        report comes with the death (its status names it)."""
+        mark = self._sanitizer_mark
+        reports = [r for r in self.target.sanitizer_reports(mark) if not r.fatal]
+        self._sanitizer_mark = self.target.sanitizer_count
+        if not reports:
+            return
+        for report in reports[:5]:
+            result.evidence.append(Evidence("the server's sanitizer reported undefined behaviour",
+                                            expected="no sanitizer report", got=report.headline()))
+        line = f"the server's sanitizer reported {reports[0].headline()}" + (
+            f" (and {len(reports) - 1} more)" if len(reports) > 1 else "")
+        result.message = f"{result.message}; {line}" if result.failed and result.message else line
+        result.outcome = Outcome.FAIL
+        result.failed_level = check.level
 
     def _unexplained(self, check: Check) -> list[Evidence]:
         """Record a death found before ``check`` started (no check explains it) and restart the server."""

