@@ -2,8 +2,9 @@
 
 The plan of a stored graph keeps the float32 values of a non-F32 MUL_MAT weight it converted; every way a client
 can change those bytes (SET_TENSOR, a SET_TENSOR_HASH hit, MEMSET_TENSOR, BUFFER_CLEAR, COPY_TENSOR, a node of this
-or of another graph writing there) must make the next run convert them again.  Each test changes the weights, runs
-the stored graph again and compares with the product of the bytes the server now holds.
+or of another graph writing there) must make the next run convert them again, and a node of the graph writing them
+must make the next product of the same run convert them again.  Each test changes the weights, runs the graph (again)
+and compares with the product of the bytes the server held when the product ran.
 """
 
 from __future__ import annotations
@@ -142,3 +143,27 @@ def test_a_node_of_the_graph_itself_writing_the_weights(srv: object) -> None:
             else:
                 c.graph_recompute(0)
             s.check()
+
+
+def test_a_weight_written_between_two_products_of_one_run(srv: object) -> None:
+    # out1 = w @ x, then w = w2 (CPY), then out2 = w @ x, all in one run: the second product must see the new
+    # weights.  The buffer's write epoch only moves after a run, so within the run only the rule "a buffer the
+    # graph's own nodes write is never kept" stops the second MUL_MAT from taking the conversion the first one made.
+    with connect(srv) as c:
+        s = Setup(c)
+        cpy = make_tensor(id=6, type=F16, ne=(K, M), nb=tuple(s.w["nb"]), buffer=s.w["buffer"], data=s.w["data"],
+                          op=int(GgmlOp.CPY), src=[5, 1], view_src=1, flags=int(TensorFlag.COMPUTE))
+        out2 = dict(s.out, id=7, data=s.out["data"] + 1024, src=[6, 2] + [0] * 8)
+        for seed in (11, 12):
+            old, new = _weights(seed), _weights(seed + 100)
+            s.set_weights(old)
+            c.set_tensor(s.w2, 0, new.astype(np.float16).tobytes())
+            if seed == 11:
+                c.graph_compute(0, [3, 6, 7], [s.w, s.x, s.out, s.w2, cpy, out2])
+            else:
+                c.graph_recompute(0)
+            for weights, tensor in ((old, s.out), (new, out2)):
+                want = weights.astype(np.float16).astype(np.float64) @ s.xs.astype(np.float64)
+                got = np.frombuffer(bytes(c.get_tensor(tensor, 0, 4 * M)), np.float32)
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+            assert bytes(c.get_tensor(s.w, 0, W_BYTES)) == new.astype(np.float16).tobytes()  # the CPY ran
