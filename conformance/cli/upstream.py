@@ -112,12 +112,15 @@ def run_codebooks(args: argparse.Namespace) -> int:
 
 def run_list(args: argparse.Namespace) -> int:
     from ..upstream.install import InstallError, server_hello
-    from ..upstream.peers import PEERS, WHEEL_ENTRY, cache_root
+    from ..upstream.peers import PEERS, WHEEL_ENTRY, cache_root, installed_sanitized_peers
 
     rows = []
-    for peer in PEERS.values():
+    # The instrumented builds are listed only once built (on demand, never by CI).
+    for peer in [*PEERS.values(), *installed_sanitized_peers()]:
         row: dict[str, object] = {"version": peer.version, "package": peer.requirement, "kind": peer.kind,
                                   "installed": peer.installed(), "prefix": str(peer.prefix)}
+        if peer.sanitize:
+            row["sanitize"] = "AddressSanitizer + UndefinedBehaviorSanitizer"
         if peer.installed() and peer.kind == "wheel":
             info = peer.info()
             row.update(rpc_library=str(peer.rpc_server), entry=f"python -m {WHEEL_ENTRY} serve|generate",
@@ -136,6 +139,8 @@ def run_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
+    from ..upstream.peers import SANITIZERS
+
     print(f"upstream peers in {cache_root()}")
     for row in rows:
         if not row["installed"]:
@@ -147,7 +152,9 @@ def run_list(args: argparse.Namespace) -> int:
             print(f"  {row['version']}  {row['package']} (wheel), installed in {row['install_seconds']} s{hello}")
             keys: tuple[str, ...] = ("rpc_library", "entry", "loader", "llama_cpp_commit", "vocab")
         else:
-            print(f"  {row['version']}  {row['package']}, built in {row['build_seconds']} s{hello}")
+            label = f"{row['version']}+{SANITIZERS['address']}" if row.get("sanitize") else row["version"]
+            with_sanitizers = f", instrumented with {row['sanitize']}" if row.get("sanitize") else ""
+            print(f"  {label}  {row['package']}{with_sanitizers}, built in {row['build_seconds']} s{hello}")
             keys = ("rpc_server", "llama_completion", "test_backend_ops")
         for key in keys:
             print(f"      {key.replace('_', '-'):17} {row[key]}")

@@ -34,6 +34,33 @@ def test_each_version_has_its_own_prefix_under_the_cache(monkeypatch, tmp_path) 
     assert argv[argv.index("-H") + 1] == "127.0.0.1" and argv[-1] == "-c"
 
 
+def test_a_sanitized_build_has_its_own_prefix_options_and_run_time_settings(monkeypatch, tmp_path) -> None:
+    from ggml_rpc.conformance.upstream.install import CMAKE_ARGS, cmake_args
+
+    monkeypatch.setenv("GGML_RPC_KIT_UPSTREAM", str(tmp_path))
+    plain, asan = peers.PEERS["7.0.0"], peers.sanitized_peer("7.0.0")
+    assert asan.prefix == tmp_path / "7.0.0-asan-ubsan" and asan.label == "7.0.0+asan-ubsan"
+    assert cmake_args(plain) == CMAKE_ARGS
+    # The same release options, plus ggml's and llama's own sanitizer switches and debug information.
+    assert cmake_args(asan).startswith(CMAKE_ARGS)
+    for option in ("-DGGML_SANITIZE_ADDRESS=ON", "-DGGML_SANITIZE_UNDEFINED=ON", "-DLLAMA_SANITIZE_ADDRESS=ON",
+                   "-DCMAKE_BUILD_TYPE=RelWithDebInfo"):
+        assert option in cmake_args(asan)
+    env = asan.launch_env()
+    # A huge ALLOC_BUFFER must fail as in a release build, not as an ASan abort (a false death).
+    assert "allocator_may_return_null=1" in env["ASAN_OPTIONS"] and "halt_on_error=0" in env["UBSAN_OPTIONS"]
+    assert "ASAN_OPTIONS" not in plain.launch_env()
+    assert peers.installed_sanitized_peers() == []
+    with pytest.raises(ValueError, match="prebuilt wheel"):
+        peers.sanitized_peer("8.0.0")
+
+
+def test_sanitize_of_a_wheel_version_is_a_usage_error(capsys) -> None:
+    assert main(["upstream", "install", "--proto", "8", "--sanitize", "address"]) == 2
+    err = capsys.readouterr().err
+    assert "no source build to instrument" in err and "Traceback" not in err
+
+
 def test_unknown_version_is_a_usage_error(capsys) -> None:
     assert main(["upstream", "install", "--proto", "5"]) == 2
     err = capsys.readouterr().err
