@@ -40,6 +40,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     rec.add_argument("--model", default="tiny-q8_0", help="one of the standard tiny models (default tiny-q8_0)")
     rec.add_argument("-o", "--output", required=True, metavar="FILE", help="pcap to write")
     rec.set_defaults(func=run_record_split)
+    sec = sub.add_parser("security", help="run the checks of upstream's known memory-safety reports (classes A-G) "
+                         "against every installed peer, plain and instrumented, and write the class table")
+    sec.add_argument("--proto", default="all", help="6, 7, 8 or all (default all); instrumented builds of these "
+                     "versions are included when installed")
+    sec.add_argument("--run-dir", metavar="DIR", default=None,
+                     help="where the raw check reports and reproducers go (default docs/security/runs/<date>)")
+    sec.add_argument("--markdown", metavar="FILE", default=None, help="write the table (SECURITY.md)")
+    sec.add_argument("--hunt", metavar="PEER=FINDINGS", action="append", default=[],
+                     help="add a hunt's findings.json as a section (e.g. 7.0.0+asan-ubsan=out/findings.json)")
+    sec.add_argument("--keep", metavar="DIR", default="fixtures/repro/security",
+                     help="copy the verified reproducers here (default fixtures/repro/security)")
+    sec.set_defaults(func=run_security)
     ls = sub.add_parser("list", help="print the installed peers, their programs and the HELLO each server answers")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.add_argument("--no-hello", action="store_true", help="do not start the servers to ask their version")
@@ -158,6 +170,47 @@ def run_list(args: argparse.Namespace) -> int:
             keys = ("rpc_server", "llama_completion", "test_backend_ops")
         for key in keys:
             print(f"      {key.replace('_', '-'):17} {row[key]}")
+    return 0
+
+
+def run_security(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from ..upstream.interop_report import metadata
+    from ..upstream.peers import PEERS, installed_sanitized_peers
+    from ..upstream.security_table import keep_reproducers, load_hunt, measure_peer, render
+
+    versions = _versions(args.proto)
+    hunts = []
+    for item in args.hunt:
+        label, sep, path = item.partition("=")
+        if not sep or not Path(path).is_file():
+            raise UsageError(f"--hunt expects PEER=FINDINGS_JSON with an existing file, got {item!r}")
+        hunts.append(load_hunt(Path(path), label))
+    peers = [PEERS[v] for v in versions if PEERS[v].installed()]
+    peers += [p for p in installed_sanitized_peers() if p.version in versions]
+    if not peers:
+        raise UsageError("no upstream peer is installed: ggml-rpc upstream install")
+    run_dir = Path(args.run_dir or f"docs/security/runs/{time.strftime('%Y%m%d-%H%M', time.gmtime())}")
+    meta = metadata([p.version for p in peers if not p.sanitize])
+    records = []
+    for peer in peers:
+        try:
+            records.append(measure_peer(peer, run_dir))
+        except RuntimeError as exc:
+            print(f"ggml-rpc upstream security: {exc}", file=sys.stderr)
+            return 1
+    kept = [entry for rec in records for entry in keep_reproducers(rec, run_dir, Path(args.keep))]
+    (run_dir / "security.json").write_text(json.dumps({"meta": meta, "records": records, "kept": kept,
+                                                       "hunts": hunts}, indent=2) + "\n")
+    text = render(records, run_dir, meta, hunts)
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+    else:
+        print(text, end="")
+    print(f"{len(records)} peer(s) measured; {len(kept)} verified reproducer(s) kept in {args.keep}; raw: "
+          f"{run_dir}", file=sys.stderr)
     return 0
 
 

@@ -1,0 +1,89 @@
+"""Upstream's known RPC memory-safety reports, by class (A–G), and what in the kit covers each.
+
+This is data: each report names the checks whose outcome against a server says whether that server has the bug
+(a death, a sanitizer report, leaked or corrupted bytes: rediscovered; a pass: shown fixed) and the hunt
+strategies aimed at it. :mod:`.security_table` runs those checks against every installed peer, plain and
+instrumented, and renders the table (``SECURITY.md``). A report whose checks do not apply to a version (the op or
+command does not exist there) is "not applicable" for it, never "fixed".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: The classes, as issue reports and advisories group them.
+CLASSES: dict[str, str] = {
+    "A": "deserialize_tensor bounds bypass",
+    "B": "size arithmetic",
+    "C": "unvalidated type or shape",
+    "D": "graph structure",
+    "E": "kernel bounds through GRAPH_COMPUTE",
+    "F": "control-flow hijack",
+    "G": "resource exhaustion and cache integrity",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class KnownBug:
+    """One upstream report (or a group of reports of one bug) and the kit's coverage of it."""
+
+    key: str
+    reports: str
+    what: str
+    #: Check ids whose failure against a server is this bug (any of them).
+    checks: tuple[str, ...]
+    #: ``ggml-rpc fuzz --hunt`` strategies aimed at it (names in :mod:`ggml_rpc.conformance.fuzz.hunt_strategies`).
+    strategies: tuple[str, ...] = ()
+    #: Coverage outside the check catalogue (tests of the reference), said in words.
+    also: str = ""
+
+    @property
+    def cls(self) -> str:
+        return self.key[0]
+
+
+KNOWN_BUGS: tuple[KnownBug, ...] = (
+    KnownBug("A1", "GHSA-wcr5-566p-9cwj, GHSA-5vm9-p64x-gqw9, GHSA-mqp6-7pv6-fqjf",
+             "SET/GET/COPY_TENSOR: a tensor's data (or data + nbytes, or the region) outside its buffer",
+             ("FRAME-010", "FRAME-011", "FRAME-014", "FRAME-015", "FRAME-017", "FRAME-018", "FRAME-020"),
+             ("region_edge",)),
+    KnownBug("A2", "CVE-2026-34159 / GHSA-j8rj-fmpv-wcxw (PR #20908)",
+             "GRAPH_COMPUTE: a tensor with buffer 0 skipped every check in graph node creation",
+             ("FRAME-029",)),
+    KnownBug("B1", "#9799", "ne[i] = 0: size arithmetic underflows", ()),
+    KnownBug("B2", "ggml PR #1103", "COPY_TENSOR copied ggml_nbytes(src) into a smaller dst", ("FRAME-022",)),
+    KnownBug("B3", "PR #16421", "COPY_TENSOR with a source of no known buffer", ("FRAME-021",)),
+    KnownBug("C1", "#13067", "a tensor type >= GGML_TYPE_COUNT in SET_TENSOR", ("FRAME-008", "FRAME-024")),
+    KnownBug("C2", "PR #20712", "a removed type (block size 0): SIGFPE", ("FRAME-009",)),
+    KnownBug("C3", "#25288", "ne[0] not a multiple of the type's block size (SET/GET/SET_TENSOR_HASH/INIT/COPY/"
+             "GRAPH_COMPUTE)", ()),
+    KnownBug("D1", "#25299 (PR #25670 and its regression test)", "GRAPH_COMPUTE naming node id 0: a null node",
+             ("FRAME-031",), ("null_node",)),
+    KnownBug("D2", "graph ids out of range, deep src chains", "a node or src id that resolves to no tensor; a "
+             "src chain 300,000 deep", ("FRAME-028", "FRAME-030", "FRAME-038"), ("deep_chain",)),
+    KnownBug("E1", "#25704", "GATED_DELTA_NET op_params out of range (write)", ()),
+    KnownBug("E2", "#25764", "ACC / SET with negative strides (write)", ()),
+    KnownBug("E3", "#25765", "SSM_SCAN ids out of range (read/write)", ()),
+    KnownBug("E4", "#26825", "GET_ROWS row indices out of range, read back by GET_TENSOR", (), ("get_rows_index",)),
+    KnownBug("E5", "#26912", "SET_ROWS row indices out of range (write)", ()),
+    KnownBug("F1", "#25289", "CUSTOM / MAP_CUSTOM* op_params carry a function pointer: a client-chosen call", ()),
+    KnownBug("G1", "the 1.4 TB cache behind protocol 7.0.0", "v6 `-c` cached every transfer above 10 MiB, "
+             "activations included", ("CACHE-V7-002", "CACHE-V6-002", "CACHE-V6-003")),
+    KnownBug("G3", "protocol.md §10 (size headers)", "a server that allocates what a peer merely claims (size "
+             "headers of 2^32 and 2^63 bytes)", ("FRAME-033", "FRAME-036", "FRAME-037"), ("huge_claim",)),
+    KnownBug("G2", "truncated cache entries served as valid", "a hash hit whose file is not the bytes hashed",
+             ("CACHE-V7-004", "CACHE-V7-006", "CACHE-V6-004"),
+             also="the reference's own cache: tests/reference/test_ref_cache_trust.py (mapping writes, coarse "
+                  "clocks, truncation, ctime)"),
+)
+
+
+def all_checks() -> list[str]:
+    """Every check id the table runs, in table order, once each."""
+    seen: dict[str, None] = {}
+    for bug in KNOWN_BUGS:
+        seen.update(dict.fromkeys(bug.checks))
+    return list(seen)
+
+
+__all__ = ["CLASSES", "KNOWN_BUGS", "KnownBug", "all_checks"]

@@ -1,0 +1,171 @@
+"""The class table: each known upstream report (:mod:`.bug_classes`) against every installed peer, plain and
+instrumented, measured by running its checks (``ggml-rpc upstream security``).
+
+1. Measuring: for each peer, ``ggml-rpc check --spawn`` of the table's checks against a fresh server with its own
+   ``LLAMA_CACHE`` (raw JSON kept); each failing check's exchange is its reproducer, replayed with ``replay --spawn``
+   against another fresh server of the same build: it is *verified* when that server dies (or reports) again.
+2. Judging a report on a peer: any of its checks failing is *rediscovered* (how: the signal, the sanitizer's class,
+   or the failure), all passing is *fixed*, all not applicable to the version is *n/a*; no check: *hunt only*.
+3. Rendering: ``SECURITY.md``'s table, naming the commit, the tree state and the raw JSON it came from.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .bug_classes import CLASSES, KNOWN_BUGS, KnownBug, all_checks
+from .peers import Peer
+from .runs import UpstreamServer, kit
+
+TITLE = "# Security: upstream's known RPC memory-safety reports, rediscovered or shown fixed"
+#: Reproducers larger than this stay in the run folder only (FRAME-038's 300,000-tensor graph is 89 MB).
+MAX_KEPT_REPRODUCER = 1 << 20
+
+Say = Callable[[str], None]
+
+
+def measure_peer(peer: Peer, out_dir: Path, *, checks: list[str] | None = None, say: Say = print) -> dict[str, Any]:
+    """Run the table's checks against ``peer``; its record: the check report, and per failing check whether the
+    reproducer failed a fresh server again."""
+    checks = checks or all_checks()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report_path = out_dir / f"{peer.label}.json"
+    pcaps = out_dir / f"{peer.label}-pcaps"
+    with tempfile.TemporaryDirectory(prefix="ggml-rpc-security-") as tmp:
+        server = UpstreamServer(peer, cache=True, llama_cache=Path(tmp))
+        server.cache_dir.mkdir(parents=True)
+        say(f"  {peer.label}: {len(checks)} checks")
+        done = kit("check", "--spawn", server.spawn_command(), "--checks", ",".join(checks), "--json",
+                   str(report_path), "--pcap-dir", str(pcaps), timeout=1800)
+    if not report_path.is_file():
+        raise RuntimeError(f"check against {peer.label} wrote no report: {done.why()}")
+    report = json.loads(report_path.read_text())
+    verified: dict[str, bool] = {}
+    for result in report["results"]:
+        if result["outcome"] != "fail" or not (result.get("server_death") or _sanitizer_failure(result)):
+            continue
+        pcap = pcaps / f"{result['id']}.pcap"
+        if pcap.is_file():
+            verified[result["id"]] = _replays_the_failure(peer, pcap)
+    return {"peer": peer.label, "version": peer.version, "sanitize": peer.sanitize, "report": report_path.name,
+            "exit_code": done.code, "verified": verified}
+
+
+def _sanitizer_failure(result: dict[str, Any]) -> bool:
+    return "sanitizer reported" in result.get("message", "")
+
+
+def _replays_the_failure(peer: Peer, pcap: Path) -> bool:
+    """Does the check's exchange kill (or make report) a fresh server of the same build again?"""
+    with tempfile.TemporaryDirectory(prefix="ggml-rpc-security-") as tmp:
+        server = UpstreamServer(peer, cache=True, llama_cache=Path(tmp))
+        server.cache_dir.mkdir(parents=True)
+        out = Path(tmp) / "replay.json"
+        kit("replay", str(pcap), "--spawn", server.spawn_command(), "--timeout", "10", "--json", str(out),
+            timeout=600)
+        if not out.is_file():
+            return False
+        mismatches = json.loads(out.read_text()).get("mismatches", [])
+    return any(m["kind"] in ("death", "sanitizer") for m in mismatches)
+
+
+def keep_reproducers(record: dict[str, Any], run_dir: Path, dest: Path) -> list[dict[str, Any]]:
+    """Copy the verified reproducers (small enough) to ``dest`` (``fixtures/repro/security/``); their entries."""
+    kept = []
+    for check_id, ok in sorted(record["verified"].items()):
+        src = run_dir / f"{record['peer']}-pcaps" / f"{check_id}.pcap"
+        if not ok or not src.is_file() or src.stat().st_size > MAX_KEPT_REPRODUCER:
+            continue
+        dest.mkdir(parents=True, exist_ok=True)
+        target = dest / f"{record['peer']}-{check_id}.pcap"
+        shutil.copyfile(src, target)
+        kept.append({"file": target.name, "peer": record["peer"], "check": check_id, "verified": True})
+    return kept
+
+
+def judge(bug: KnownBug, results: dict[str, dict[str, Any]], verified: dict[str, bool]) -> str:
+    """One cell: what the peer's results for the bug's checks say."""
+    if not bug.checks:
+        return "hunt only" if bug.strategies else "not covered"
+    mine = [results[c] for c in bug.checks if c in results]
+    if not mine:
+        return "not run"
+    failed = [r for r in mine if r["outcome"] == "fail"]
+    if failed:
+        r = failed[0]
+        death = r.get("server_death") or {}
+        if death.get("sanitizer"):
+            how = death["sanitizer"]["symptom"]
+        elif death:
+            how = death.get("status", "death").rsplit(" ", 1)[-1]
+        elif _sanitizer_failure(r):
+            how = r["message"].split("sanitizer reported ", 1)[1][:100]
+        else:
+            how = "fails: " + r["message"][:80]
+        mark = " (verified)" if verified.get(r["id"]) else ""
+        more = f" +{len(failed) - 1}" if len(failed) > 1 else ""
+        return f"**rediscovered**: {how} ({r['id']}{more}){mark}"
+    if all(r["outcome"] == "unsupported" for r in mine):
+        return "n/a"
+    if all(r["outcome"] in ("pass", "unsupported") for r in mine):
+        return "fixed (" + ", ".join(r["id"] for r in mine if r["outcome"] == "pass") + " pass)"
+    return "inconclusive (" + ", ".join(f"{r['id']} {r['outcome']}" for r in mine) + ")"
+
+
+def render(records: list[dict[str, Any]], run_dir: Path, meta: dict[str, Any],
+           hunts: list[dict[str, Any]] | None = None) -> str:
+    """``SECURITY.md``: the class table, one column per peer, and the hunts' classes."""
+    columns = []
+    for rec in records:
+        report = json.loads((run_dir / rec["report"]).read_text())
+        columns.append((rec, {r["id"]: r for r in report["results"]}))
+    tree = {True: "with uncommitted changes", False: "clean tree", None: "tree state unknown"}[meta.get("dirty")]
+    lines = [TITLE, "",
+             "Generated by `ggml-rpc upstream security --markdown SECURITY.md`; do not edit by hand.", "",
+             f"- date: {meta['date']}", f"- commit: {meta['commit']} ({tree})", f"- machine: {meta['machine']}",
+             f"- raw results: `{run_dir.as_posix()}/` (one check report per peer; the reproducers verified against "
+             "a fresh server of the same build are in `fixtures/repro/security/`)", "",
+             "A report is **rediscovered** on a build when one of its checks fails there (a death names its signal, "
+             "an instrumented build the sanitizer's class), **fixed** when its checks pass, **n/a** when they do "
+             "not apply to the version. `+asan-ubsan` columns are the same release built with AddressSanitizer "
+             "and UBSan (`ggml-rpc upstream install --sanitize address`).", "",
+             "| class | report | what | checks · strategies | " + " | ".join(r["peer"] for r, _ in columns) + " |",
+             "|---|---|---|---|" + "---|" * len(columns)]
+    for bug in KNOWN_BUGS:
+        covered = ", ".join(bug.checks) + (" · " + ", ".join(bug.strategies) if bug.strategies else "")
+        if bug.also:
+            covered += f"; {bug.also}"
+        cells = [judge(bug, results, rec["verified"]) for rec, results in columns]
+        lines.append(f"| {bug.key} {CLASSES[bug.cls]} | {_cell(bug.reports)} | {_cell(bug.what)} | "
+                     f"{_cell(covered or '—')} | " + " | ".join(_cell(c) for c in cells) + " |")
+    for hunt in hunts or []:
+        lines += ["", f"## `ggml-rpc fuzz --hunt` against {hunt['peer']}", "",
+                  f"{hunt['seconds']:.0f} s, {hunt['examples']} examples, {hunt['messages']} messages, "
+                  f"{len(hunt['classes'])} classes (SARIF rules), "
+                  f"{sum(1 for c in hunt['classes'] if c['verified'])} verified on a fresh server; raw: "
+                  f"`{hunt['file']}`.", "",
+                  "| class | kind | command | symptom | verified |", "|---|---|---|---|---|"]
+        for c in hunt["classes"]:
+            lines.append(f"| {_cell(c['class'])} | {c['kind']} | {c['command'] or '—'} | {_cell(c['symptom'])} | "
+                         f"{'yes' if c['verified'] else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def load_hunt(path: Path, peer: str) -> dict[str, Any]:
+    """A hunt's ``findings.json`` as the table's section reads it."""
+    data = json.loads(path.read_text())
+    return {"peer": peer, "file": path.as_posix(), "seconds": data.get("seconds", 0.0),
+            "examples": data.get("examples", 0), "messages": data.get("messages", 0),
+            "classes": data.get("classes", [])}
+
+
+__all__ = ["MAX_KEPT_REPRODUCER", "TITLE", "judge", "keep_reproducers", "load_hunt", "measure_peer", "render"]
