@@ -36,6 +36,8 @@ class KnownBug:
     strategies: tuple[str, ...] = ()
     #: Coverage outside the check catalogue (tests of the reference), said in words.
     also: str = ""
+    #: Majors whose protocol *is* the bug (no check can call it fixed there): what the cell says instead.
+    by_design: tuple[tuple[int, str], ...] = ()
 
     @property
     def cls(self) -> str:
@@ -68,13 +70,14 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug("E5", "#26912", "SET_ROWS row indices out of range (write)", ()),
     KnownBug("F1", "#25289", "CUSTOM / MAP_CUSTOM* op_params carry a function pointer: a client-chosen call", ()),
     KnownBug("G1", "the 1.4 TB cache behind protocol 7.0.0", "v6 `-c` cached every transfer above 10 MiB, "
-             "activations included", ("CACHE-V7-002", "CACHE-V6-002", "CACHE-V6-003")),
-    KnownBug("G3", "protocol.md §10 (size headers)", "a server that allocates what a peer merely claims (size "
-             "headers of 2^32 and 2^63 bytes)", ("FRAME-033", "FRAME-036", "FRAME-037"), ("huge_claim",)),
+             "activations included", ("CACHE-V7-002",),
+             by_design=((6, "present by design: 6.0.0 saves every SET_TENSOR above 10 MiB (CACHE-V6-001)"),)),
     KnownBug("G2", "truncated cache entries served as valid", "a hash hit whose file is not the bytes hashed",
              ("CACHE-V7-004", "CACHE-V7-006", "CACHE-V6-004"),
              also="the reference's own cache: tests/reference/test_ref_cache_trust.py (mapping writes, coarse "
                   "clocks, truncation, ctime)"),
+    KnownBug("G3", "protocol.md §10 (size headers)", "a server that allocates what a peer merely claims (size "
+             "headers of 2^32 and 2^63 bytes)", ("FRAME-033", "FRAME-036", "FRAME-037"), ("huge_claim",)),
 )
 
 

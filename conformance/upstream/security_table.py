@@ -88,8 +88,11 @@ def keep_reproducers(record: dict[str, Any], run_dir: Path, dest: Path) -> list[
     return kept
 
 
-def judge(bug: KnownBug, results: dict[str, dict[str, Any]], verified: dict[str, bool]) -> str:
-    """One cell: what the peer's results for the bug's checks say."""
+def judge(bug: KnownBug, results: dict[str, dict[str, Any]], verified: dict[str, bool], major: int = 0) -> str:
+    """One cell: what the peer's results for the bug's checks say (``major``: the peer's protocol major)."""
+    design = dict(bug.by_design).get(major)
+    if design:
+        return design
     if not bug.checks:
         return "hunt only" if bug.strategies else "not covered"
     mine = [results[c] for c in bug.checks if c in results]
@@ -137,10 +140,10 @@ def render(records: list[dict[str, Any]], run_dir: Path, meta: dict[str, Any],
              "| class | report | what | checks · strategies | " + " | ".join(r["peer"] for r, _ in columns) + " |",
              "|---|---|---|---|" + "---|" * len(columns)]
     for bug in KNOWN_BUGS:
-        covered = ", ".join(bug.checks) + (" · " + ", ".join(bug.strategies) if bug.strategies else "")
+        covered = " · ".join(part for part in (", ".join(bug.checks), ", ".join(bug.strategies)) if part)
         if bug.also:
             covered += f"; {bug.also}"
-        cells = [judge(bug, results, rec["verified"]) for rec, results in columns]
+        cells = [judge(bug, results, rec["verified"], int(rec["version"].split(".")[0])) for rec, results in columns]
         lines.append(f"| {bug.key} {CLASSES[bug.cls]} | {_cell(bug.reports)} | {_cell(bug.what)} | "
                      f"{_cell(covered or '—')} | " + " | ".join(_cell(c) for c in cells) + " |")
     for hunt in hunts or []:

@@ -48,6 +48,9 @@ def test_passes_are_fixed_unsupported_is_not_applicable_and_nothing_is_guessed()
     assert judge(BUG, {c: result(c, "unsupported") for c in BUG.checks}, {}) == "n/a"
     assert judge(BUG, {}, {}) == "not run"
     assert judge(KnownBug("E9", "r", "w", (), ("get_rows_index",)), passes, {}) == "hunt only"
+    g1 = next(b for b in KNOWN_BUGS if b.key == "G1")
+    assert judge(g1, {"CACHE-V7-002": result("CACHE-V7-002", "unsupported")}, {}, major=6).startswith(
+        "present by design")
     skipped = {"FRAME-010": result("FRAME-010", "pass"), "FRAME-015": result("FRAME-015", "skip")}
     assert judge(BUG, skipped, {}).startswith("inconclusive")
 
@@ -56,7 +59,7 @@ def test_render_names_commit_tree_and_raw_results(tmp_path: Path):
     report = {"results": [result(c, "pass") for c in all_checks()]}
     (tmp_path / "7.0.0.json").write_text(json.dumps(report))
     meta = {"date": "2026-12-04 17:00 UTC", "commit": "abc1234", "dirty": False, "machine": "Linux x86_64"}
-    records = [{"peer": "7.0.0", "report": "7.0.0.json", "verified": {}}]
+    records = [{"peer": "7.0.0", "version": "7.0.0", "report": "7.0.0.json", "verified": {}}]
     hunt = {"peer": "7.0.0+asan-ubsan", "file": "h/findings.json", "seconds": 600.0, "examples": 10, "messages": 99,
             "classes": [{"class": "crash/ASan SEGV READ in f/GRAPH_COMPUTE/-", "kind": "crash",
                          "command": "GRAPH_COMPUTE", "symptom": "ASan SEGV READ in f", "verified": True}]}
