@@ -43,7 +43,24 @@ def fill(bulk: Bulk) -> Generator[memoryview, None, None]:
 
 
 class Close(Exception):
-    """End this connection without a reply; the message names the rule and what upstream does."""
+    """End this connection without a reply; the message names the rule and what upstream does.
+
+    ``rule``: the id of the rule table's rule (``spec.rules``) the request broke, when the refusal is one of the
+    table's (decided by that rule's condition, :mod:`ggml_rpc.spec.conditions`); None for refusals that need the
+    server's state (buffers, devices, stored graphs) or the framing."""
+
+    def __init__(self, message: str, rule: str | None = None) -> None:
+        super().__init__(message)
+        self.rule = rule
+
+
+#: The rule table's rules the reference refuses by the rule's own condition (the id a :class:`Close` carries).  Not
+#: among them: COPY-FITS-DST (upstream bounds a copy by the destination's buffer, and so does the reference),
+#: GRAPH-NO-NODES (upstream computes an empty graph), and the CACHE-FLAG-* and FRAMING-* rules, which bind the client
+#: in ways one request does not show a server.
+REFUSED_RULES = frozenset({"TENSOR-TYPE", "TENSOR-REMOVED-TYPE", "REGION-PAST-TENSOR", "ROWS-ZERO",
+                           "ROWS-DATA-LENGTH", "ROWS-SPAN-OVERFLOW", "ROWS-PAST-TENSOR", "GRAPH-NULL-NODE",
+                           "GRAPH-NODE-UNKNOWN"})
 
 
 class PeerGone(Exception):

@@ -75,7 +75,7 @@ class GraphCommands:
             try:
                 graph = build_graph(fields["nodes"], fields["tensors"], self.table.buffers)
             except GraphError as exc:
-                raise Close(f"GRAPH_COMPUTE: {exc}") from None
+                raise Close(f"GRAPH_COMPUTE: {exc}", exc.rule) from None
             # The payload is kept only while it is not much larger than the graph itself: one that is mostly
             # unreached tensors must not stay allocated for as long as the graph does.
             if 2 * graph.n_tensors >= len(fields["tensors"]):

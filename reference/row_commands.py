@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 from ggml_rpc.spec import Payload
-from ggml_rpc.spec.checks import region_2d_span
 from ggml_rpc.spec.codec import REPLY_HEADER
+from ggml_rpc.spec.conditions import region_2d_span, region_past, rows_data_mismatch, rows_zero
 from ggml_rpc.spec.layout import flat_layout
 
 from .closing import Bulk, Close
@@ -32,16 +32,17 @@ class RowCommands:
         span = region_2d_span(size, n_copies, stride)
         if span is None:
             raise Close(f"{command}: size {size}, n_copies {n_copies}, stride {stride}: a count is 0 or the span "
-                        f"overflows 64 bits{_upstream('close')}")
+                        f"overflows 64 bits{_upstream('close')}",
+                        "ROWS-ZERO" if rows_zero(size, n_copies) else "ROWS-SPAN-OVERFLOW")
         if t.buffer is None:
             raise Close(f"{command}: tensor has no buffer (null or unknown handle){_upstream('close')}")
         buf = t.buffer
         if not buf.base <= t.data <= buf.end or offset > buf.end - t.data or span > buf.end - t.data - offset:
             raise Close(f"{command}: rows [{t.data:#x} + {offset}, +{span}) outside the buffer [{buf.base:#x}, "
                         f"+{buf.size}){_upstream('close')}")
-        if offset > t.nbytes or span > t.nbytes - offset:
+        if region_past(offset, span, t.nbytes):
             raise Close(f"{command}: rows at offset {offset}, span {span}, outside the tensor's {t.nbytes} bytes"
-                        f"{_upstream('close')}")
+                        f"{_upstream('close')}", "ROWS-PAST-TENSOR")
         return buf, t.data - buf.base + offset, span
 
     def _set_tensor_2d_runner(self, payload: Payload) -> Headed:
@@ -60,8 +61,10 @@ class RowCommands:
         def start(claim: int, data: Any, at: int) -> memoryview | Bulk:
             f = layout.struct.unpack_from(data, at)
             n, rows, row = claim - head, f[n_copies], f[size]
-            if rows == 0 or row == 0 or row * rows != n:
-                raise Close(f"SET_TENSOR_2D: {n} data bytes for n_copies {rows} x size {row}{_upstream('close')}")
+            zero = rows_zero(row, rows)
+            if zero or rows_data_mismatch(row, rows, n):
+                raise Close(f"SET_TENSOR_2D: {n} data bytes for n_copies {rows} x size {row}{_upstream('close')}",
+                            "ROWS-ZERO" if zero else "ROWS-DATA-LENGTH")
             t = self._flat_tensor(f, tensor, "SET_TENSOR_2D")
             # Checked before a single data byte is taken: nothing is received that does not fit its rows.
             buf, first, _ = self._rows(t, f[offset], row, rows, f[stride], "SET_TENSOR_2D")

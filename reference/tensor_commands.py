@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from ggml_rpc.spec import TYPES, Command, Payload, ggml_nbytes, type_name
+from ggml_rpc.spec import Command, Payload, ggml_nbytes, type_name
 from ggml_rpc.spec.codec import REPLY_HEADER
-from ggml_rpc.spec.enums import GGML_TYPE_COUNT
+from ggml_rpc.spec.conditions import region_past, removed_type, unknown_type
 from ggml_rpc.spec.layout import flat_layout
 from ggml_rpc.spec.tensor import RpcTensor
 
@@ -74,14 +74,16 @@ class TensorCommands:
     def _checked(self, ttype: int, ne: tuple[int, ...], nb: tuple[int, ...], handle: int, d: int,
                  fields: Mapping[str, Any] | None, command: str, what: str) -> _Tensor:
         """deserialize_tensor: type checks (close), unknown buffer -> null, data must lie inside its buffer."""
-        if ttype >= GGML_TYPE_COUNT:
-            raise Close(f"{command}: {what} type {ttype} is not a ggml type{_upstream('close')}")
-        if TYPES[ttype].removed:
-            raise Close(f"{command}: {what} has removed type {type_name(ttype)}{_upstream('close')}")
-        # A client names the same few tensors again and again: their sizes are remembered (bounded).
+        # A client names the same few tensors again and again: their sizes are remembered (bounded), and a
+        # remembered one has passed the type rules already.
         key = (ttype, ne, nb)
         nbytes = self._nbytes.get(key)
         if nbytes is None:
+            if unknown_type(ttype):
+                raise Close(f"{command}: {what} type {ttype} is not a ggml type{_upstream('close')}", "TENSOR-TYPE")
+            if removed_type(ttype):
+                raise Close(f"{command}: {what} has removed type {type_name(ttype)}{_upstream('close')}",
+                            "TENSOR-REMOVED-TYPE")
             nbytes = ggml_nbytes(ttype, ne, nb)
             if len(self._nbytes) >= _NBYTES_REMEMBERED:
                 self._nbytes.clear()
@@ -101,9 +103,9 @@ class TensorCommands:
         if start < buf.base or start >= buf.end or n > buf.end - start:
             raise Close(f"{command}: region [{start:#x}, +{n}) outside the buffer [{buf.base:#x}, +{buf.size})"
                         f"{_upstream('close')}")
-        if n and offset + n > t.nbytes:
+        if region_past(offset, n, t.nbytes):
             raise Close(f"{command}: region offset {offset} + {n} bytes runs past the tensor's {t.nbytes} bytes"
-                        f"{_upstream('process abort, tensor out of bounds assertion')}")
+                        f"{_upstream('process abort, tensor out of bounds assertion')}", "REGION-PAST-TENSOR")
         return buf.slice(start, n)
 
     # ---- tensor data -----------------------------------------------------------------------------------------
@@ -176,9 +178,11 @@ class TensorCommands:
         if t.buffer is None:
             raise Close(f"MEMSET_TENSOR: tensor has no buffer (null or unknown handle){_upstream('close')}")
         offset, size, nbytes = f[slots["offset"][0]], f[slots["size"][0]], t.nbytes
-        if offset > nbytes or size > nbytes - offset:
+        if region_past(offset, size, nbytes):
             raise Close(f"MEMSET_TENSOR: region offset {offset} + {size} outside the tensor's {nbytes} bytes"
-                        f"{_upstream('close')}")
+                        f"{_upstream('close')}", "REGION-PAST-TENSOR")
+        if offset > nbytes:  # upstream refuses an empty region past the end too; the table does not
+            raise Close(f"MEMSET_TENSOR: offset {offset} past the tensor's {nbytes} bytes{_upstream('close')}")
         buf = t.buffer
         rel = t.data - buf.base
         if rel < 0 or rel > buf.size or offset > buf.size - rel or size > buf.size - rel - offset:
@@ -226,7 +230,7 @@ class TensorCommands:
         for i, start in enumerate(range(first, first + width, step)):
             # Upstream silently drops a src of an invalid type; data outside its buffer is an abort there.
             stype = f[start + _T_TYPE]
-            if f[start + _T_ID] != 0 and stype < GGML_TYPE_COUNT and not TYPES[stype].removed:
+            if f[start + _T_ID] != 0 and not unknown_type(stype) and not removed_type(stype):
                 self._flat_tensor(f, start, "GET_ALLOC_SIZE", f"srcs[{i}]")
         # CPU buffer types allocate exactly ggml_nbytes, a size_t upstream: it wraps past 2^64 rather than fail.
         self.reply(Command.GET_ALLOC_SIZE, {"alloc_size": t.nbytes & U64_MASK})
