@@ -4,6 +4,10 @@ exceptions its I/O loop turns into a logged reason."""
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable
+from typing import Any
+
+#: A claimed size from here on is a length error upstream does not catch (process abort): refused before anything.
+SIZE_LIMIT = 1 << 63
 
 
 class Wait:
@@ -29,6 +33,14 @@ class Bulk:
         self.views = views
         self.done = done
         self.cleanup = cleanup
+
+
+#: A command with a fixed head before its bulk data: (head size, size checks, from the claimed size and the head
+#: (a buffer and its offset there) to where the data goes: one view, a :class:`Bulk`, or None for no data).
+Headed = tuple[int, Callable[[int], None], Callable[[int, Any, int], "memoryview | Bulk | None"]]
+#: A handler of a fixed-size command that reads the flat tuple of its request's derived layout, with the layout's
+#: slots (field name -> (first position, width)).
+FlatHandler = Callable[[tuple, dict[str, tuple[int, int]]], None]
 
 
 def fill(bulk: Bulk) -> Generator[memoryview, None, None]:
