@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ggml_rpc.conformance.bench.large_capture import MiB, measure, write_large_capture
+from ggml_rpc.bench.large_capture import MiB, measure, write_large_capture
 from ggml_rpc.reference import running_server
 
 

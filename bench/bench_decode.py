@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from ggml_rpc.conformance.bench.runner import samples
+from ggml_rpc.bench.runner import samples
 from ggml_rpc.conformance.sessions import capture
 from ggml_rpc.conformance.sessions.decode import decode_connection
 from ggml_rpc.spec import TENSOR_DTYPE, V7, Command, RequestDecoder, encode_request

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from ggml_rpc.conformance.bench.runner import samples
+from ggml_rpc.bench.runner import samples
 from ggml_rpc.reference.executor import execute
 from ggml_rpc.reference.executor.arena import Arena
 from ggml_rpc.reference.executor.types import dequantize, quantize

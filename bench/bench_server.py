@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
-from ggml_rpc.conformance.bench.runner import samples
+from ggml_rpc.bench.runner import samples
 from ggml_rpc.conformance.client import RpcClient
 from ggml_rpc.reference.graph import build_graph
 from ggml_rpc.spec import REPLY_HEADER_SIZE, TENSOR_DTYPE, Command, GgmlOp, encode_request, make_tensor, request_parts

@@ -1,7 +1,7 @@
 """The conformance kit: the ``ggml-rpc`` command line (:mod:`.cli`), the kit's client (:mod:`.client`), the
 conformance harness (:mod:`.harness`) and its checks (:mod:`.checks`), captured and live sessions (:mod:`.sessions`),
-the fuzzer (:mod:`.fuzz`), the Wireshark dissector (:mod:`.dissector`), the benchmarks (:mod:`.bench`) and the
-genuine upstream peers (:mod:`.upstream`)."""
+the fuzzer (:mod:`.fuzz`) and the genuine upstream peers (:mod:`.upstream`).  The renderers of the spec (PROTOCOL.md,
+the Wireshark dissector) are :mod:`ggml_rpc.spec.render`; the benchmarks are :mod:`ggml_rpc.bench`."""
 
 
 def kit_version() -> str:

@@ -4,6 +4,10 @@ exceptions its I/O loop turns into a logged reason."""
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable
+from typing import Any
+
+#: A claimed size from here on is a length error upstream does not catch (process abort): refused before anything.
+SIZE_LIMIT = 1 << 63
 
 
 class Wait:
@@ -31,6 +35,14 @@ class Bulk:
         self.cleanup = cleanup
 
 
+#: A command with a fixed head before its bulk data: (head size, size checks, from the claimed size and the head
+#: (a buffer and its offset there) to where the data goes: one view, a :class:`Bulk`, or None for no data).
+Headed = tuple[int, Callable[[int], None], Callable[[int, Any, int], "memoryview | Bulk | None"]]
+#: A handler of a fixed-size command that reads the flat tuple of its request's derived layout, with the layout's
+#: slots (field name -> (first position, width)).
+FlatHandler = Callable[[tuple, dict[str, tuple[int, int]]], None]
+
+
 def fill(bulk: Bulk) -> Generator[memoryview, None, None]:
     """A receiver (see :data:`.core.Receiver`) that fills ``bulk``'s views in turn, then finishes it."""
     try:
@@ -43,7 +55,24 @@ def fill(bulk: Bulk) -> Generator[memoryview, None, None]:
 
 
 class Close(Exception):
-    """End this connection without a reply; the message names the rule and what upstream does."""
+    """End this connection without a reply; the message names the rule and what upstream does.
+
+    ``rule``: the id of the rule table's rule (``spec.rules``) the request broke, when the refusal is one of the
+    table's (decided by that rule's condition, :mod:`ggml_rpc.spec.conditions`); None for refusals that need the
+    server's state (buffers, devices, stored graphs) or the framing."""
+
+    def __init__(self, message: str, rule: str | None = None) -> None:
+        super().__init__(message)
+        self.rule = rule
+
+
+#: The rule table's rules the reference refuses by the rule's own condition (the id a :class:`Close` carries).  Not
+#: among them: COPY-FITS-DST (upstream bounds a copy by the destination's buffer, and so does the reference),
+#: GRAPH-NO-NODES (upstream computes an empty graph), and the CACHE-FLAG-* and FRAMING-* rules, which bind the client
+#: in ways one request does not show a server.
+REFUSED_RULES = frozenset({"TENSOR-TYPE", "TENSOR-REMOVED-TYPE", "REGION-PAST-TENSOR", "ROWS-ZERO",
+                           "ROWS-DATA-LENGTH", "ROWS-SPAN-OVERFLOW", "ROWS-PAST-TENSOR", "GRAPH-NULL-NODE",
+                           "GRAPH-NODE-UNKNOWN"})
 
 
 class PeerGone(Exception):

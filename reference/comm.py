@@ -1,6 +1,6 @@
-"""The reference connection's communicator of 8.0.0: COMM_INIT, COMM_ALLREDUCE and COMM_FREE (a mixin of
-:class:`.core.ServerCore`), and the interface of the servers' own link that carries the partial sums (its sockets
-are :mod:`.server`'s: the core asks for a link and for an exchange on it).
+"""The reference connection's communicator of 8.0.0: COMM_INIT, COMM_ALLREDUCE and COMM_FREE (a handler table over
+the connection's resolver, reply queue and the injected :class:`Links`), and the interface of the servers' own link
+that carries the partial sums (its sockets are :mod:`.server`'s: the core asks for a link and for an exchange on it).
 
 With tensor split a client asks two servers to join one communicator: rank 0 listens on a port for its peer, rank 1
 connects to it (upstream retries for about five seconds).  The link opens with both sides' 24 caps bytes (the
@@ -18,6 +18,7 @@ server's limit for one transfer is refused.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -28,6 +29,8 @@ from ggml_rpc.spec.facts import comm_wire_type
 
 from .closing import Close
 from .closing import upstream as _upstream
+from .replies import Replies
+from .resolve import Resolver
 
 log = logging.getLogger("ggml_rpc.reference")
 
@@ -83,18 +86,30 @@ def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
 
 
 class CommCommands:
-    """COMM_INIT, COMM_ALLREDUCE, COMM_FREE; needs the connection's config, tensor checks and reply."""
+    """COMM_INIT, COMM_ALLREDUCE, COMM_FREE, and each device's membership of a communicator."""
 
-    def _comm_init(self, f: dict[str, Any]) -> None:
+    def __init__(self, devices: int, resolve: Resolver, out: Replies, links: Links | None, *, name: str) -> None:
+        self.devices = devices
+        self.resolve = resolve
+        self.out = out
+        #: Opens the servers' link for COMM_INIT (None: this connection has none, COMM_INIT answers 0).
+        self.links = links
+        self.name = name
+        #: Each device's membership of a communicator (COMM_INIT), with its link to the other server.
+        self.comms: dict[int, Communicator] = {}
+        self.handlers: dict[Command, Callable[[dict[str, Any]], None]] = {
+            Command.COMM_INIT: self.init, Command.COMM_ALLREDUCE: self.allreduce, Command.COMM_FREE: self.free}
+
+    def init(self, f: dict[str, Any]) -> None:
         device, rank, world, port = f["device"], f["rank"], f["world"], f["port"]
         host = bytes(f["host"]).split(b"\0", 1)[0].decode("latin-1")
-        if device >= self.config.devices or world != 2 or rank >= world:
+        if device >= self.devices or world != 2 or rank >= world:
             log.info("%s: COMM_INIT device %d rank %d of %d: only two ranks are served", self.name, device, rank,
                      world)
-            self.reply(Command.COMM_INIT, {"ok": 0})
+            self.out.reply(Command.COMM_INIT, {"ok": 0})
             return
         if device in self.comms:
-            self.reply(Command.COMM_INIT, {"ok": 1})  # already joined, as upstream answers
+            self.out.reply(Command.COMM_INIT, {"ok": 1})  # already joined, as upstream answers
             return
         try:
             if self.links is None:
@@ -102,18 +117,18 @@ class CommCommands:
             link = self.links.open(rank, host, port)
         except (OSError, ConnectionError, ValueError) as exc:
             log.info("%s: COMM_INIT device %d rank %d: %s", self.name, device, rank, exc)
-            self.reply(Command.COMM_INIT, {"ok": 0})
+            self.out.reply(Command.COMM_INIT, {"ok": 0})
             return
         self.comms[device] = Communicator(rank, link)
         log.info("%s: device %d joined the communicator as rank %d", self.name, device, rank)
-        self.reply(Command.COMM_INIT, {"ok": 1})
+        self.out.reply(Command.COMM_INIT, {"ok": 1})
 
-    def _comm_allreduce(self, f: dict[str, Any]) -> None:
-        device = self._device(f["device"], "COMM_ALLREDUCE")
+    def allreduce(self, f: dict[str, Any]) -> None:
+        device = self.resolve.device(f["device"], "COMM_ALLREDUCE")
         comm = self.comms.get(device)
         if comm is None:
             raise Close(f"COMM_ALLREDUCE: device {device} has no communicator (no COMM_INIT){_upstream('close')}")
-        t = self._tensor(f["tensor"], "COMM_ALLREDUCE")
+        t = self.resolve.tensor(f["tensor"], "COMM_ALLREDUCE")
         if t.buffer is None:
             raise Close(f"COMM_ALLREDUCE: tensor has no buffer (null or unknown handle){_upstream('close')}")
         if t.nbytes == 0:
@@ -143,13 +158,13 @@ class CommCommands:
             total = bf16_to_f32(mine) + bf16_to_f32(np.frombuffer(got, np.uint16))
             mine[:] = bf16_bits(total)
 
-    def _comm_free(self, f: dict[str, Any]) -> None:
-        device = self._device(f["device"], "COMM_FREE")
+    def free(self, f: dict[str, Any]) -> None:
+        device = self.resolve.device(f["device"], "COMM_FREE")
         comm = self.comms.pop(device, None)
         if comm is not None:
             comm.close()
 
-    def _comm_release(self) -> None:
+    def release(self) -> None:
         for comm in self.comms.values():
             comm.close()
         self.comms.clear()

@@ -11,6 +11,7 @@ from ggml_rpc.spec import V7, Command, Protocol, parse_version_option
 
 from .devices import DeviceConfig
 from .graph import GraphTensor
+from .resolve import TensorHook
 
 if TYPE_CHECKING:
     from .closing import Close
@@ -34,7 +35,7 @@ class Hooks:
     #: Replaces the handler of a fixed-size command (variable-size ones, SET_TENSOR and GRAPH_COMPUTE, cannot be).
     handlers: Mapping[Command, Handler] = field(default_factory=dict)
     #: Sees every single-command tensor as its decoded dict, before it is checked (command, role): may raise.
-    tensor: Callable[[Mapping[str, Any], str, str], None] | None = None
+    tensor: TensorHook | None = None
     #: Sees every rule that closes a connection, before the connection ends (a variant may abort the process there,
     #: as upstream's assertions do).
     close: Callable[[Close], None] | None = None

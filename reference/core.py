@@ -24,6 +24,10 @@ Rules of this module (what it may know and what it must not):
 7. Behaviour changes only through ``config.hooks`` (a handler table entry, a tensor hook, a close hook), read once
    per connection: nothing on the hot path asks which class it is.
 8. It imports nothing from ``ggml_rpc.conformance``.
+9. The commands are served by groups of handlers (``buffer_commands``, ``tensor_commands``, ``row_commands``,
+   ``graph_commands``, ``comm``), plain objects each given what it needs (the buffer table, the
+   :class:`~.resolve.Resolver`, the :class:`~.replies.Replies` queue, the hash cache, the links): no group sees the
+   core, and the core sees only their handler tables.
 """
 
 from __future__ import annotations
@@ -33,20 +37,21 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 from ggml_rpc.spec import Command, Payload, encode_reply, hello_reply
-from ggml_rpc.spec.codec import REPLY_HEADER, REQUEST_HEADER, REQUEST_HEADER_SIZE
+from ggml_rpc.spec.codec import REQUEST_HEADER, REQUEST_HEADER_SIZE
 from ggml_rpc.spec.frames import request_frames
 from ggml_rpc.spec.layout import flat_layout
-from ggml_rpc.spec.messages import Shape
 
 from .buffer_commands import BufferCommands
 from .cache import HashCache
-from .closing import Bulk, Close, PeerGone, Wait, fill
+from .closing import Bulk, Close, FlatHandler, PeerGone, Wait, fill
 from .closing import upstream as _upstream
-from .comm import CommCommands, Communicator, Links
+from .comm import CommCommands, Links
 from .config import ServerConfig
 from .devices import BufferTable
 from .graph import BuiltGraph
 from .graph_commands import GraphCommands
+from .replies import Replies
+from .resolve import Resolver
 from .row_commands import RowCommands
 from .tensor_commands import TensorCommands
 
@@ -62,8 +67,12 @@ _NO_REPLY: tuple = ()
 Receiver = Generator[int | memoryview | Wait, Any, None]
 
 
-class ServerCore(TensorCommands, RowCommands, BufferCommands, GraphCommands, CommCommands):
-    """The state and rules of one connection, driven by its I/O layer (``server.py``) or directly (the fuzzer)."""
+class ServerCore:
+    """The state and rules of one connection, driven by its I/O layer (``server.py``) or directly (the fuzzer).
+
+    The commands are served by groups (buffers, tensors, rows, graphs, communicator), each given what it needs: the
+    buffer table, the :class:`~.resolve.Resolver` and the :class:`~.replies.Replies` queue of this connection.  Each
+    group offers a handler table; the core frames requests and dispatches them through the tables' union."""
 
     def __init__(self, config: ServerConfig, cache: HashCache | None, *, name: str = "conn",
                  links: Links | None = None) -> None:
@@ -71,21 +80,10 @@ class ServerCore(TensorCommands, RowCommands, BufferCommands, GraphCommands, Com
         self.protocol = config.protocol
         self.cache = cache
         self.name = name
-        #: Opens the servers' link for COMM_INIT (None: this core has none, COMM_INIT answers 0).
-        self.links = links
         self.table = BufferTable.for_devices(config.devices, config.device)
-        #: Stored graphs by (device, uid); uid is 0 before 8.0.0, where a device keeps only its last graph.
-        self.graphs: dict[tuple[int, int], BuiltGraph | None] = {}
-        #: 8.0.0: each device's membership of a communicator (COMM_INIT), with its link to the other server.
-        self.comms: dict[int, Communicator] = {}
-        #: GRAPH_COMPUTE payloads are received here (grown as bytes arrive, reused by the next one).
-        self._graph_buf = bytearray()
         self.commands = 0
-        self._executor = config.executor
         self._verbose = config.verbose
-        self._nbytes: dict[tuple, int] = {}
         hooks = config.hooks
-        self._tensor_hook = hooks.tensor
         self._close_hook = hooks.close
         # Input: bytes received but not yet taken; the command waiting for more (and what for); the end of stream.
         self._buf = bytearray()
@@ -94,66 +92,46 @@ class ServerCore(TensorCommands, RowCommands, BufferCommands, GraphCommands, Com
         self._want: int | memoryview | None = None
         self._filled = 0
         self._eof_reason: Callable[[int], str] | None = None
-        self._out: list = []
+        self.out = Replies(self.protocol)
+        self.resolve = Resolver(self.table, config.devices, hooks.tensor)
+        self.graph_commands = GraphCommands(config, self.table, self.resolve, name=name)
+        self.comm_commands = CommCommands(config.devices, self.resolve, self.out, links, name=name)
+        self.tensor_commands = TensorCommands(self.protocol, cache, self.resolve, self.out, name=name)
+        self.row_commands = RowCommands(self.resolve, self.out)
+        buffers = BufferCommands(config, self.table, self.resolve, self.out,
+                                 freed=self.graph_commands.forget_buffer, name=name)
+        groups = (buffers, self.tensor_commands, self.graph_commands, self.comm_commands)
         #: The reference's own handlers of fixed-size commands, taking the decoded fields (a replacement handler in
         #: ``hooks.handlers`` may call them).
         self.handlers: dict[Command, Callable[[dict[str, Any]], None]] = {
-            Command.ALLOC_BUFFER: self._alloc_buffer,
-            Command.GET_ALIGNMENT: self._get_alignment,
-            Command.GET_MAX_SIZE: self._get_max_size,
-            Command.BUFFER_GET_BASE: self._buffer_get_base,
-            Command.FREE_BUFFER: self._free_buffer,
-            Command.BUFFER_CLEAR: self._buffer_clear,
-            Command.COPY_TENSOR: self._copy_tensor,
-            Command.GET_TENSOR: self._get_tensor,
-            Command.GET_DEVICE_MEMORY: self._get_device_memory,
-            Command.DEVICE_COUNT: self._device_count,
-            Command.GRAPH_RECOMPUTE: self._graph_recompute,
-            Command.GET_DEVICE_SUPPORTS_OP: self._supports_op,
-            Command.COMM_INIT: self._comm_init,
-            Command.COMM_ALLREDUCE: self._comm_allreduce,
-            Command.COMM_FREE: self._comm_free,
-        }
-        # Fixed-size replies, packed straight from their derived layout.
-        self._reply_layouts: dict[Command, Any] = {
-            cmd: flat_layout(spec.reply.schema)
-            for cmd, spec in self.protocol.commands.items()
-            if isinstance(spec.reply, Payload) and spec.reply.shape is Shape.FIXED
-        }
-        # Replies that never change on a connection, encoded once.
-        self._alignment_reply = self._encoded_reply(Command.GET_ALIGNMENT, {"alignment": config.device.alignment})
-        self._max_size_reply = self._encoded_reply(Command.GET_MAX_SIZE, {"max_size": config.device.max_size})
-        self._device_count_reply = self._encoded_reply(Command.DEVICE_COUNT, {"device_count": config.devices})
-        self._dispatch = self._dispatch_table(hooks.handlers)
+            cmd: handler for group in groups for cmd, handler in group.handlers.items()}
+        # Hot commands read the flat tuple of the request's derived layout instead of a nested dict.
+        flat: dict[Command, FlatHandler] = {**buffers.flat, **self.tensor_commands.flat, **self.row_commands.flat}
+        self._dispatch = self._dispatch_table(flat, hooks.handlers)
         self._start(self._hello())
 
-    def _dispatch_table(self, replaced: Mapping[Command, Any]) -> dict[int, tuple[Command, int, Callable]]:
+    @property
+    def graphs(self) -> dict[tuple[int, int], BuiltGraph | None]:
+        """Stored graphs by (device, uid)."""
+        return self.graph_commands.graphs
+
+    def _dispatch_table(self, flat_handlers: Mapping[Command, FlatHandler],
+                        replaced: Mapping[Command, Any]) -> dict[int, tuple[Command, int, Callable]]:
         """Per command id of this version (HELLO excepted), framed as the codec's framers frame it: (command, exact
         size or a negative kind, runner).  A fixed-size runner takes a buffer and the payload's offset in it; a
-        headed one (-1: SET_TENSOR, SET_TENSOR_2D) is a :data:`.tensor_commands.Headed`; any other (-2) takes the
-        claimed size and returns the :data:`Receiver` that takes the payload."""
-        # Hot commands read the flat tuple of the request's derived layout instead of a nested dict.
-        flat_handlers: dict[Command, Callable[[tuple, dict[str, tuple[int, int]]], None]] = {
-            Command.GET_TENSOR: self._get_tensor_flat,
-            Command.GET_ALIGNMENT: self._get_alignment_flat,
-            Command.GET_MAX_SIZE: self._get_max_size_flat,
-            Command.SET_TENSOR_HASH: self._set_tensor_hash_flat,
-            Command.MEMSET_TENSOR: self._memset_tensor_flat,
-            Command.INIT_TENSOR: self._init_tensor_flat,
-            Command.GET_ALLOC_SIZE: self._get_alloc_size_flat,
-            Command.GET_TENSOR_2D: self._get_tensor_2d_flat,
-        }
+        headed one (-1: SET_TENSOR, SET_TENSOR_2D) is a :data:`.closing.Headed`; any other (-2) takes the claimed
+        size and returns the :data:`Receiver` that takes the payload."""
         dispatch: dict[int, tuple[Command, int, Any]] = {}
         for cmd_id, frame in request_frames(self.protocol).items():
             cmd, req = frame.command, frame.payload
             if frame.exact >= 0:
                 dispatch[cmd_id] = (cmd, frame.exact, self._fixed_runner(cmd, req, flat_handlers, replaced))
             elif cmd is Command.SET_TENSOR:
-                dispatch[cmd_id] = (cmd, -1, self._set_tensor_runner(req, frame.fixed))
+                dispatch[cmd_id] = (cmd, -1, self.tensor_commands.set_tensor_runner(req, frame.fixed))
             elif cmd is Command.SET_TENSOR_2D:
-                dispatch[cmd_id] = (cmd, -1, self._set_tensor_2d_runner(req))
+                dispatch[cmd_id] = (cmd, -1, self.row_commands.set_tensor_2d_runner(req))
             elif cmd is Command.GRAPH_COMPUTE:
-                dispatch[cmd_id] = (cmd, -2, lambda size, req=req: self._graph_compute(req, size))
+                dispatch[cmd_id] = (cmd, -2, lambda size, req=req: self.graph_commands.compute(req, size))
             else:  # pragma: no cover - every shape of every version is handled above
                 dispatch[cmd_id] = (cmd, -2, lambda size, name=cmd.name: self._no_handler(name))
         return dispatch
@@ -176,27 +154,15 @@ class ServerCore(TensorCommands, RowCommands, BufferCommands, GraphCommands, Com
     def _no_handler(name: str) -> Receiver:
         raise Close(f"{name}: no handler")
 
-    def _encoded_reply(self, command: Command, fields: Mapping[str, Any]) -> bytes | None:
-        layout = self._reply_layouts.get(command)
-        if layout is None:
-            return None
-        body = layout.pack(fields)
-        return REPLY_HEADER.pack(len(body)) + body
-
-    # ---- what the commands send ------------------------------------------------------------------------------
+    # ---- what a replacement handler sends ------------------------------------------------------------------
 
     def reply(self, command: Command, fields: Mapping[str, Any]) -> None:
         """Queue the reply of ``command`` with these fields."""
-        encoded = self._encoded_reply(command, fields)
-        self._out.append(encode_reply(self.protocol, command, fields) if encoded is None else encoded)
+        self.out.reply(command, fields)
 
     def send(self, parts: list) -> None:
         """Queue raw reply bytes (buffers, sent in order without a copy)."""
-        self._out.extend(parts)
-
-    def _send_data(self, head: bytes, data: memoryview) -> None:
-        self._out.append(head)
-        self._out.append(data)
+        self.out.send(parts)
 
     # ---- bytes in --------------------------------------------------------------------------------------------
 
@@ -232,11 +198,9 @@ class ServerCore(TensorCommands, RowCommands, BufferCommands, GraphCommands, Com
                 elif not self._resume():
                     return None
                 if self._gen is None:
-                    out = self._out
-                    if not out:
+                    if not self.out.out:
                         return _NO_REPLY
-                    self._out = []
-                    return out
+                    return self.out.take()
         except Close as exc:
             if self._close_hook is not None:
                 self._close_hook(exc)
@@ -376,7 +340,7 @@ class ServerCore(TensorCommands, RowCommands, BufferCommands, GraphCommands, Com
         if size != expected:
             raise Close(f"HELLO size {size}, not {expected}{_upstream('close')}")
         yield size  # the client's caps: a plain-TCP server ignores them
-        self._out.append(encode_reply(self.protocol, Command.HELLO, hello_reply(self.protocol.version)))
+        self.out.push(encode_reply(self.protocol, Command.HELLO, hello_reply(self.protocol.version)))
         self.commands += 1
         if self.config.verbose:
             log.info("%s: HELLO -> %s", self.name, self.protocol.label)
@@ -386,8 +350,8 @@ class ServerCore(TensorCommands, RowCommands, BufferCommands, GraphCommands, Com
         gen, self._gen, self._want = self._gen, None, None
         if gen is not None:
             gen.close()  # runs the command's cleanup (a SET_TENSOR's cache save ends)
-        self.graphs.clear()
-        self._comm_release()
+        self.graph_commands.graphs.clear()
+        self.comm_commands.release()
         self.table.release_all()
         self._buf = bytearray()
 

@@ -16,8 +16,9 @@ from itertools import repeat
 from typing import Any, Protocol
 
 import numpy as np
-from ggml_rpc.spec import GGML_TYPE_COUNT, NATIVE_CALLBACK_OPS, op_name, type_name
-from ggml_rpc.spec.facts import BLOCK_ELEMENTS, ggml_nbytes_many
+from ggml_rpc.spec import NATIVE_CALLBACK_OPS, op_name, type_name
+from ggml_rpc.spec.conditions import first_rows, null_nodes, removed_types, unknown_types
+from ggml_rpc.spec.facts import ggml_nbytes_many
 from ggml_rpc.spec.tensor import GGML_MAX_SRC
 
 
@@ -56,7 +57,12 @@ class ExecutorError(Exception):
 
 
 class GraphError(Exception):
-    """A GRAPH_COMPUTE the server refuses before execution; the message names the rule that was broken."""
+    """A GRAPH_COMPUTE the server refuses before execution; the message names the rule that was broken, ``rule`` the
+    rule table's id when the refusal is one of the table's."""
+
+    def __init__(self, message: str, rule: str | None = None) -> None:
+        super().__init__(message)
+        self.rule = rule
 
 
 class BufferLike(Protocol):
@@ -99,15 +105,6 @@ def _names(raw: np.ndarray) -> list[str]:
         return []
     # NUL cannot occur inside the items now, so it separates them safely (and ends any broken UTF-8 sequence).
     return b"\0".join(items).decode("utf-8", "replace").split("\0")
-
-
-def _resolve(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """Row index of the first tensor carrying each wanted id, -1 where no tensor does."""
-    uniq, first = np.unique(ids, return_index=True)
-    if len(uniq) == 0:
-        return np.full(len(wanted), -1, dtype=np.intp)
-    pos = np.minimum(np.searchsorted(uniq, wanted), len(uniq) - 1)
-    return np.where(uniq[pos] == wanted, first[pos], -1)
 
 
 @contextmanager
@@ -199,12 +196,13 @@ class _Checked:
 def _check(rows: np.ndarray, buffers: Mapping[int, BufferLike]) -> _Checked:
     """Validate ``rows`` (vectorised) and locate them in their buffers; the first bad row is refused."""
     types = rows["type"]
-    bad = np.flatnonzero(types >= GGML_TYPE_COUNT)
+    bad = np.flatnonzero(unknown_types(types))
     if len(bad):
         k = int(bad[0])
-        raise GraphError(f"tensor {int(rows['id'][k]):#x} has type {int(types[k])}, not a ggml type")
-    removed = np.flatnonzero(BLOCK_ELEMENTS[types] == 0)
+        raise GraphError(f"tensor {int(rows['id'][k]):#x} has type {int(types[k])}, not a ggml type", "TENSOR-TYPE")
+    removed = np.flatnonzero(removed_types(types))
     if len(removed):
+        # The table's TENSOR-REMOVED-TYPE reads single-tensor requests only: no rule id here.
         k = int(removed[0])
         raise GraphError(f"tensor {int(rows['id'][k]):#x} has removed type {type_name(int(types[k]))}")
     nbytes, nbytes_u = ggml_nbytes_many(types, rows["ne"], rows["nb"])
@@ -263,17 +261,17 @@ def build_graph(node_ids: np.ndarray, tensors: np.ndarray, buffers: Mapping[int,
     refs = np.concatenate([tensors["src"], tensors["view_src"][:, None]], axis=1)
     e_row, e_slot = np.nonzero(refs)
     e_id = refs[e_row, e_slot]
-    both = _resolve(ids, np.concatenate([nodes_u64, e_id]))
+    both = first_rows(ids, np.concatenate([nodes_u64, e_id]))
     node_rows = both[: len(nodes_u64)]
     e_tgt = both[len(nodes_u64) :]
 
-    zero = np.flatnonzero(nodes_u64 == 0)
+    zero = np.flatnonzero(null_nodes(nodes_u64))
     missing = np.flatnonzero(node_rows < 0)
     if len(zero) and (not len(missing) or zero[0] <= missing[0]):
-        raise GraphError(f"node {int(zero[0])} has id 0 (a null node; upstream dereferences it)")
+        raise GraphError(f"node {int(zero[0])} has id 0 (a null node; upstream dereferences it)", "GRAPH-NULL-NODE")
     if len(missing):
         k = int(missing[0])
-        raise GraphError(f"node {k} id {int(nodes_u64[k]):#x} is not among the graph's tensors")
+        raise GraphError(f"node {k} id {int(nodes_u64[k]):#x} is not among the graph's tensors", "GRAPH-NODE-UNKNOWN")
 
     # 1. Which rows the nodes reach (edges are sorted by row: each row's edges are one slice of them).
     starts = np.searchsorted(e_row, np.arange(n + 1))

@@ -1,21 +1,24 @@
 """The reference connection's graph commands: GRAPH_COMPUTE (received as it arrives, rebuilt only when it changed)
-and GRAPH_RECOMPUTE, run by the built-in executor or the configured one (a mixin of :class:`.core.ServerCore`).
+and GRAPH_RECOMPUTE, run by the built-in executor or the configured one.  The group owns the connection's stored
+graphs; it is given the buffer table and the resolver (for the device checks).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import numpy as np
-from ggml_rpc.spec import Payload, ProtocolError, tensor_name
+from ggml_rpc.spec import Command, Payload, ProtocolError, tensor_name
 from ggml_rpc.spec.codec import decode_payload
 
-from .closing import Close, Wait
+from .closing import SIZE_LIMIT, Close, Wait
 from .closing import upstream as _upstream
+from .config import ServerConfig
+from .devices import BufferTable
 from .graph import BuiltGraph, ExecutorError, GraphError, GraphTensor, build_graph
-from .tensor_commands import _SIZE_LIMIT, _Tensor
+from .resolve import Resolver, Tensor
 
 log = logging.getLogger("ggml_rpc.reference")
 
@@ -23,7 +26,33 @@ _GRAPH_CHUNK = 1 << 20
 
 
 class GraphCommands:
-    """GRAPH_COMPUTE and GRAPH_RECOMPUTE; needs the core's table, graphs and executor."""
+    """GRAPH_COMPUTE and GRAPH_RECOMPUTE, and the graphs they store."""
+
+    def __init__(self, config: ServerConfig, table: BufferTable, resolve: Resolver, *, name: str) -> None:
+        self.config = config
+        self.protocol = config.protocol
+        self.table = table
+        self.resolve = resolve
+        self.name = name
+        self._executor = config.executor
+        #: Stored graphs by (device, uid); uid is 0 before 8.0.0, where a device keeps only its last graph.
+        self.graphs: dict[tuple[int, int], BuiltGraph | None] = {}
+        #: GRAPH_COMPUTE payloads are received here (grown as bytes arrive, reused by the next one).
+        self._graph_buf = bytearray()
+        self.handlers: dict[Command, Callable[[dict[str, Any]], None]] = {Command.GRAPH_RECOMPUTE: self.recompute}
+
+    def forget_buffer(self, handle: int) -> None:
+        """A FREE_BUFFER of ``handle``: what the version does to the stored graphs."""
+        if self.protocol.graph_cache_max is not None:
+            # 8.0.0 forgets every stored graph on any FREE_BUFFER, keeping their uids (they still count towards
+            # GRAPH_CACHE_MAX): a GRAPH_RECOMPUTE after it closes, a GRAPH_COMPUTE under the uid rebuilds.
+            self.graphs = dict.fromkeys(self.graphs)
+            return
+        # Upstream 6/7 keeps stored graphs that point into the freed buffer (a use-after-free on RECOMPUTE).
+        for key, graph in list(self.graphs.items()):
+            if graph is not None and handle in graph.buffers:
+                del self.graphs[key]
+                log.info("%s: FREE_BUFFER %#x drops the stored graph of device %d", self.name, handle, key[0])
 
     def _receive_growing(self, size: int) -> Generator:
         """``size`` bytes (the receiver's result), into the connection's graph receive buffer, which grows as bytes
@@ -51,8 +80,8 @@ class GraphCommands:
         except BufferError:  # a view of it is still alive somewhere: start a new one
             self._graph_buf = buf + bytes(size - len(buf))
 
-    def _graph_compute(self, payload: Payload, size: int) -> Generator:
-        if size >= _SIZE_LIMIT:
+    def compute(self, payload: Payload, size: int) -> Generator:
+        if size >= SIZE_LIMIT:
             raise Close(f"GRAPH_COMPUTE size {size} >= 2^63{_upstream('process abort, uncaught length error')}")
         if size > self.config.max_graph_bytes:
             raise Close(f"GRAPH_COMPUTE size {size} above the server's limit {self.config.max_graph_bytes}"
@@ -62,7 +91,7 @@ class GraphCommands:
             fields, _trailing = decode_payload(payload, body, command="GRAPH_COMPUTE")
         except ProtocolError as exc:
             raise Close(f"GRAPH_COMPUTE: {exc.message}{_upstream('close')}") from None
-        device = self._device(fields["device"], "GRAPH_COMPUTE")
+        device = self.resolve.device(fields["device"], "GRAPH_COMPUTE")
         key = self._graph_key(device, fields)
         graph = self.graphs.get(key) if key is not None else None
         # The very graph stored for this device, sent again (what a client without GRAPH_RECOMPUTE does every
@@ -75,7 +104,7 @@ class GraphCommands:
             try:
                 graph = build_graph(fields["nodes"], fields["tensors"], self.table.buffers)
             except GraphError as exc:
-                raise Close(f"GRAPH_COMPUTE: {exc}") from None
+                raise Close(f"GRAPH_COMPUTE: {exc}", exc.rule) from None
             # The payload is kept only while it is not much larger than the graph itself: one that is mostly
             # unreached tensors must not stay allocated for as long as the graph does.
             if 2 * graph.n_tensors >= len(fields["tensors"]):
@@ -99,8 +128,8 @@ class GraphCommands:
         uid = fields["uid"]
         return (device, uid) if uid else None
 
-    def _graph_recompute(self, f: dict[str, Any]) -> None:
-        device = self._device(f["device"], "GRAPH_RECOMPUTE")
+    def recompute(self, f: dict[str, Any]) -> None:
+        device = self.resolve.device(f["device"], "GRAPH_RECOMPUTE")
         key = self._graph_key(device, f)
         graph = self.graphs.get(key) if key is not None else None
         if graph is None:
@@ -151,26 +180,26 @@ class GraphCommands:
             if b is not None and (written is None or id(b.memory) in written):
                 b.epoch += 1
 
-    def _executor_supports(self, op: _Tensor, srcs: list[_Tensor | None]) -> bool:
-        """Ask the executor whether it runs this op; an executor that cannot say answers no."""
-        try:
-            from ggml_rpc.reference import executor
-        except ImportError:
-            return False
-        supports = getattr(executor, "supports_op", None)
-        if supports is None:
-            return False
-        node = _single_graph_tensor(op)
-        node.src = [_single_graph_tensor(s) if s is not None else None for s in srcs]
-        try:
-            return bool(supports(node))
-        except Exception:
-            log.debug("%s: supports_op failed", self.name, exc_info=True)
-            return False
+def executor_supports(op: Tensor, srcs: list[Tensor | None], name: str) -> bool:
+    """Ask the executor whether it runs this op; an executor that cannot say answers no (``name``: the connection,
+    for the log)."""
+    try:
+        from ggml_rpc.reference import executor
+    except ImportError:
+        return False
+    supports = getattr(executor, "supports_op", None)
+    if supports is None:
+        return False
+    node = _single_graph_tensor(op)
+    node.src = [_single_graph_tensor(s) if s is not None else None for s in srcs]
+    try:
+        return bool(supports(node))
+    except Exception:
+        log.debug("%s: supports_op failed", name, exc_info=True)
+        return False
 
 
-
-def _single_graph_tensor(t: _Tensor) -> GraphTensor:
+def _single_graph_tensor(t: Tensor) -> GraphTensor:
     f = t.fields
     assert f is not None  # the supports_op path decodes its tensors to dicts
     buf = t.buffer
@@ -191,3 +220,5 @@ def _single_graph_tensor(t: _Tensor) -> GraphTensor:
         nbytes=t.nbytes,
     )
 
+
+__all__ = ["GraphCommands", "executor_supports"]

@@ -1,7 +1,7 @@
 """The ggml RPC protocol, declared once: enums, the rpc_tensor Struct, per-version command tables, a sans-IO codec.
 
 Everything else in the kit (reference server, conformance checks, docs, dissector, fuzz strategies) derives from
-what this package declares.
+what this package declares; its renderers (PROTOCOL.md, the Lua dissector) are :mod:`.render`.
 """
 
 from .codec import (

@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import schema_walk
+from .conditions import region_2d_span, removed_type, unknown_type
 from .enums import GGML_TYPE_COUNT, TYPES, Command
 from .errors import SpecViolation
 from .facts import ggml_nbytes
 from .payloads import REQUEST_HEADER_SIZE
-from .rules import ConnState, Finding, Message, Rule, first_broken, region_2d_span
+from .rules import ConnState, Finding, Message, Rule, first_broken
 from .versions import PROTOCOLS
 
 if TYPE_CHECKING:
@@ -24,10 +25,10 @@ if TYPE_CHECKING:
 def check_tensor(tensor: Mapping[str, Any], *, command: str, field: str, offset: int) -> int:
     """Raise SpecViolation for a tensor every server refuses; return its nbytes."""
     t = tensor["type"]
-    if t >= GGML_TYPE_COUNT:
+    if unknown_type(t):
         raise SpecViolation(f"type {t} is not a ggml type (< {GGML_TYPE_COUNT})", command=command,
                             field=f"{field}.type", offset=offset)
-    if TYPES[t].removed:
+    if removed_type(t):
         raise SpecViolation(f"type {t} ({TYPES[t].name}) was removed from ggml", command=command,
                             field=f"{field}.type", offset=offset)
     return ggml_nbytes(t, tensor["ne"], tensor["nb"])

@@ -14,6 +14,9 @@ allocations, stored graphs).  Rules that need the server's state are the referen
 conformance checks; rules that need the framing itself (sizes, command ids, reply pairing) are the framer's
 (:mod:`.framing`) and appear here as entries without a predicate, so that every reported id comes from this table.
 
+The conditions a predicate shares with the reference server's refusals (a type that is not ggml's, a region past
+its tensor, the rows' span, the graph's node ids) live in :mod:`.conditions`, so each is written once.
+
 A message breaks at most one rule: the first of the table, in table order, whose predicate finds something.
 """
 
@@ -26,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from . import conditions
+from .conditions import region_2d_span
 from .enums import GGML_TYPE_COUNT, TYPES, Command
 from .facts import ggml_nbytes
 from .layout_fit import other_framing, shifted_framing
@@ -127,8 +132,7 @@ COPIES: dict[Command, tuple[str, str]] = {C.COPY_TENSOR: ("src", "dst")}
 
 def _nbytes(t: Mapping[str, Any]) -> int | None:
     """Bytes of a tensor, None when its type is not a live ggml type (another rule reports that)."""
-    info = TYPES.get(int(t["type"]))
-    if info is None or info.removed:
+    if conditions.unknown_type(t["type"]) or conditions.removed_type(t["type"]):
         return None
     return ggml_nbytes(t["type"], t["ne"], t["nb"])
 
@@ -136,13 +140,14 @@ def _nbytes(t: Mapping[str, Any]) -> int | None:
 def _type(msg: Message, _s: ConnState) -> Finding | None:
     if msg.command is C.GRAPH_COMPUTE:
         types = msg.fields["tensors"]["type"]
-        if len(types) and int(types.max()) >= GGML_TYPE_COUNT:
-            i = int(np.argmax(types >= GGML_TYPE_COUNT))
+        bad = np.flatnonzero(conditions.unknown_types(types))
+        if len(bad):
+            i = int(bad[0])
             return Finding(f"tensor {i} has type {int(types[i])}", f"tensors[{i}].type")
         return None
     for name in TENSOR_FIELDS[msg.command]:
         t = msg.fields[name]["type"]
-        if t >= GGML_TYPE_COUNT:
+        if conditions.unknown_type(t):
             return Finding(f"type {t} is not a ggml type (< {GGML_TYPE_COUNT})", f"{name}.type")
     return None
 
@@ -150,7 +155,7 @@ def _type(msg: Message, _s: ConnState) -> Finding | None:
 def _removed(msg: Message, _s: ConnState) -> Finding | None:
     for name in TENSOR_FIELDS[msg.command]:
         t = msg.fields[name]["type"]
-        if TYPES[t].removed:
+        if conditions.removed_type(t):
             return Finding(f"type {t} ({TYPES[t].name}) was removed from ggml", f"{name}.type")
     return None
 
@@ -167,7 +172,7 @@ def _region(msg: Message) -> tuple[int, int, int] | None:
 
 def _past(msg: Message, _s: ConnState) -> Finding | None:
     r = _region(msg)
-    if r is None or not r[1] or r[0] + r[1] <= r[2]:
+    if r is None or not conditions.region_past(*r):
         return None
     return Finding(f"region offset {r[0]} + {r[1]} bytes runs past the tensor's {r[2]} bytes", "offset")
 
@@ -185,38 +190,29 @@ def _no_nodes(msg: Message, _s: ConnState) -> Finding | None:
 
 
 def _null_node(msg: Message, _s: ConnState) -> Finding | None:
-    return Finding("node id 0 (a null node)", "nodes") if np.any(msg.fields["nodes"] == 0) else None
+    return Finding("node id 0 (a null node)", "nodes") if np.any(conditions.null_nodes(msg.fields["nodes"])) else None
 
 
 def _unknown_node(msg: Message, _s: ConnState) -> Finding | None:
     nodes = msg.fields["nodes"]
-    known = np.isin(nodes, msg.fields["tensors"]["id"])
-    if np.all(known):
+    unknown = np.flatnonzero(conditions.first_rows(msg.fields["tensors"]["id"], nodes) < 0)
+    if not len(unknown):
         return None
-    i = int(np.argmin(known))
+    i = int(unknown[0])
     return Finding(f"node id {int(nodes[i]):#x} is not among the tensors", f"nodes[{i}]")
-
-
-def region_2d_span(size: int, n_copies: int, stride: int) -> int | None:
-    """Bytes a 2-D region covers from its first row: ``(n_copies - 1) * stride + size``; None when a count is 0 or
-    the span does not fit 64 bits (upstream refuses both)."""
-    if size == 0 or n_copies == 0:
-        return None
-    span = (n_copies - 1) * stride + size
-    return span if span < 1 << 64 else None
 
 
 def _rows_zero(msg: Message, _s: ConnState) -> Finding | None:
     f = msg.fields
-    for name in ("size", "n_copies"):
-        if f[name] == 0:
-            return Finding(f"{name} is 0", name)
-    return None
+    if not conditions.rows_zero(f["size"], f["n_copies"]):
+        return None
+    name = "size" if f["size"] == 0 else "n_copies"
+    return Finding(f"{name} is 0", name)
 
 
 def _rows_data(msg: Message, _s: ConnState) -> Finding | None:
     f = msg.fields
-    if not ROWS[msg.command] or f["size"] * f["n_copies"] == msg.data_len:
+    if not ROWS[msg.command] or not conditions.rows_data_mismatch(f["size"], f["n_copies"], msg.data_len):
         return None
     return Finding(f"{msg.data_len} data bytes, but size {f['size']} x n_copies {f['n_copies']} = "
                    f"{f['size'] * f['n_copies']}", "size")
@@ -236,7 +232,7 @@ def _rows_overflow(msg: Message, _s: ConnState) -> Finding | None:
 def _rows_past(msg: Message, _s: ConnState) -> Finding | None:
     f = msg.fields
     span, nbytes = region_2d_span(f["size"], f["n_copies"], f["stride"]), _nbytes(f["tensor"])
-    if span is None or nbytes is None or f["offset"] + span <= nbytes:
+    if span is None or nbytes is None or not conditions.region_past(f["offset"], span, nbytes):
         return None
     return Finding(_rows_text(f, f"runs past the tensor's {nbytes} bytes"), "stride")
 

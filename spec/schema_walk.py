@@ -1,6 +1,6 @@
 """Reading the construct declarations back as data: what each field of a payload Struct is.
 
-The generated reference (:mod:`ggml_rpc.spec.docs`) and the hypothesis strategies
+The generated reference (:mod:`ggml_rpc.spec.render.markdown`) and the hypothesis strategies
 (:mod:`ggml_rpc.spec.strategies`) both walk the same Structs; this module is the one place that knows how
 construct wraps a field (``"name" / Int64ul * "doc"`` is two nested ``Renamed``) and how a counted array names
 its count field (``Array(this.n_nodes, ...)``).

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ggml_rpc.conformance.bench.kit import make_session
-from ggml_rpc.conformance.bench.runner import Figure, Measurement, NotApplicable, Stats, run_measurement
-from ggml_rpc.conformance.bench.server_figures import (
+from ggml_rpc.bench.kit import make_session
+from ggml_rpc.bench.runner import Figure, Measurement, NotApplicable, Stats, run_measurement
+from ggml_rpc.bench.server_figures import (
     CHAIN_ID_BASE,
     CHAIN_ID_STRIDE,
     BenchTarget,
@@ -251,7 +251,7 @@ def test_kit_session_decodes_to_what_it_says(protocol, tmp_path: Path) -> None:
 @pytest.mark.parametrize(("path", "version"), captures({"v8-upstream-tiny-f32-big-cold.pcap": "8"},
                                                       {"v7-v7-gen-cold.pcap": "7"}))
 def test_replaying_a_cache_using_capture_twice_on_one_server(path: Path, version: str, tmp_path: Path) -> None:
-    from ggml_rpc.conformance.bench.kit import Replay
+    from ggml_rpc.bench.kit import Replay
     from ggml_rpc.conformance.sessions.replay import load_captures
 
     # The first replay fills the server's cache (recorded miss); the second must expect the hit it now gets.

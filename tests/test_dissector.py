@@ -7,9 +7,9 @@ import re
 import pytest
 from construct import Array, Bytes, GreedyBytes, Int8ul, Int16ul, Int32ul, Int64ul, Struct
 from ggml_rpc.conformance.cli import main
-from ggml_rpc.conformance.dissector.lua_source import GeneratorError, describe_fields, generate, lua_str
 from ggml_rpc.spec import PROTOCOLS, V6, V7, V7_0_1, Command, Payload, Shape, TensorFlag
 from ggml_rpc.spec.messages import NO_REPLY, SET_TENSOR_V7_REQ
+from ggml_rpc.spec.render.lua_source import GeneratorError, describe_fields, generate, lua_str
 from ggml_rpc.spec.tensor import RpcTensor
 from ggml_rpc.spec.versions import CommandSpec
 
@@ -158,7 +158,7 @@ def test_cli_usage_errors(tmp_path, capsys):
 
 def test_runtime_names_no_command_but_the_handshake():
     """The fixed Lua runtime knows framing only: every command-specific fact comes from the generated tables."""
-    from ggml_rpc.conformance.dissector.runtime import RUNTIME
+    from ggml_rpc.spec.render.lua_runtime import RUNTIME
 
     named = [c.name for c in Command if re.search(rf"(?<![.\w]){c.name}\b", RUNTIME)]
     assert named == ["HELLO"]  # the handshake rule; its id and sizes still come from the tables (C.HELLO...)

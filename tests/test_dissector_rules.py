@@ -6,10 +6,10 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from ggml_rpc.conformance.dissector.lua_source import generate, rule_tables
 from ggml_rpc.conformance.sessions.lint import lint_file
 from ggml_rpc.conformance.sessions.pcapwrite import write_session
 from ggml_rpc.spec import V8, Command, encode_reply, encode_request, hello_reply, make_tensor
+from ggml_rpc.spec.render.lua_source import generate, rule_tables
 from ggml_rpc.spec.rules import RULES
 from test_dissector_tshark import run_tshark
 

@@ -16,7 +16,6 @@ from pathlib import Path
 import dpkt
 import numpy as np
 import pytest
-from ggml_rpc.conformance.dissector.lua_source import generate
 from ggml_rpc.conformance.sessions.decode import decode_file
 from ggml_rpc.spec import (
     V7,
@@ -29,6 +28,7 @@ from ggml_rpc.spec import (
     make_tensor,
     null_tensor,
 )
+from ggml_rpc.spec.render.lua_source import generate
 from upstream_captures import captures
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import struct
 
-from ggml_rpc.conformance.sessions.capture import Connection
+from ggml_rpc.conformance.sessions.connection import Connection
 from ggml_rpc.conformance.sessions.decode import decode_connection
 from ggml_rpc.spec import V7, Command, SizeMismatch, encode_reply, encode_request, hello_reply
 
 
 def _connection(c2s: bytes, s2c: bytes) -> Connection:
-    conn = Connection(0, ("127.0.0.1", 40000), ("127.0.0.1", 50052), 0.0, saw_syn=True)
-    conn.c2s.data = bytearray(c2s)
-    conn.s2c.data = bytearray(s2c)
-    return conn
+    return Connection.from_streams(0, ("127.0.0.1", 40000), ("127.0.0.1", 50052), 0.0, c2s, s2c)
 
 
 def test_replies_before_a_client_violation_are_decoded():

@@ -9,7 +9,7 @@ import pytest
 from construct import Int16ul, Renamed, Struct
 from ggml_rpc.conformance.cli import main
 from ggml_rpc.spec import PROTOCOLS, V6, V7, V7_0_1, Command, CommandSpec, Payload
-from ggml_rpc.spec.docs import changes_anchor, command_anchor, render_markdown, version_slug
+from ggml_rpc.spec.render.markdown import changes_anchor, command_anchor, render_markdown, version_slug
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKED_IN = ROOT / "spec" / "PROTOCOL.md"

@@ -57,7 +57,7 @@ def hello_version(ctx: Context) -> str:
     fields = _HELLO_LAYOUT.unpack(body)
     version = (fields["major"], fields["minor"], fields["patch"])
     label = ".".join(map(str, version))
-    want = ctx.runner.expect
+    want = ctx.expect
     ctx.note("version", got=f"{label} ({ctx.info.verdict})")
     if want is not None and version[:2] != want.version[:2]:
         raise fail(f"server announces {label}, the run asked for {want.label}",

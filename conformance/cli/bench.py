@@ -16,13 +16,22 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ggml_rpc.bench.kit import GraphDecode, PcapDecode, PcapWrite, Replay, SessionFiles
+from ggml_rpc.bench.report import BenchProgress, figures_table, header, write_json
+from ggml_rpc.bench.runner import FigureResult, Measurement, record, run_measurement, steps_of
+from ggml_rpc.bench.server_figures import (
+    MIB,
+    BenchTarget,
+    GetTensor,
+    GraphCompute,
+    HashHit,
+    RoundTrips,
+    SetTensor,
+    size_label,
+)
 from ggml_rpc.spec import HandshakeError, ProtocolError, parse_version_option
 from rich.console import Console
 
-from ..bench.kit import GraphDecode, PcapDecode, PcapWrite, Replay, SessionFiles
-from ..bench.report import BenchProgress, figures_table, header, write_json
-from ..bench.runner import FigureResult, Measurement, record, run_measurement, steps_of
-from ..bench.server_figures import MIB, BenchTarget, GetTensor, GraphCompute, HashHit, RoundTrips, SetTensor, size_label
 from ..client import ConnectionClosed
 from ..harness import SpawnedTarget, TargetError, parse_address
 from .console import PipeConsole

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from ggml_rpc.spec.facts import DEFAULT_PORT
+from ggml_rpc.spec.render.lua_source import generate
 
-from ..dissector.lua_source import generate
 from .options import UsageError, port_number
 
 

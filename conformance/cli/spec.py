@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ggml_rpc.spec.docs import render_markdown
+from ggml_rpc.spec.render.markdown import render_markdown
 
 from .options import parse_proto, proto_help
 

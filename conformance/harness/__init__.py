@@ -8,7 +8,7 @@ This package's namespace is the API checks are written against (``from ggml_rpc.
 Category, Context, Level``), so a check does not depend on which module of the harness defines a name.
 """
 
-from .context import DEFAULT_SEED, Context, ServerInfo, verdict_for
+from .context import DEFAULT_SEED, Context, RunFacts, ServerInfo, verdict_for
 from .model import (
     SPEC_DOC,
     Blocked,
@@ -42,7 +42,7 @@ from .targets import (
 
 __all__ = [
     "DEFAULT_SEED", "SPEC_DOC", "Blocked", "Category", "Check", "CheckFailed", "Context", "EmbeddedTarget", "Evidence",
-    "ExternalTarget", "Level", "Outcome", "ProgressFn", "Result", "Runner", "ServerGone", "ServerInfo", "Skipped",
-    "SpawnedTarget", "Target", "TargetError", "Unsupported", "exit_status", "format_address", "free_port", "hexdump",
-    "iter_groups", "parse_address", "select", "verdict_for", "wait_for_port",
+    "ExternalTarget", "Level", "Outcome", "ProgressFn", "Result", "RunFacts", "Runner", "ServerGone", "ServerInfo",
+    "Skipped", "SpawnedTarget", "Target", "TargetError", "Unsupported", "exit_status", "format_address", "free_port",
+    "hexdump", "iter_groups", "parse_address", "select", "verdict_for", "wait_for_port",
 ]

@@ -1,5 +1,5 @@
 """What a check function gets: the server's version and facts (:class:`ServerInfo`), fresh connections and
-shared facts (:class:`Context`)."""
+shared facts (:class:`Context`), over what it may know of the run (:class:`RunFacts`: never the runner itself)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from ggml_rpc.spec import PROTOCOLS, V6, Protocol, protocol_for
@@ -17,9 +17,6 @@ from ..client import RpcClient
 from .exchange import Recorder
 from .model import Check, CheckFailed, Evidence, ServerGone
 from .targets import Target, wait_for_port
-
-if TYPE_CHECKING:
-    from .runner import Runner
 
 
 @dataclass(slots=True)
@@ -61,11 +58,28 @@ def verdict_for(version: tuple[int, int, int]) -> tuple[Protocol | None, str]:
 DEFAULT_SEED = 0x5EED
 
 
+@dataclass(frozen=True, slots=True)
+class RunFacts:
+    """What a check may know of the run it is part of (the runner hands each check these, not itself)."""
+
+    target: Target
+    #: What the handshake taught; the runner updates it in place after a restart.
+    info: ServerInfo
+    #: Seconds a check waits for an answer.
+    timeout: float
+    #: The run's seed (see :meth:`Context.rng`).
+    seed: int
+    #: The version the run was asked to find (``--proto``), or None.
+    expect: Protocol | None
+    #: Facts computed once per server start and shared between checks (the runner empties it on a restart).
+    shared: dict[str, Any]
+
+
 class Context:
     """What a check function gets: the server's address and version, fresh connections, shared facts."""
 
-    def __init__(self, runner: Runner, check: Check) -> None:
-        self.runner = runner
+    def __init__(self, run: RunFacts, check: Check) -> None:
+        self.run = run
         self.check = check
         self.evidence: list[Evidence] = []
         #: Every byte of the connections this check opens (see :mod:`.exchange`).
@@ -78,36 +92,41 @@ class Context:
 
     @property
     def info(self) -> ServerInfo:
-        return self.runner.info
+        return self.run.info
 
     @property
     def protocol(self) -> Protocol:
-        assert self.runner.info.protocol is not None
-        return self.runner.info.protocol
+        assert self.run.info.protocol is not None
+        return self.run.info.protocol
 
     @property
     def version(self) -> tuple[int, int, int]:
-        assert self.runner.info.version is not None
-        return self.runner.info.version
+        assert self.run.info.version is not None
+        return self.run.info.version
+
+    @property
+    def expect(self) -> Protocol | None:
+        """The version the run was asked to find, or None."""
+        return self.run.expect
 
     @property
     def timeout(self) -> float:
-        return self.runner.timeout
+        return self.run.timeout
 
     def rng(self) -> np.random.Generator:
         """The generator this check draws its inputs from: the run's seed and the check's ID, so a check sends the
         same bytes whether it runs alone (``--checks``) or after others.  (Payloads that must differ on every run,
         so that a cache an earlier run filled never answers, are :func:`~ggml_rpc.conformance.checks._support.nonce`
         bytes, not drawn from here.)"""
-        return np.random.default_rng([self.runner.seed, zlib.crc32(self.check.id.encode())])
+        return np.random.default_rng([self.run.seed, zlib.crc32(self.check.id.encode())])
 
     @property
     def cache_dir(self) -> Path | None:
-        return self.runner.target.cache_dir
+        return self.run.target.cache_dir
 
     @property
     def target(self) -> Target:
-        return self.runner.target
+        return self.run.target
 
     def note(self, step: str, *, sent: str | None = None, expected: str | None = None, got: str | None = None) -> None:
         """Record an observation (kept as evidence of the verdict)."""
@@ -121,14 +140,14 @@ class Context:
         Raises :class:`ServerGone` when a spawned server's process has exited (its death is the verdict, not a
         refused connect), after waiting (bounded) for a live one that does not accept yet.
         """
-        target = self.runner.target
+        target = self.run.target
         # One deadline for all retries: a server flapping between accepting and refusing cannot loop forever.
         deadline = time.monotonic() + target.startup_wait
         while True:
             try:
                 # Through the check's recorder: every byte is kept for its pcap and HTML page.
                 client = RpcClient.connect(target.host, target.port, timeout=timeout or self.timeout,
-                                           protocol=protocol or self.runner.info.protocol or V6,  # HELLO: all alike
+                                           protocol=protocol or self.run.info.protocol or V6,  # HELLO: all alike
                                            hello=hello, wrap=self.recorder.wrap)
                 break
             except ConnectionRefusedError as exc:
@@ -152,7 +171,7 @@ class Context:
 
     def _gone(self, exc: OSError, *, refused: bool = False) -> ServerGone:
         """The :class:`ServerGone` for a connect that found no server (noting whether nothing was sent yet)."""
-        target = self.runner.target
+        target = self.run.target
         if refused and self.connections == 0:
             # Not one byte of this check reached the server: whatever killed it came before.
             self.gone_before_start = True
@@ -166,7 +185,7 @@ class Context:
 
     def shared(self, key: str, compute: Callable[[], Any]) -> Any:
         """A fact computed once per run (per server start) and shared between checks."""
-        cache = self.runner.shared
+        cache = self.run.shared
         if key not in cache:
             cache[key] = compute()
         return cache[key]

@@ -17,6 +17,8 @@ from typing import Any
 
 from ggml_rpc.spec import Protocol
 
+from ..sessions.connection import Connection
+
 #: Bytes of one check's exchange kept (both directions, all connections together).
 BUDGET = 4 << 20
 
@@ -36,6 +38,12 @@ class RecordedConnection:
 
     def stream(self, from_client: bool) -> bytes:
         return b"".join(data for side, _t, data in self.writes if side == from_client)
+
+    def capture(self) -> Connection:
+        """This connection as the session decoder's :class:`~ggml_rpc.conformance.sessions.capture.Connection`
+        (the kept bytes end early when the budget ran out: a cut, not a violation)."""
+        return Connection.from_streams(self.index, self.client, self.server, self.start, self.stream(True),
+                                       self.stream(False), cut=bool(self.dropped))
 
 
 class Recorder:
@@ -97,18 +105,10 @@ class Recorder:
 
     def decoded(self, protocol: Protocol | None) -> Iterator[tuple[RecordedConnection, Any]]:
         """Each connection with its spec decoding (a ``DecodedConnection``: requests, replies, the first error)."""
-        from ..sessions.capture import Connection
         from ..sessions.decode import decode_connection
 
         for conn in self.connections:
-            cap = Connection(conn.index, conn.client, conn.server, conn.start, saw_syn=True)
-            cap.c2s.data = bytearray(conn.stream(True))
-            cap.s2c.data = bytearray(conn.stream(False))
-            if conn.dropped:
-                # The kept bytes end where the budget ran out: a decoder must not call the cut a violation.
-                cap.c2s.gap_at = len(cap.c2s.data)
-                cap.s2c.gap_at = len(cap.s2c.data)
-            yield conn, decode_connection(cap, protocol)
+            yield conn, decode_connection(conn.capture(), protocol)
 
 
 class RecordingSocket:

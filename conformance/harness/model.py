@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ggml_rpc.spec import PROTOCOLS, Command, Protocol
-from ggml_rpc.spec.docs import command_anchor
+from ggml_rpc.spec.render.markdown import command_anchor
 
 if TYPE_CHECKING:
     from .context import Context

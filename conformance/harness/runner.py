@@ -20,7 +20,7 @@ from typing import Any
 from ggml_rpc.spec import V6, HandshakeError, Protocol, ProtocolError
 
 from ..client import ConnectionClosed, RpcClient
-from .context import DEFAULT_SEED, Context, ServerInfo, verdict_for
+from .context import DEFAULT_SEED, Context, RunFacts, ServerInfo, verdict_for
 from .model import (
     Blocked,
     Check,
@@ -174,7 +174,7 @@ class Runner:
             early = self._unexplained(check) if self.target.process_exited() else []
             result = self._not_applicable(check)
             if result is None:
-                ctx = Context(self, check)
+                ctx = Context(self._facts(), check)
                 result = self._execute(ctx)
                 if ctx.gone_before_start and not self.server_alive():
                     # The check's first connect found no server: nothing of it reached the server, so the death
@@ -182,7 +182,7 @@ class Runner:
                     early += self._unexplained(check)
                     result = self._not_applicable(check)
                     if result is None:
-                        ctx = Context(self, check)
+                        ctx = Context(self._facts(), check)
                         result = self._execute(ctx)
                         self._after(check, result)
                 else:
@@ -192,6 +192,10 @@ class Runner:
         result.spec = check.spec_link(self.info.protocol)
         self.results.append(result)
         return result
+
+    def _facts(self) -> RunFacts:
+        """What a check may know of this run, as it stands now (a caller may set the seed after construction)."""
+        return RunFacts(self.target, self.info, self.timeout, self.seed, self.expect, self.shared)
 
     def _execute(self, ctx: Context) -> Result:
         check = ctx.check

@@ -307,7 +307,7 @@ def test_every_check_has_a_stable_id_and_a_spec_link() -> None:
 def test_spec_links_point_at_anchors_of_the_generated_reference() -> None:
     import re
 
-    from ggml_rpc.spec.docs import render_markdown
+    from ggml_rpc.spec.render.markdown import render_markdown
 
     anchors = set(re.findall(r'<a id="([^"]+)"', render_markdown(None)))
     for c in CATALOGUE:

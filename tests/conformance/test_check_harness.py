@@ -8,10 +8,13 @@ import pytest
 from ggml_rpc.conformance.checks import CATALOGUE, by_id
 from ggml_rpc.conformance.harness import (
     Category,
+    Context,
     EmbeddedTarget,
     Level,
     Outcome,
+    RunFacts,
     Runner,
+    ServerInfo,
     parse_address,
     select,
     verdict_for,
@@ -75,6 +78,24 @@ def test_version_rules_are_unsupported_and_results_serialise() -> None:
     d = passed.as_dict()
     assert d["id"] == "HELLO-001" and d["outcome"] == "pass" and d["spec"] == "spec/PROTOCOL.md#v6-hello"
     assert runner.summary()["unsupported"] == 1 and runner.exit_code() == 0
+
+
+def test_a_check_runs_on_what_it_may_know_of_the_run_without_a_runner() -> None:
+    target = EmbeddedTarget(V7)
+    target.start()
+    try:
+        protocol, verdict = verdict_for(V7.version)
+        facts = RunFacts(target, ServerInfo(V7.version, protocol, verdict=verdict), 5.0, 1, V7, {})
+        check = by_id("DATA-003")
+        ctx = Context(facts, check)
+        try:
+            check.func(ctx)
+        finally:
+            ctx.close_all()
+        assert ctx.connections >= 1 and not hasattr(ctx, "runner") and ctx.expect is V7
+        assert ctx.shared("fact", lambda: 42) == 42 and facts.shared == {"fact": 42}
+    finally:
+        target.stop()
 
 
 def test_terminal_report_renders_live_lines_and_tables() -> None:

@@ -12,7 +12,6 @@ import xml.etree.ElementTree as ET
 from ggml_rpc.conformance.checks import CATALOGUE
 from ggml_rpc.conformance.cli import main
 from ggml_rpc.conformance.harness import DEFAULT_SEED, EmbeddedTarget, Runner, select
-from ggml_rpc.conformance.sessions.capture import Connection
 from ggml_rpc.conformance.sessions.decode import iter_connection
 from ggml_rpc.spec import V7, Command, Request
 
@@ -21,9 +20,7 @@ CHECKS = "COMPUTE-001,COMPUTE-003,COMPUTE-006"
 
 def set_tensor_data(rec) -> list[bytes]:
     """The data of every SET_TENSOR of one recorded connection."""
-    conn = Connection(rec.index, rec.client, rec.server, rec.start, saw_syn=True)
-    conn.c2s.data, conn.s2c.data = rec.stream(True), rec.stream(False)
-    return [bytes(m.data) for m in iter_connection(conn, V7)
+    return [bytes(m.data) for m in iter_connection(rec.capture(), V7)
             if isinstance(m, Request) and m.command is Command.SET_TENSOR and m.data is not None]
 
 

@@ -32,7 +32,7 @@ def _silent_max_size(core: ServerCore, f: dict[str, Any]) -> None:
 
 
 def _wrong_alignment(core: ServerCore, f: dict[str, Any]) -> None:
-    core._device(f["device"], "GET_ALIGNMENT")
+    core.resolve.device(f["device"], "GET_ALIGNMENT")
     core.reply(Command.GET_ALIGNMENT, {"alignment": 64})
 
 

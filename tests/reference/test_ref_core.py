@@ -11,6 +11,10 @@ import numpy as np
 import pytest
 from ggml_rpc.reference import Hooks, ServerCore, make_config
 from ggml_rpc.reference.closing import Close, PeerGone
+from ggml_rpc.reference.devices import BufferTable, DeviceConfig
+from ggml_rpc.reference.replies import Replies
+from ggml_rpc.reference.resolve import Resolver
+from ggml_rpc.reference.tensor_commands import TensorCommands
 from ggml_rpc.spec import V7, Command, GgmlType, encode_request, make_tensor
 from ggml_rpc.spec.codec import REPLY_HEADER
 
@@ -131,3 +135,19 @@ def test_only_server_py_does_network_io_and_nothing_imports_conformance() -> Non
     assert network == {"server.py"}
     assert not [p for p in modules if any(m.startswith("ggml_rpc.conformance") for m in _imports(p))]
     assert all(len(p.read_text(encoding="utf-8").splitlines()) <= 400 for p in modules)
+
+
+def test_a_command_group_runs_on_what_it_is_given_without_a_core() -> None:
+    """A group is an object given its buffer table, resolver and reply queue: no connection core behind it."""
+    table = BufferTable.for_devices(1, DeviceConfig())
+    buf = table.alloc(0, 128)  # the tensor is its first half: a region past the tensor stays in the buffer
+    assert buf is not None
+    buf.memory[:4] = [1, 2, 3, 4]
+    out = Replies(V7)
+    tensors = TensorCommands(V7, None, Resolver(table, 1), out, name="test")
+    t = make_tensor(id=1, ne=(64,), type=int(GgmlType.I8), buffer=buf.handle, data=buf.base)
+    tensors.handlers[Command.GET_TENSOR]({"tensor": t, "offset": 0, "size": 4})
+    assert b"".join(out.take()) == REPLY_HEADER.pack(4) + bytes([1, 2, 3, 4])
+    with pytest.raises(Close) as refused:
+        tensors.handlers[Command.GET_TENSOR]({"tensor": t, "offset": 62, "size": 4})
+    assert refused.value.rule == "REGION-PAST-TENSOR"

@@ -1,7 +1,7 @@
 """Captures of any size in bounded memory: decode, lint and replay of a ~1 GB capture each stay under 256 MiB of
 peak RSS above the interpreter's baseline (measured, never timed).
 
-The capture (conformance/bench/large_capture.py) holds two 256 MiB SET_TENSORs and their two 256 MiB GET_TENSOR
+The capture (bench/large_capture.py) holds two 256 MiB SET_TENSORs and their two 256 MiB GET_TENSOR
 replies.  Each command runs as the only child of a fresh wrapper process whose RUSAGE_CHILDREN gives its peak RSS;
 the baseline is the same command on a tiny capture (the interpreter and every module the command imports).  The
 replay's target is a reference server in this process, so its buffers do not count against the replayer.
@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from ggml_rpc.conformance.bench.large_capture import MiB, measure, write_large_capture
+from ggml_rpc.bench.large_capture import MiB, measure, write_large_capture
 from ggml_rpc.reference import running_server
 
 BOUND_KIB = 256 * 1024

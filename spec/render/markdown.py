@@ -26,23 +26,27 @@ import dataclasses
 import itertools
 from collections.abc import Sequence
 
-from . import codec
-from .docs_rows import Offset, Row, cell, hex_bytes, markdown_table, payload_rows, payload_size, sentence, struct_rows
-from .docs_sections import peer_link_section, rules_section
-from .docs_tables import anchor as _anchor
-from .docs_tables import blocks_section, ops_table, simple_table, types_table
-from .enums import (
-    NEVER_ON_WIRE,
-    Command,
-    GluOp,
-    TensorFlag,
-    UnaryOp,
+from .. import codec
+from ..enums import NEVER_ON_WIRE, Command, GluOp, TensorFlag, UnaryOp
+from ..facts import hello_reply
+from ..messages import NO_REPLY, Payload, Shape
+from ..schema_walk import fields, int_label
+from ..tensor import RpcTensor
+from ..versions import PROTOCOLS, CommandSpec, Protocol
+from .markdown_rows import (
+    Offset,
+    Row,
+    cell,
+    hex_bytes,
+    markdown_table,
+    payload_rows,
+    payload_size,
+    sentence,
+    struct_rows,
 )
-from .facts import hello_reply
-from .messages import NO_REPLY, Payload, Shape
-from .schema_walk import fields, int_label
-from .tensor import RpcTensor
-from .versions import PROTOCOLS, CommandSpec, Protocol
+from .markdown_sections import peer_link_section, rules_section
+from .markdown_tables import anchor as _anchor
+from .markdown_tables import blocks_section, ops_table, simple_table, types_table
 
 #: Framing: the field names and meanings of the codec's header formats (sizes and types come from the codec).
 _REQUEST_FRAMING = (

@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from ggml_rpc.conformance.sessions.decode import decode_file
+from ggml_rpc.conformance.sessions.pcapwrite import write_session
+from ggml_rpc.conformance.sessions.replay import LoadedCapture, Replayer, load_captures
 from ggml_rpc.spec import (
     CONN_CAPS_SIZE,
     Command,
@@ -34,9 +37,6 @@ from ggml_rpc.spec import (
     request_parts,
 )
 
-from ..sessions.decode import decode_file
-from ..sessions.pcapwrite import write_session
-from ..sessions.replay import LoadedCapture, Replayer, load_captures
 from .runner import Figure, Measurement, timed
 from .server_figures import BenchTarget, chain_graph, size_label
 

@@ -1,7 +1,7 @@
 """The fixed part of the generated Lua dissector: reassembly, conversation state, the generic layout walker.
 
 It names no command and no field: everything protocol-specific comes from the tables that
-:func:`ggml_rpc.conformance.dissector.lua_source.generate` emits above it (``F``, ``HF``, ``LAYOUTS``, ``PAYLOADS``,
+:func:`ggml_rpc.spec.render.lua_source.generate` emits above it (``F``, ``HF``, ``LAYOUTS``, ``PAYLOADS``,
 ``PROTOCOLS``, ``TYPES``, ``C``, ``R`` and the value strings).  The only facts used here are the framing (command byte
 and size header, replies in request order) and the arithmetic of the rule table's stateless rules
 (:mod:`ggml_rpc.spec.rules`): which commands have which tensors, regions, copies and rows, and each rule's id, come

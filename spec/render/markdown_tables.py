@@ -1,12 +1,12 @@
 """The ggml tables of the protocol reference: types, their block layouts, ops, sub-ops and flags (see
-:mod:`~ggml_rpc.spec.docs`, which places them)."""
+:mod:`~ggml_rpc.spec.render.markdown`, which places them)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .blocks import QK_K, block_layout
-from .enums import NATIVE_CALLBACK_OPS, TYPES, GgmlOp
+from ..blocks import QK_K, block_layout
+from ..enums import NATIVE_CALLBACK_OPS, TYPES, GgmlOp
 
 
 def anchor(name: str) -> str:

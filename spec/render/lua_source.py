@@ -19,16 +19,15 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Sequence
 
-from ggml_rpc.spec import rules
-from ggml_rpc.spec.enums import NEVER_ON_WIRE, TYPES, Command, GgmlOp, GluOp, TensorFlag, UnaryOp
-from ggml_rpc.spec.facts import DEFAULT_PORT
-from ggml_rpc.spec.framing import ReplyFramer, RequestFramer
-from ggml_rpc.spec.messages import GRAPH_MIN_SIZE, Payload
-from ggml_rpc.spec.payloads import DEFAULT_MAX_PAYLOAD
-from ggml_rpc.spec.versions import PROTOCOLS, Protocol
-
+from .. import rules
+from ..enums import NEVER_ON_WIRE, TYPES, Command, GgmlOp, GluOp, TensorFlag, UnaryOp
+from ..facts import DEFAULT_PORT
+from ..framing import ReplyFramer, RequestFramer
+from ..messages import GRAPH_MIN_SIZE, Payload
+from ..payloads import DEFAULT_MAX_PAYLOAD
+from ..versions import PROTOCOLS, Protocol
+from .lua_runtime import RUNTIME
 from .lua_tables import PROTO_NAME, GeneratorError, LayoutBuilder, LuaField, offset_of, width_of
-from .runtime import RUNTIME
 
 #: GRAPH_COMPUTE payloads up to this size are reassembled and decoded in full; larger ones show their header.
 GRAPH_REASSEMBLE_MAX = 64 << 20

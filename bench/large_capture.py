@@ -14,10 +14,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from ggml_rpc.conformance.sessions.pcapwrite import PcapWriter
 from ggml_rpc.spec import V7, Command, GgmlType, encode_reply, encode_request, make_tensor
 from ggml_rpc.spec.facts import hello_reply
-
-from ..sessions.pcapwrite import PcapWriter
 
 MiB = 1 << 20
 

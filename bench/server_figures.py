@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from ggml_rpc.conformance.client import RpcClient
 from ggml_rpc.spec import (
     TENSOR_DTYPE,
     GgmlOp,
@@ -26,7 +27,6 @@ from ggml_rpc.spec import (
     make_tensor,
 )
 
-from ..client import RpcClient
 from .runner import Figure, Measurement, NotApplicable, timed
 
 KIB, MIB = 1 << 10, 1 << 20

@@ -1,14 +1,14 @@
 """Sections of the protocol reference that are not a command's layout: the rule table and the 8.0.0 servers' link
-(see :mod:`~ggml_rpc.spec.docs`, which places them)."""
+(see :mod:`~ggml_rpc.spec.render.markdown`, which places them)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from .docs_tables import anchor
-from .enums import Command
-from .facts import COMM_BF16_FROM_ELEMENTS, CONN_CAPS_SIZE
-from .rules import RULES
+from ..enums import Command
+from ..facts import COMM_BF16_FROM_ELEMENTS, CONN_CAPS_SIZE
+from ..rules import RULES
+from .markdown_tables import anchor
 
 
 def rules_section() -> str:

@@ -11,9 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from construct import Construct, Struct
-from ggml_rpc.spec import schema_walk
-from ggml_rpc.spec.messages import Payload, Shape
-from ggml_rpc.spec.tensor import RpcTensor
+
+from .. import schema_walk
+from ..messages import Payload, Shape
+from ..tensor import RpcTensor
 
 PROTO_NAME = "ggml_rpc"
 

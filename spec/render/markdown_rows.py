@@ -1,6 +1,6 @@
 """Field tables of the protocol reference: a payload's construct Struct walked into rows of offset, size, type,
 name and meaning (offsets that depend on counts written as ``const + n·field``), and the Markdown cells they
-become (see :mod:`~ggml_rpc.spec.docs`)."""
+become (see :mod:`~ggml_rpc.spec.render.markdown`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from construct import Struct
 
-from .messages import Payload, Shape
-from .schema_walk import FieldInfo, element_size, fields, int_label
-from .tensor import RpcTensor
+from ..messages import Payload, Shape
+from ..schema_walk import FieldInfo, element_size, fields, int_label
+from ..tensor import RpcTensor
 
 #: Named Structs get their own table and are linked, not expanded, where they appear inside a payload.
 NAMED_STRUCTS: dict[int, tuple[str, str]] = {id(RpcTensor): ("rpc_tensor", "rpc_tensor")}
