@@ -156,6 +156,11 @@ class Campaign(FindingSaver):
             self._dead = True
         return ok
 
+    @property
+    def examples_inert(self) -> bool:
+        """What an example asks (:class:`.host.ExampleHost`): send nothing more."""
+        return bool(self.gone) or self.giving_up or self.stop_requested or self.out_of_budget
+
     def request_stop(self) -> None:
         """Stop soon and cleanly (what Ctrl-C does): no new message is sent, the summary is still made."""
         self.stop_requested = True

@@ -35,7 +35,7 @@ from .steps import BROKEN_PER_TEN, MAX_READ, PREREQUISITES, WRITES, ExampleSteps
 from .valid_requests import ConnRef, Scope
 
 if TYPE_CHECKING:
-    from .campaign import Campaign
+    from .host import ExampleHost
 
 #: Seconds a target that keeps a connection open where the reference closes gets to close after all.
 SLOW_CLOSE = 15.0
@@ -63,10 +63,10 @@ def _handles(fields: dict) -> list[int]:
 class Example(ExampleSteps, ReplyChecks):
     """State of one hypothesis example (a program of connections and messages)."""
 
-    def __init__(self, campaign: Campaign) -> None:
-        self.c = campaign
-        self.protocol = campaign.protocol
-        self.scope = Scope(campaign.protocol, devices=campaign.devices, alignment=campaign.alignment)
+    def __init__(self, host: ExampleHost) -> None:
+        self.host = host
+        self.protocol = host.protocol
+        self.scope = Scope(host.protocol, devices=host.devices, alignment=host.alignment)
         self.models: dict[ConnRef, ModelConnection] = {}
         self.current: ConnRef | None = None
         self.tconn: TargetConnection | None = None
@@ -94,7 +94,7 @@ class Example(ExampleSteps, ReplyChecks):
         self._target_live: set[int] = set()
         #: Sanitizer reports the target had printed before this example (an instrumented server's reports after
         #: it are this example's).
-        self._sanitizer_mark = campaign.target.sanitizer_count
+        self._sanitizer_mark = host.target.sanitizer_count
 
     # ---- connections -----------------------------------------------------------------------------------------
 
@@ -110,8 +110,7 @@ class Example(ExampleSteps, ReplyChecks):
     def inert(self) -> bool:
         """The target is gone, shrinking ran out of time, the budget is spent, a stop was asked for or the model lost
         track of the target's memory: steps send nothing."""
-        return (bool(self.c.gone) or self.c.giving_up or self.c.stop_requested or self.c.out_of_budget
-                or self.untracked)
+        return self.host.examples_inert or self.untracked
 
     def prepare(self, ref: ConnRef) -> None:
         """Make ``ref`` the open connection (re-opening it when it ended) and point the scope at its state."""
@@ -149,15 +148,15 @@ class Example(ExampleSteps, ReplyChecks):
         self.close_current()
         ref.incarnation += 1
         try:
-            tconn = TargetConnection(self.c.target.host, self.c.target.port, timeout=self.c.timeout)
+            tconn = TargetConnection(self.host.target.host, self.host.target.port, timeout=self.host.timeout)
         except Refused as exc:
             self._fail("crash", f"the target refuses connections ({exc}) after "
                        f"{self.last.describe() if self.last else 'the previous example'}", self.last)
         old = self.models.pop(ref, None)
         if old is not None:
             old.close()
-        cache = self.c.model_cache.cache if self.c.model_cache is not None else None
-        self.models[ref] = ModelConnection(self.c.model_config, cache, name=f"model {ref!r}")
+        cache = self.host.model_cache.cache if self.host.model_cache is not None else None
+        self.models[ref] = ModelConnection(self.host.model_config, cache, name=f"model {ref!r}")
         self.current, self.tconn = ref, tconn
         self._target_live = set()
         self._last_ref = ref
@@ -189,7 +188,7 @@ class Example(ExampleSteps, ReplyChecks):
                 self._fail("wrong-reply", f"the target sent {len(rec.data)} byte(s) that no request asked for "
                            f"(first: {rec.data[:16].hex(' ')})", self.last)
             if rec.timed_out:
-                self._open_where_model_closes(tconn, f"the target did not close within {self.c.timeout:g} s after "
+                self._open_where_model_closes(tconn, f"the target did not close within {self.host.timeout:g} s after "
                                               "the client finished sending", self.last)
         finally:
             tconn.close()
@@ -206,7 +205,7 @@ class Example(ExampleSteps, ReplyChecks):
             return
         try:
             self.close_current()
-            if not self.c.alive():
+            if not self.host.alive():
                 self._fail("crash", "the target stopped accepting connections after "
                            f"{self.last.describe() if self.last else 'this example'}", self.last)
             self._check_sanitizer(self.last, settle=True)
@@ -244,7 +243,7 @@ class Example(ExampleSteps, ReplyChecks):
             self._writes.append((False, out.reply))
         self.messages += 1
         self.last = msg
-        self.c.count_message(msg)
+        self.host.count_message(msg)
         if msg.command is Command.SET_TENSOR and msg.data:
             self.scope.hashes.append(fnv1a64(msg.data))
         if msg.command is Command.FREE_BUFFER and not out.closed:
@@ -257,7 +256,7 @@ class Example(ExampleSteps, ReplyChecks):
             rec = tconn.until_closed()
             if rec.timed_out and not rec.data:
                 self._open_where_model_closes(tconn, f"the target neither closed nor answered within "
-                                              f"{self.c.timeout:g} s where the reference closes ({out.reason})", msg)
+                                              f"{self.host.timeout:g} s where the reference closes ({out.reason})", msg)
                 return None
             self._end_target()
             if rec.data:
@@ -281,7 +280,7 @@ class Example(ExampleSteps, ReplyChecks):
         reply shows: a finding of its own. A fatal report (ASan) is read with the death instead. The report may
         be read a message late (the server's output is read by another thread): shrinking moves the blame to the
         last message that still produces it."""
-        target = self.c.target
+        target = self.host.target
         if not settle and target.sanitizer_count <= self._sanitizer_mark:
             return  # the common case costs one comparison per message
         reports = [r for r in target.sanitizer_reports(self._sanitizer_mark) if not r.fatal]
@@ -316,7 +315,7 @@ class Example(ExampleSteps, ReplyChecks):
             if rec.closed and not rec.data:
                 return
         self._end_target()
-        if self.c.alive():
+        if self.host.alive():
             self._fail("wrong-reply", message + " (the server itself still answers new connections)", msg)
         self._fail("hang", message, msg)
 
@@ -326,7 +325,7 @@ class Example(ExampleSteps, ReplyChecks):
         self._sent.append(msg)
         self.messages += 1
         self.last = msg
-        self.c.count_message(msg)
+        self.host.count_message(msg)
 
     def leave_early(self, ref: ConnRef, msg: FuzzMessage) -> None:
         """Send ``msg`` and close the connection at once, reading nothing: the server must outlive a client that
@@ -347,10 +346,10 @@ class Example(ExampleSteps, ReplyChecks):
         self._sent.append(msg)
         self.messages += 1
         self.last = msg
-        self.c.count_message(msg)
+        self.host.count_message(msg)
         self.current, self.tconn = None, None
         model.close()
-        if not self.c.alive():
+        if not self.host.alive():
             self._fail("crash", f"the target died after a client closed before reading the reply of {msg.name}",
                        msg)
 
@@ -360,7 +359,7 @@ class Example(ExampleSteps, ReplyChecks):
 
     def _closed_unexpectedly(self, msg: FuzzMessage, model_did: str) -> None:
         self._end_target()
-        if not self.c.alive():
+        if not self.host.alive():
             if self._opening is not None and self._opening is not msg:
                 # A dying process may still accept a connection: the death belongs to what came before.
                 self._fail("crash", f"the target died after {self._opening.describe()} (it no longer accepts "
@@ -370,7 +369,7 @@ class Example(ExampleSteps, ReplyChecks):
 
     def _fail(self, kind: str, message: str, msg: FuzzMessage | None, symptom: str = "",
               sanitizer: dict | None = None) -> None:
-        if kind == "hang" and self.c.target.process_exited():
+        if kind == "hang" and self.host.target.process_exited():
             kind = "crash"
             message += " (the target process then exited)"
         finding = Finding(kind, message, command=msg.name if msg else "", broken=msg.broken if msg else None)
@@ -378,9 +377,9 @@ class Example(ExampleSteps, ReplyChecks):
         finding.sanitizer = sanitizer
         self.finding = finding
         if kind in ("crash", "hang"):
-            finding.death = self.c.target.death_info()
-            self.c.mark_dead()
-        self.c.found(self, finding)
+            finding.death = self.host.target.death_info()
+            self.host.mark_dead()
+        self.host.found(self, finding)
         raise finding
 
 

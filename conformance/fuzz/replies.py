@@ -21,7 +21,7 @@ class ReplyChecks:
     def _check_reply(self, msg: FuzzMessage, want: bytes, tconn: TargetConnection) -> None:
         head = tconn.read(REPLY_HEADER_SIZE)
         if head.timed_out:
-            self._fail("hang", f"no reply within {self.c.timeout:g} s", msg)
+            self._fail("hang", f"no reply within {self.host.timeout:g} s", msg)
         if len(head.data) < REPLY_HEADER_SIZE:
             self._closed_unexpectedly(msg, "replies")
         want_head, want_body = want[:REPLY_HEADER_SIZE], want[REPLY_HEADER_SIZE:]
@@ -31,7 +31,7 @@ class ReplyChecks:
             self._fail("wrong-reply", f"reply size {got}, the reference replies {len(want_body)} bytes", msg)
         body = tconn.read(len(want_body))
         if body.timed_out:
-            self._fail("hang", f"reply body incomplete after {self.c.timeout:g} s", msg)
+            self._fail("hang", f"reply body incomplete after {self.host.timeout:g} s", msg)
         if len(body.data) < len(want_body):
             self._closed_unexpectedly(msg, "replies")
         self._compare(msg, want_body, body.data)
@@ -41,7 +41,7 @@ class ReplyChecks:
         spec = self.protocol.commands[cmd]
         schema = spec.reply.schema  # type: ignore[union-attr]
         if cmd is Command.GET_TENSOR:
-            if want != got and (self.c.exact or not self.computed):
+            if want != got and (self.host.exact or not self.computed):
                 w, g = np.frombuffer(want, np.uint8), np.frombuffer(got, np.uint8)
                 differ = w != g
                 if not w[differ].any():
@@ -68,9 +68,9 @@ class ReplyChecks:
                 self._fail("wrong-reply", f"base {g['base_ptr']:#x}, the reference {w['base_ptr']:#x}", msg)
             self.reloc.base(msg.fields["remote_ptr"], w["base_ptr"], g["base_ptr"])
             return
-        if cmd in RECORDED_ONLY and not self.c.exact:
+        if cmd in RECORDED_ONLY and not self.host.exact:
             return
-        if cmd is Command.SET_TENSOR_HASH and self.c.cache_unknown and g.get("result") and not w.get("result"):
+        if cmd is Command.SET_TENSOR_HASH and self.host.cache_unknown and g.get("result") and not w.get("result"):
             # A hit the model cannot know of (the target's cache holds entries from before this example): the
             # tensor now holds bytes the model never saw, so nothing more of this example can be judged.
             self.untracked = True
@@ -91,8 +91,8 @@ class ReplyChecks:
             if granted and want["remote_size"] != got["remote_size"]:
                 self._fail("wrong-reply", f"allocation {got}, the reference {want}", msg)
             return
-        if not self.c.exact:
-            if granted and msg.fields.get("size", 0) > self.c.model_config.device.memory:
+        if not self.host.exact:
+            if granted and msg.fields.get("size", 0) > self.host.model_config.device.memory:
                 self.memory_diverged = True
                 return
             if not granted and self.memory_diverged:

@@ -55,7 +55,7 @@ class ExampleSteps:
 
     def setup(self, d: Draw, conn: ConnRef) -> None:
         """A buffer and two tensors of one type and shape on ``conn`` (so that graphs can combine them)."""
-        buf = self.alloc(conn, d.integer(64, 4096), d.integer(0, max(0, self.c.devices - 1)))
+        buf = self.alloc(conn, d.integer(64, 4096), d.integer(0, max(0, self.host.devices - 1)))
         if buf is not None:
             first = placed_tensor(d, self.scope, buf)
             self.scope.all_tensors.append(first)
@@ -78,7 +78,7 @@ class ExampleSteps:
                 self.command_step(d, commands[pick])
             elif pick == len(commands):
                 conn = self.active()
-                self.alloc(conn, alloc_size(d), d.integer(0, max(0, self.c.devices - 1)))
+                self.alloc(conn, alloc_size(d), d.integer(0, max(0, self.host.devices - 1)))
             else:
                 conn = self.active()
                 if self.scope.buffers:

@@ -1,0 +1,65 @@
+"""What an example needs of the campaign that runs it: a narrow interface instead of the whole campaign.
+
+Rules of this module:
+
+1. An :class:`~.example.Example` (and its step and reply mixins) reaches the campaign only through
+   :class:`ExampleHost`; anything else of the campaign (rounds, budgets, shrinking, reports) is not its business.
+2. The campaign's several reasons for sending nothing more (target gone, shrinking out of time, budget spent, stop
+   asked for) reach an example as one answer, :attr:`ExampleHost.examples_inert`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ggml_rpc.conformance.harness import Target
+    from ggml_rpc.reference.config import ServerConfig
+    from ggml_rpc.spec import Protocol as WireProtocol
+
+    from .findings import Finding
+    from .message import FuzzMessage
+    from .oracle import ModelCache
+
+
+class ExampleHost(Protocol):
+    """The campaign as an example sees it."""
+
+    target: Target
+    protocol: WireProtocol
+    devices: int
+    alignment: int
+    #: Seconds a reply may take.
+    timeout: float
+    #: Computed results must match the model exactly (the embedded reference), not within a tolerance.
+    exact: bool
+    model_config: ServerConfig
+    #: The model's hash cache, when the target's can be followed (None otherwise).
+    model_cache: ModelCache | None
+    #: The target may hold cache entries the model cannot know of.
+    cache_unknown: bool
+
+    @property
+    def examples_inert(self) -> bool:
+        """Steps send nothing more (the target is gone, shrinking ran out of time, the budget is spent, or a stop
+        was asked for)."""
+        ...
+
+    def alive(self) -> bool:
+        """Does the target still accept connections?"""
+        ...
+
+    def mark_dead(self) -> None:
+        """The target may have died: look before the next example."""
+        ...
+
+    def count_message(self, msg: FuzzMessage) -> None:
+        """One message sent (for the campaign's figures)."""
+        ...
+
+    def found(self, example: object, finding: Finding) -> None:
+        """The example broke an invariant (called before the finding is raised)."""
+        ...
+
+
+__all__ = ["ExampleHost"]
