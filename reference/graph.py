@@ -207,6 +207,13 @@ def _check(rows: np.ndarray, buffers: Mapping[int, BufferLike]) -> _Checked:
     if len(removed):
         k = int(removed[0])
         raise GraphError(f"tensor {int(rows['id'][k]):#x} has removed type {type_name(int(types[k]))}")
+    blck = BLOCK_ELEMENTS[types]
+    partial = np.flatnonzero((blck > 1) & (rows["ne"][:, 0] % np.maximum(blck, 1) != 0))
+    if len(partial):
+        # #25288: a row that ends inside a block; sizes and kernels assume whole blocks.
+        k = int(partial[0])
+        raise GraphError(f"tensor {int(rows['id'][k]):#x} ne[0] = {int(rows['ne'][k][0])} is not a multiple of "
+                         f"{type_name(int(types[k]))}'s block size {int(blck[k])}")
     nbytes, nbytes_u = ggml_nbytes_many(types, rows["ne"], rows["nb"])
     handles = rows["buffer"]
     data = rows["data"]

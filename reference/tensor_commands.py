@@ -78,6 +78,11 @@ class TensorCommands:
             raise Close(f"{command}: {what} type {ttype} is not a ggml type{_upstream('close')}")
         if TYPES[ttype].removed:
             raise Close(f"{command}: {what} has removed type {type_name(ttype)}{_upstream('close')}")
+        blck = TYPES[ttype].blck
+        if blck > 1 and ne[0] % blck:
+            # #25288: sizes and kernels assume whole blocks; a partial one is read or written past the tensor.
+            raise Close(f"{command}: {what} ne[0] = {ne[0]} is not a multiple of {type_name(ttype)}'s block size "
+                        f"{blck}{_upstream('an assertion, compiled out of release builds')}")
         # A client names the same few tensors again and again: their sizes are remembered (bounded).
         key = (ttype, ne, nb)
         nbytes = self._nbytes.get(key)
