@@ -22,6 +22,7 @@ from ggml_rpc.conformance.checks._support import (
     bad_on_fresh,
     fail,
     nonce,
+    recv_upto,
     send_and_expect_close,
     session,
 )
@@ -31,6 +32,7 @@ from ggml_rpc.conformance.checks.framing import FR, get_tensor_request, graph_by
 from ggml_rpc.conformance.harness import Context, hexdump
 from ggml_rpc.spec import Command as C
 from ggml_rpc.spec import GgmlOp, GgmlType, TensorFlag, encode_request, make_tensor, tensor_nbytes
+from ggml_rpc.spec.codec import REPLY_HEADER
 
 F32, I32, I64, I8 = int(GgmlType.F32), int(GgmlType.I32), int(GgmlType.I64), int(GgmlType.I8)
 Q4_0 = int(GgmlType.Q4_0)
@@ -113,22 +115,41 @@ def misaligned_block(ctx: Context) -> str:
 # ---- B: size arithmetic -----------------------------------------------------------------------------------------
 
 
-@_check("FRAME-049", "a tensor with an empty dimension (ne[i] = 0) has no bytes: SET/GET_TENSOR of any byte of it "
-        "closes the connection", FR, section="rpc_tensor")
-def empty_dimension(ctx: Context) -> None:
-    # #9799: (ne[i] - 1) * nb[i] underflowed for ne[i] = 0 and the size became huge; the size is 0.  Strides are
-    # large so that a server still multiplying by ne - 1 computes a size far past the buffer.
-    for dim in (1, 3):
-        def empty(buf: Buf, dim: int = dim) -> dict:
-            ne = [16, 1, 1, 1]
-            ne[dim] = 0
-            return make_tensor(id=0x2101, type=I8, ne=tuple(ne), nb=(1, 0xFFFF_FFF0, 0xFFFF_FFF0, 0xFFFF_FFF0),
-                               buffer=buf.handle, data=buf.base)
+#: Strides of the empty tensors: a server still multiplying (ne[i] - 1) by them, with ne[i] = 0, computes a size
+#: of about 2^64 - 2^32 (or, wrapped, anything).
+EMPTY_NB = (4, 0xFFFF_FFF0, 0xFFFF_FFF0, 0xFFFF_FFF0)
 
-        bad_on_fresh(ctx, lambda buf, e=empty: get_tensor_request(ctx, e(buf), 0, 16),
-                     f"GET_TENSOR of 16 bytes of a tensor with ne[{dim}] = 0")
-        bad_on_fresh(ctx, lambda buf, e=empty: set_tensor_request(ctx, e(buf), 0, nonce(16)),
-                     f"SET_TENSOR of 16 bytes to a tensor with ne[{dim}] = 0")
+
+@_check("FRAME-049", "a tensor with an empty dimension (ne[i] = 0) has no bytes: a 0-byte GET_TENSOR of it at the "
+        "buffer's last byte reads nothing, a graph node with an empty dimension writes nothing", FR,
+        section="rpc_tensor")
+def empty_dimension(ctx: Context) -> str:
+    # #9799: (ne[i] - 1) * nb[i] underflowed for ne[i] = 0 and the size became huge; the size is 0.
+    notes = []
+    for dim in (1, 3):
+        ne = [4, 1, 1, 1]
+        ne[dim] = 0
+        buf = session(ctx)
+        t = make_tensor(id=0x2101, type=F32, ne=tuple(ne), nb=EMPTY_NB, buffer=buf.handle,
+                        data=buf.base + buf.size - 1)
+        sent = get_tensor_request(ctx, t, 0, 0)
+        buf.client.send_raw(sent)
+        want = REPLY_HEADER.pack(0)
+        got = recv_upto(buf.client.sock, len(want) + 1, ctx.timeout)
+        what = f"GET_TENSOR of 0 bytes of a tensor with ne[{dim}] = 0 at the buffer's last byte"
+        if got and got != want:
+            raise fail(f"{what}: the reply is not empty", sent=hexdump(sent, 48), expected=f"{hexdump(want)} or a "
+                       "close", got=hexdump(got))
+        ctx.note(what, sent=hexdump(sent, 48), expected="an empty reply or a close",
+                 got="an empty reply" if got else "closed")
+        notes.append(f"{what}: {'empty reply' if got else 'refused'}")
+        buf.client.close()
+        g = Guarded.open(ctx)
+        a = g.place(F32, tuple(ne), nb=EMPTY_NB, id=0x2102)
+        out = g.place(F32, tuple(ne), nb=EMPTY_NB, id=0x2103, output=True, op=int(GgmlOp.SCALE), flags=COMPUTE,
+                      src=_srcs(a["id"]), op_params=[0x40000000])
+        notes.append(g.run(ctx, [out["id"]], [a, out], f"GRAPH_COMPUTE of SCALE of tensors with ne[{dim}] = 0"))
+    return "; ".join(notes)
 
 
 def overflowing_shape() -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -148,7 +169,7 @@ def overflowing_size(ctx: Context) -> None:
         return make_tensor(id=id, type=I8, ne=ne, nb=nb, buffer=buf.handle, data=buf.base)
 
     bad_on_fresh(ctx, lambda buf: get_tensor_request(ctx, huge(buf), 0, 16),
-                 "GET_TENSOR of 16 bytes of a tensor whose size is 2^65 + 16 (16 modulo 2^64)")
+                 "GET_TENSOR of 16 bytes of a tensor whose size is 2^64 + 16 (16 modulo 2^64)")
 
     def graph(buf: Buf) -> bytes:
         a = buf.f32(256, (4,), id=0x2202)
@@ -156,7 +177,7 @@ def overflowing_size(ctx: Context) -> None:
                     op_params=[0x3F800000] + [0] * 15)
         return graph_bytes(ctx.protocol, 0, [node["id"]], [a, node])
 
-    bad_on_fresh(ctx, graph, "GRAPH_COMPUTE of a SCALE node whose size is 2^65 + 16 (16 modulo 2^64)")
+    bad_on_fresh(ctx, graph, "GRAPH_COMPUTE of a SCALE node whose size is 2^64 + 16 (16 modulo 2^64)")
 
 
 # ---- canaries: what a kernel reads or writes around its tensors --------------------------------------------------
@@ -300,14 +321,13 @@ def graph_foreign_buffer(ctx: Context) -> None:
                 gone = alloc(buf.client, 4096)
                 buf.client.free_buffer(gone.handle)
             else:
-                # The other connection first: upstream serves one connection at a time.
+                # The other connection first (upstream serves one connection at a time), with two buffers: the
+                # server may hand one's handle out again to this connection, never both.
                 other = ctx.connect()
-                gone = alloc(other, 4096)
+                olds = [alloc(other, 4096), alloc(other, 12288)]
                 other.close()
-                buf = session(ctx)
-                if buf.handle == gone.handle:
-                    # The server handed the same handle out again: the graph's buffer must be one it does not know.
-                    buf = alloc(buf.client, 4096)
+                buf = session(ctx, 8192)
+                gone = next(b for b in olds if b.handle != buf.handle)
             a = buf.f32(0, (4,), id=0x2501)
             b = buf.f32(16, (4,), id=0x2502)
             out = buf.f32(32, (4,), id=0x2503)
@@ -347,107 +367,125 @@ def graph_cycles(ctx: Context) -> str:
 
 # ---- E: kernel bounds --------------------------------------------------------------------------------------------
 
+#: A graph placed in a guarded buffer: its node ids, its tensors and what it is, for the evidence.
+Graph = tuple[list[int], list[dict], str]
 
-def _rows_table(g: Guarded, id: int) -> dict:
-    return g.place(F32, (4, 8), id=id, values=_f32([float(i) for i in range(32)]))
+
+def get_rows_graph(g: Guarded, row: int) -> Graph:
+    """GET_ROWS of rows [0, ``row``] of an 8-row f32 table into a 2-row result."""
+    table = g.place(F32, (4, 8), id=0x2701, values=_f32([float(i) for i in range(32)]))
+    idx = g.place(I32, (2,), id=0x2702, values=_i32([0, row]))
+    out = g.place(F32, (4, 2), id=0x2703, output=True, op=int(GgmlOp.GET_ROWS), flags=COMPUTE,
+                  src=_srcs(table["id"], idx["id"]))
+    return [out["id"]], [table, idx, out], f"GET_ROWS of rows [0, {row}] of an 8-row table"
+
+
+def set_rows_graph(g: Guarded, row: int) -> Graph:
+    """SET_ROWS of two rows into rows [0, ``row``] of an 8-row f32 table (the node is a view of the table)."""
+    rows = g.place(F32, (4, 2), id=0x2801, values=_f32([100.0 + i for i in range(8)]))
+    idx = g.place(I64, (2,), id=0x2802, values=struct.pack("<2q", 0, row))  # I64: every version's SET_ROWS
+    table = g.place(F32, (4, 8), id=0x2803, values=_f32([float(i) for i in range(32)]), output=True)
+    node = dict(table, id=0x2804, op=int(GgmlOp.SET_ROWS), flags=COMPUTE, src=_srcs(rows["id"], idx["id"]),
+                view_src=table["id"])
+    return [node["id"]], [rows, idx, table, node], f"SET_ROWS of rows [0, {row}] into an 8-row table"
+
+
+def acc_set_graph(g: Guarded, op: GgmlOp, nb1: int, offset: int) -> Graph:
+    """ACC or SET of a 4x4 f32 window into a 4x4 result, window rows ``nb1`` bytes apart from byte ``offset``."""
+    a = g.place(F32, (4, 4), id=0x2901, values=_f32([1.0] * 16))
+    b = g.place(F32, (4, 4), id=0x2902, values=_f32([2.0] * 16))
+    # op_params: nb1, nb2, nb3 (dims 2 and 3 of the window are 1: they move nothing), offset, inplace
+    out = g.place(F32, (4, 4), id=0x2903, output=True, op=int(op), flags=COMPUTE, src=_srcs(a["id"], b["id"]),
+                  op_params=[nb1, 256, 256, offset, 0])
+    return [out["id"]], [a, b, out], f"{op.name} of a 4x4 window, nb1 = {nb1}, offset = {offset}"
+
+
+def ssm_scan_graph(g: Guarded, state_id: int) -> Graph:
+    """SSM_SCAN of one token of one sequence from state ``state_id`` of 2 (N = 4, D = 2, H = 1, one group).
+
+    x = 0 and A = 0: the state passes through unchanged (decay exp(0) = 1, nothing added), so a state read from
+    outside s comes back in the result byte for byte."""
+    s = g.place(F32, (4, 2, 1, 2), id=0x2A01, values=_f32([0.5] * 16))
+    x = g.place(F32, (2, 1, 1, 1), id=0x2A02, values=_f32([0.0, 0.0]))
+    dt = g.place(F32, (1, 1, 1, 1), id=0x2A03, values=_f32([0.1]))
+    a = g.place(F32, (1, 1, 1, 1), id=0x2A04, values=_f32([0.0]))
+    b = g.place(F32, (4, 1, 1, 1), id=0x2A05, values=_f32([1.0] * 4))
+    c = g.place(F32, (4, 1, 1, 1), id=0x2A06, values=_f32([1.0] * 4))
+    ids = g.place(I32, (1,), id=0x2A07, values=_i32([state_id]))
+    # y (D x H x T x n = 2) then the final states (N x D x H x n = 8); op_params[0]: one state kept (8.0.0)
+    out = g.place(F32, (10,), id=0x2A08, output=True, op=int(GgmlOp.SSM_SCAN), flags=COMPUTE,
+                  src=_srcs(s["id"], x["id"], dt["id"], a["id"], b["id"], c["id"], ids["id"]), op_params=[1])
+    return [out["id"]], [s, x, dt, a, b, c, ids, out], f"SSM_SCAN with ids [{state_id}] of 2 states"
+
+
+def gated_delta_net_graph(g: Guarded, snapshots: int) -> Graph:
+    """GATED_DELTA_NET (S = 2, one head, one token, one sequence) with op_params[0] = ``snapshots`` into a result
+    sized for one state (y: S x Hv x T x n = 2, one state: S x S x Hv x n = 4)."""
+    q = g.place(F32, (2, 1, 1, 1), id=0x2B01, values=_f32([0.5, 0.5]))
+    k = g.place(F32, (2, 1, 1, 1), id=0x2B02, values=_f32([0.5, 0.5]))
+    v = g.place(F32, (2, 1, 1, 1), id=0x2B03, values=_f32([1.0, 1.0]))
+    gate = g.place(F32, (1, 1, 1, 1), id=0x2B04, values=_f32([-0.1]))
+    beta = g.place(F32, (1, 1, 1, 1), id=0x2B05, values=_f32([0.5]))
+    state = g.place(F32, (2, 2, 1, 1), id=0x2B06, values=_f32([0.0] * 4))
+    out = g.place(F32, (6,), id=0x2B07, output=True, op=int(GgmlOp.GATED_DELTA_NET), flags=COMPUTE,
+                  src=_srcs(q["id"], k["id"], v["id"], gate["id"], beta["id"], state["id"]), op_params=[snapshots])
+    return ([out["id"]], [q, k, v, gate, beta, state, out],
+            f"GATED_DELTA_NET with op_params[0] = {snapshots} into a result for 1 state")
+
+
+def _each(ctx: Context, build: Callable[[Guarded], Graph]) -> str:
+    g = Guarded.open(ctx, 16384)
+    nodes, tensors, what = build(g)
+    return g.run(ctx, nodes, tensors, what)
+
+
+#: Row indices of the GET_ROWS / SET_ROWS checks: the canaries right after and before the 8-row table, and far
+#: outside the buffer.
+BAD_ROWS = (8, -1, 1 << 20)
+#: ACC/SET window (nb1, offset): rows walking back into the canary before the result; all rows at one place, past
+#: the result's end.
+BAD_WINDOWS = ((-16, 0), (-64, 0), (0, 60))
+#: SSM_SCAN state ids: the canaries after and before s (2 states), and far outside the buffer.
+BAD_STATE_IDS = (2, -1, 1 << 20)
+#: GATED_DELTA_NET snapshot counts: 64 states where the result holds one, and a negative count.
+BAD_SNAPSHOTS = (64, -1)
 
 
 @_check("FRAME-055", "GET_ROWS with row indices outside its source is refused or reads nothing outside it "
         "(no canary byte in the output)", FR, section=C.GRAPH_COMPUTE)
 def get_rows_out_of_range(ctx: Context) -> str:
-    # #26825: the rows read past the table came back by GET_TENSOR.  Rows 8 and -1 are the canaries right after
-    # and before the table; 1 << 20 is far outside the buffer.
-    notes = []
-    for bad in ((8,), (-1,), (1 << 20,)):
-        g = Guarded.open(ctx, 16384)
-        table = _rows_table(g, 0x2701)
-        idx = g.place(I32, (2,), id=0x2702, values=_i32([0, *bad]))
-        out = g.place(F32, (4, 2), id=0x2703, output=True, op=int(GgmlOp.GET_ROWS), flags=COMPUTE,
-                      src=_srcs(table["id"], idx["id"]))
-        notes.append(g.run(ctx, [out["id"]], [table, idx, out], f"GET_ROWS of rows [0, {bad[0]}] of an 8-row table"))
-    return "; ".join(notes)
+    # #26825: the rows read past the table came back by GET_TENSOR.
+    return "; ".join(_each(ctx, lambda g, r=r: get_rows_graph(g, r)) for r in BAD_ROWS)
 
 
 @_check("FRAME-056", "SET_ROWS with row indices outside its destination is refused or writes nothing outside it "
         "(canaries intact)", FR, section=C.GRAPH_COMPUTE)
 def set_rows_out_of_range(ctx: Context) -> str:
-    # #26912: the row index is a write position; rows 8 and -1 land on the canaries after and before the table.
-    notes = []
-    for bad in (8, -1, 1 << 20):
-        g = Guarded.open(ctx, 16384)
-        rows = g.place(F32, (4, 2), id=0x2801, values=_f32([100.0 + i for i in range(8)]))
-        idx = g.place(I64, (2,), id=0x2802, values=struct.pack("<2q", 0, bad))  # I64: every version's SET_ROWS
-        table = _rows_table(g, 0x2803)
-        g.writable.append((table["data"] - g.buf.base, table["data"] - g.buf.base + 128))
-        node = dict(table, id=0x2804, op=int(GgmlOp.SET_ROWS), flags=COMPUTE, src=_srcs(rows["id"], idx["id"]),
-                    view_src=table["id"])
-        notes.append(g.run(ctx, [node["id"]], [rows, idx, table, node],
-                           f"SET_ROWS of rows [0, {bad}] into an 8-row table"))
-    return "; ".join(notes)
+    # #26912: the row index is a write position.
+    return "; ".join(_each(ctx, lambda g, r=r: set_rows_graph(g, r)) for r in BAD_ROWS)
 
 
 @_check("FRAME-057", "ACC and SET whose op_params strides are negative or zero are refused or write nothing outside "
         "their result (canaries intact)", FR, section=C.GRAPH_COMPUTE)
 def acc_set_strides(ctx: Context) -> str:
-    # #25764: op_params = nb1, nb2, nb3, offset (bytes), inplace.  A negative nb1 with a large enough offset keeps
-    # the window's first element inside but walks its later rows backwards out of the result.
-    notes = []
-    for op in (GgmlOp.ACC, GgmlOp.SET):
-        # rows walking back into the canary before the result; all rows at one place, past the result's end
-        for nb1, offset in ((-16, 0), (-64, 0), (0, 60)):
-            g = Guarded.open(ctx, 16384)
-            a = g.place(F32, (4, 4), id=0x2901, values=_f32([1.0] * 16))
-            b = g.place(F32, (4, 4), id=0x2902, values=_f32([2.0] * 16))
-            out = g.place(F32, (4, 4), id=0x2903, output=True, op=int(op), flags=COMPUTE,
-                          src=_srcs(a["id"], b["id"]), op_params=[nb1, 256, 256, offset, 0])
-            notes.append(g.run(ctx, [out["id"]], [a, b, out],
-                               f"{op.name} of a 4x4 window, nb1 = {nb1}, offset = {offset}"))
-    return "; ".join(notes)
+    # #25764: a negative nb1 keeps the window's first element inside the result but walks its later rows back out
+    # of it; a zero stride with an offset near the end puts every row past it.
+    return "; ".join(_each(ctx, lambda g, op=op, w=w: acc_set_graph(g, op, *w))
+                     for op in (GgmlOp.ACC, GgmlOp.SET) for w in BAD_WINDOWS)
 
 
 @_check("FRAME-058", "SSM_SCAN whose ids tensor names states outside its state source is refused or reads nothing "
         "outside it (no canary byte in the output)", FR, section=C.GRAPH_COMPUTE)
 def ssm_scan_ids(ctx: Context) -> str:
-    # #25765: ids picks each sequence's initial state out of s [N, D, H, rs] (rs states): ids rs and -1 name the
-    # canaries after and before s.  Shapes: N = 4, D = 2, H = 1, rs = 2, one token, one sequence, one group.
-    notes = []
-    for bad in (2, -1, 1 << 20):
-        g = Guarded.open(ctx, 16384)
-        s = g.place(F32, (4, 2, 1, 2), id=0x2A01, values=_f32([0.5] * 16))
-        # x = 0 and A = 0: each state passes through unchanged (decay exp(0) = 1, nothing added), so a state read
-        # from outside s comes back in the output byte for byte.
-        x = g.place(F32, (2, 1, 1, 1), id=0x2A02, values=_f32([0.0, 0.0]))
-        dt = g.place(F32, (1, 1, 1, 1), id=0x2A03, values=_f32([0.1]))
-        a = g.place(F32, (1, 1, 1, 1), id=0x2A04, values=_f32([0.0]))
-        b = g.place(F32, (4, 1, 1, 1), id=0x2A05, values=_f32([1.0] * 4))
-        c = g.place(F32, (4, 1, 1, 1), id=0x2A06, values=_f32([1.0] * 4))
-        ids = g.place(I32, (1,), id=0x2A07, values=_i32([bad]))
-        # y (D x H x T x n = 2) then the final states (N x D x H x n = 8)
-        out = g.place(F32, (10,), id=0x2A08, output=True, op=int(GgmlOp.SSM_SCAN), flags=COMPUTE,
-                      src=_srcs(s["id"], x["id"], dt["id"], a["id"], b["id"], c["id"], ids["id"]), op_params=[1])
-        notes.append(g.run(ctx, [out["id"]], [s, x, dt, a, b, c, ids, out], f"SSM_SCAN with ids [{bad}] of 2 states"))
-    return "; ".join(notes)
+    # #25765: ids picks each sequence's initial state out of s.
+    return "; ".join(_each(ctx, lambda g, i=i: ssm_scan_graph(g, i)) for i in BAD_STATE_IDS)
 
 
 @_check("FRAME-059", "GATED_DELTA_NET whose op_params ask for more state snapshots than its result holds is refused "
         "or writes nothing outside its result (canaries intact)", FR, section=C.GRAPH_COMPUTE)
 def gated_delta_net_params(ctx: Context) -> str:
-    # #25704: op_params[0] (state snapshots K) sizes the writes; the result is sized for K = 1 (y: S x Hv x T x n
-    # = 2, one state: S x S x Hv x n = 4).
-    notes = []
-    for k in (64, -1):
-        g = Guarded.open(ctx, 16384)
-        q = g.place(F32, (2, 1, 1, 1), id=0x2B01, values=_f32([0.5, 0.5]))
-        kk = g.place(F32, (2, 1, 1, 1), id=0x2B02, values=_f32([0.5, 0.5]))
-        v = g.place(F32, (2, 1, 1, 1), id=0x2B03, values=_f32([1.0, 1.0]))
-        gate = g.place(F32, (1, 1, 1, 1), id=0x2B04, values=_f32([-0.1]))
-        beta = g.place(F32, (1, 1, 1, 1), id=0x2B05, values=_f32([0.5]))
-        state = g.place(F32, (2, 2, 1, 1), id=0x2B06, values=_f32([0.0] * 4))
-        out = g.place(F32, (6,), id=0x2B07, output=True, op=int(GgmlOp.GATED_DELTA_NET), flags=COMPUTE,
-                      src=_srcs(q["id"], kk["id"], v["id"], gate["id"], beta["id"], state["id"]), op_params=[k])
-        notes.append(g.run(ctx, [out["id"]], [q, kk, v, gate, beta, state, out],
-                           f"GATED_DELTA_NET with op_params[0] = {k} into a result for 1 state"))
-    return "; ".join(notes)
+    # #25704: op_params size the writes of the states.
+    return "; ".join(_each(ctx, lambda g, k=k: gated_delta_net_graph(g, k)) for k in BAD_SNAPSHOTS)
 
 
 # ---- F: ops whose op_params carry a function pointer -------------------------------------------------------------
