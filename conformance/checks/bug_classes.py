@@ -27,6 +27,7 @@ from ggml_rpc.conformance.checks._support import (
     session,
 )
 from ggml_rpc.conformance.checks._support import check as _check
+from ggml_rpc.conformance.checks.cache import _probe as cache_entry_probe
 from ggml_rpc.conformance.checks.deaths import expect_open_or_closed
 from ggml_rpc.conformance.checks.framing import FR, get_tensor_request, graph_bytes, set_tensor_request
 from ggml_rpc.conformance.harness import Context, hexdump
@@ -97,10 +98,9 @@ def misaligned_block(ctx: Context) -> str:
     ]
     for name, build in cases:
         bad_on_fresh(ctx, build, f"{name} of a Q4_0 tensor with ne[0] = {MISALIGNED_NE0}")
-    # SET_TENSOR_HASH validates its tensor only on a hit: it needs an entry of the server's cache.
-    from ggml_rpc.conformance.checks.cache import _probe
-
-    entry = ctx.shared("cache-entry", lambda: _probe(ctx))
+    # SET_TENSOR_HASH validates its tensor only on a hit: it needs an entry of the server's cache (the one the cache
+    # checks save, shared by the run).
+    entry = ctx.shared("cache-entry", lambda: cache_entry_probe(ctx))
     if entry is None:
         return "SET_TENSOR_HASH case not run (no hash cache observed); the other five refused"
     n_rows = -(-len(entry.data) // 36) + 1

@@ -316,7 +316,8 @@ class _Layout:
         off = -(-self.at // 32) * 32
         t = make_tensor(id=self.ex.scope.new_id(), type=type_id, ne=ne, buffer=self.buf.handle,
                         data=self.buf.base + off, **fields)  # type: ignore[arg-type]
-        self.at = off + max(tensor_nbytes(t), 0) + 64
+        # A tensor whose size is bogus on purpose (past 2^64) must not push the next one out of the buffer.
+        self.at = off + min(tensor_nbytes(t), self.buf.size) + 64
         return t
 
     def fill(self, t: dict, data: bytes) -> None:
