@@ -371,33 +371,49 @@ def graph_cycles(ctx: Context) -> str:
 Graph = tuple[list[int], list[dict], str]
 
 
-def get_rows_graph(g: Guarded, row: int) -> Graph:
-    """GET_ROWS of rows [0, ``row``] of an 8-row f32 table into a 2-row result."""
-    table = g.place(F32, (4, 8), id=0x2701, values=_f32([float(i) for i in range(32)]))
-    idx = g.place(I32, (2,), id=0x2702, values=_i32([0, row]))
-    out = g.place(F32, (4, 2), id=0x2703, output=True, op=int(GgmlOp.GET_ROWS), flags=COMPUTE,
+def get_rows_graph(g: Guarded, row: int, planes: int = 1) -> Graph:
+    """GET_ROWS of rows [0, ``row``] of an 8-row f32 table into a 2-row result, for ``planes`` planes of indices.
+
+    The table has one plane: with two, the second plane of indices reads the table's plane 1, 128 bytes on (its
+    ne[2] = 1 hides that stride from its size, #26825's mismatched shapes), where the canary after the table lies.
+    """
+    table = g.place(F32, (4, 8), id=0x2701, nb=(4, 16, 128, 128), values=_f32([float(i) for i in range(32)]))
+    idx = g.place(I32, (2, planes), id=0x2702, values=_i32([0, row] * planes))
+    out = g.place(F32, (4, 2, planes), id=0x2703, output=True, op=int(GgmlOp.GET_ROWS), flags=COMPUTE,
                   src=_srcs(table["id"], idx["id"]))
-    return [out["id"]], [table, idx, out], f"GET_ROWS of rows [0, {row}] of an 8-row table"
+    return [out["id"]], [table, idx, out], f"GET_ROWS of rows [0, {row}] of an 8-row table, {planes} plane(s)"
 
 
-def set_rows_graph(g: Guarded, row: int) -> Graph:
-    """SET_ROWS of two rows into rows [0, ``row``] of an 8-row f32 table (the node is a view of the table)."""
-    rows = g.place(F32, (4, 2), id=0x2801, values=_f32([100.0 + i for i in range(8)]))
+def set_rows_graph(g: Guarded, row: int, planes: int = 1) -> Graph:
+    """SET_ROWS of two rows into rows [0, ``row``] of an 8-row f32 table (the node is a view of the table), from
+    ``planes`` planes of rows.
+
+    The table has one plane: with two, the second plane of rows is written 128 bytes on (the table's ne[2] = 1 hides
+    that stride from its size, #26912), where the canary after the table lies."""
+    rows = g.place(F32, (4, 2, planes), id=0x2801, values=_f32([100.0 + i for i in range(8 * planes)]))
     idx = g.place(I64, (2,), id=0x2802, values=struct.pack("<2q", 0, row))  # I64: every version's SET_ROWS
-    table = g.place(F32, (4, 8), id=0x2803, values=_f32([float(i) for i in range(32)]), output=True)
+    table = g.place(F32, (4, 8), id=0x2803, nb=(4, 16, 128, 128), values=_f32([float(i) for i in range(32)]),
+                    output=True)
     node = dict(table, id=0x2804, op=int(GgmlOp.SET_ROWS), flags=COMPUTE, src=_srcs(rows["id"], idx["id"]),
                 view_src=table["id"])
-    return [node["id"]], [rows, idx, table, node], f"SET_ROWS of rows [0, {row}] into an 8-row table"
+    return ([node["id"]], [rows, idx, table, node],
+            f"SET_ROWS of rows [0, {row}] into an 8-row table, {planes} plane(s) of rows")
 
 
-def acc_set_graph(g: Guarded, op: GgmlOp, nb1: int, offset: int) -> Graph:
-    """ACC or SET of a 4x4 f32 window into a 4x4 result, window rows ``nb1`` bytes apart from byte ``offset``."""
+def acc_set_graph(g: Guarded, op: GgmlOp, window: tuple[int, int, int, tuple[int, ...]]) -> Graph:
+    """ACC or SET of a window of shape ``ne`` (f32) into a 4x4 f32 result: ``window`` = (nb1, nb2, offset, ne), the
+    window's row and plane strides in bytes and its first byte in the result."""
+    nb1, nb2, offset, ne = window
     a = g.place(F32, (4, 4), id=0x2901, values=_f32([1.0] * 16))
-    b = g.place(F32, (4, 4), id=0x2902, values=_f32([2.0] * 16))
-    # op_params: nb1, nb2, nb3 (dims 2 and 3 of the window are 1: they move nothing), offset, inplace
+    n = 1
+    for k in ne:
+        n *= k
+    b = g.place(F32, ne, id=0x2902, values=_f32([2.0] * n))
+    # op_params: nb1, nb2, nb3 (dimension 3 of the window is 1: it moves nothing), offset, inplace
     out = g.place(F32, (4, 4), id=0x2903, output=True, op=int(op), flags=COMPUTE, src=_srcs(a["id"], b["id"]),
-                  op_params=[nb1, 256, 256, offset, 0])
-    return [out["id"]], [a, b, out], f"{op.name} of a 4x4 window, nb1 = {nb1}, offset = {offset}"
+                  op_params=[nb1, nb2, 256, offset, 0])
+    return [out["id"]], [a, b, out], f"{op.name} of a {'x'.join(map(str, ne))} window, nb1 = {nb1}, nb2 = {nb2}, " \
+        f"offset = {offset}"
 
 
 def ssm_scan_graph(g: Guarded, state_id: int) -> Graph:
@@ -439,12 +455,15 @@ def _each(ctx: Context, build: Callable[[Guarded], Graph]) -> str:
     return g.run(ctx, nodes, tensors, what)
 
 
-#: Row indices of the GET_ROWS / SET_ROWS checks: the canaries right after and before the 8-row table, and far
-#: outside the buffer.
-BAD_ROWS = (8, -1, 1 << 20)
-#: ACC/SET window (nb1, offset): rows walking back into the canary before the result; all rows at one place, past
-#: the result's end.
-BAD_WINDOWS = ((-16, 0), (-64, 0), (0, 60))
+#: (row, planes) of the GET_ROWS / SET_ROWS checks: rows in range in a second plane the table does not have (the
+#: canary after it); rows right after and before the table (its canaries) and far outside the buffer.
+BAD_ROWS = ((1, 2), (8, 1), (-1, 1), (1 << 20, 1))
+#: ACC/SET windows (nb1, nb2, offset, window shape): rows walking back into the canary before the result while
+#: the planes walk forward by as much, so that the window's far corner lands inside (#25764: a check of the corner
+#: alone passes); rows walking back with nothing to cancel them; all rows at one place, past the result's end.
+BAD_WINDOWS = ((-64, 64, 0, (4, 2, 2)), (-16, 256, 0, (4, 4)), (0, 256, 60, (4, 4)))
+#: The two ops of the window checks.
+ACC_SET_OPS = (GgmlOp.ACC, GgmlOp.SET)
 #: SSM_SCAN state ids: the canaries after and before s (2 states), and far outside the buffer.
 BAD_STATE_IDS = (2, -1, 1 << 20)
 #: GATED_DELTA_NET snapshot counts: 64 states where the result holds one, and a negative count.
@@ -455,14 +474,14 @@ BAD_SNAPSHOTS = (64, -1)
         "(no canary byte in the output)", FR, section=C.GRAPH_COMPUTE)
 def get_rows_out_of_range(ctx: Context) -> str:
     # #26825: the rows read past the table came back by GET_TENSOR.
-    return "; ".join(_each(ctx, lambda g, r=r: get_rows_graph(g, r)) for r in BAD_ROWS)
+    return "; ".join(_each(ctx, lambda g, r=r: get_rows_graph(g, *r)) for r in BAD_ROWS)
 
 
 @_check("FRAME-056", "SET_ROWS with row indices outside its destination is refused or writes nothing outside it "
         "(canaries intact)", FR, section=C.GRAPH_COMPUTE)
 def set_rows_out_of_range(ctx: Context) -> str:
     # #26912: the row index is a write position.
-    return "; ".join(_each(ctx, lambda g, r=r: set_rows_graph(g, r)) for r in BAD_ROWS)
+    return "; ".join(_each(ctx, lambda g, r=r: set_rows_graph(g, *r)) for r in BAD_ROWS)
 
 
 @_check("FRAME-057", "ACC and SET whose op_params strides are negative or zero are refused or write nothing outside "
@@ -470,8 +489,8 @@ def set_rows_out_of_range(ctx: Context) -> str:
 def acc_set_strides(ctx: Context) -> str:
     # #25764: a negative nb1 keeps the window's first element inside the result but walks its later rows back out
     # of it; a zero stride with an offset near the end puts every row past it.
-    return "; ".join(_each(ctx, lambda g, op=op, w=w: acc_set_graph(g, op, *w))
-                     for op in (GgmlOp.ACC, GgmlOp.SET) for w in BAD_WINDOWS)
+    return "; ".join(_each(ctx, lambda g, op=op, w=w: acc_set_graph(g, op, w))
+                     for op in ACC_SET_OPS for w in BAD_WINDOWS)
 
 
 @_check("FRAME-058", "SSM_SCAN whose ids tensor names states outside its state source is refused or reads nothing "

@@ -465,19 +465,23 @@ def graph_structure(h: Hunt, ex: Example, d: RandomDraw, rng: random.Random) -> 
 
 def kernel_bounds(h: Hunt, ex: Example, d: RandomDraw, rng: random.Random) -> None:
     """Kernel bounds release builds do not check: ACC/SET strides (#25764), SSM_SCAN ids (#25765), GATED_DELTA_NET
-    op_params (#25704), SET_ROWS rows past the table and strides that an ne = 1 dimension hides (#26912)."""
+    op_params (#25704), GET_ROWS and SET_ROWS rows past the table or in planes it does not have (#26825, #26912)."""
     lay = _Layout.open(ex, d, rng, 16384)
     if lay is None:
         return
     op = rng.choice(("acc", "ssm", "gdn", "rows"))
     if op == "acc":
-        a, b = lay.place(F32, (4, 4)), lay.place(F32, (4, rng.choice((1, 4))))
+        window = rng.choice(((4, 1), (4, 4), (4, 2, 2)))
+        a, b = lay.place(F32, (4, 4)), lay.place(F32, window)
         nb1 = rng.choice((-16, -64, -4096, 0, 4, 1 << 20))
+        # A plane stride cancelling the row stride puts the window's far corner back inside (#25764).
+        nb2 = rng.choice((256, -nb1, 64))
         offset = rng.choice((0, 4, 48, 60, 64, -4))
         kind = rng.choice((GgmlOp.ACC, GgmlOp.SET))
         out = lay.place(F32, (4, 4), op=int(kind), flags=COMPUTE, src=_srcs(a["id"], b["id"]),
-                        op_params=[_i32(nb1), 256, 256, _i32(offset), rng.choice((0, 1))])
-        lay.graph([out["id"]], [a, b, out], f"kernel: {kind.name}.op_params = nb1 {nb1}, offset {offset}", "kernel")
+                        op_params=[_i32(nb1), _i32(nb2), 256, _i32(offset), rng.choice((0, 1))])
+        lay.graph([out["id"]], [a, b, out], f"kernel: {kind.name}.op_params = nb1 {nb1}, nb2 {nb2}, offset {offset}",
+                  "kernel")
     elif op == "ssm":
         s = lay.place(F32, (4, 2, 1, 2))
         x, dt, aa = lay.place(F32, (2, 1, 1, 1)), lay.place(F32, (1, 1, 1, 1)), lay.place(F32, (1, 1, 1, 1))
@@ -495,15 +499,25 @@ def kernel_bounds(h: Hunt, ex: Example, d: RandomDraw, rng: random.Random) -> No
                         src=_srcs(*(t["id"] for t in parts)), op_params=[_i32(k)])
         lay.graph([out["id"]], [*parts, out], f"kernel: GATED_DELTA_NET.op_params.0 = {k}", "kernel")
     else:
-        rows = lay.place(F32, (4, 2))
-        idx = lay.place(I64, (2,))
-        bad = rng.choice((8, -1, 1 << 20))
-        lay.fill(idx, struct.pack("<2q", 0, bad))
-        # nb[2] of a dimension of 1 is outside ggml's size: a huge one hides nothing if the server checks rows.
+        # Rows out of range, or in range in planes the table does not have: its ne[2] = 1 hides nb[2] from its size,
+        # so plane 1 lies past it (#26825 reading, #26912 writing).
+        planes = rng.choice((1, 2))
+        bad = rng.choice((8, -1, 1 << 20)) if planes == 1 else rng.randrange(8)
         table = lay.place(F32, (4, 8), nb=(4, 16, rng.choice((128, 1 << 30)), 128))
-        node = dict(table, id=ex.scope.new_id(), op=int(GgmlOp.SET_ROWS), flags=COMPUTE,
-                    src=_srcs(rows["id"], idx["id"]), view_src=table["id"])
-        lay.graph([node["id"]], [rows, idx, table, node], f"kernel: SET_ROWS.rows = {bad}", "kernel")
+        if rng.random() < 0.5:
+            rows = lay.place(F32, (4, 2, planes))
+            idx = lay.place(I64, (2,))
+            lay.fill(idx, struct.pack("<2q", 0, bad))
+            node = dict(table, id=ex.scope.new_id(), op=int(GgmlOp.SET_ROWS), flags=COMPUTE,
+                        src=_srcs(rows["id"], idx["id"]), view_src=table["id"])
+            lay.graph([node["id"]], [rows, idx, table, node], f"kernel: SET_ROWS.rows = {bad}, planes {planes}",
+                      "kernel")
+        else:
+            idx = lay.place(I32, (2, planes))
+            lay.fill(idx, struct.pack(f"<{2 * planes}i", *([0, bad] * planes)))
+            out = lay.place(F32, (4, 2, planes), op=int(GgmlOp.GET_ROWS), flags=COMPUTE,
+                            src=_srcs(table["id"], idx["id"]))
+            lay.graph([out["id"]], [table, idx, out], f"kernel: GET_ROWS.rows = {bad}, planes {planes}", "kernel")
 
 
 def custom_op(h: Hunt, ex: Example, d: RandomDraw, rng: random.Random) -> None:

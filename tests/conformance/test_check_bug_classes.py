@@ -20,9 +20,9 @@ from ggml_rpc.spec import NATIVE_CALLBACK_OPS, V7, Command, GgmlOp, GgmlType, Te
 
 #: (check, module constant, in-range values a correct server computes)
 VALID = [
-    ("FRAME-055", "BAD_ROWS", (7, 0)),
-    ("FRAME-056", "BAD_ROWS", (7, 0)),
-    ("FRAME-057", "BAD_WINDOWS", ((16, 0), (0, 48))),
+    ("FRAME-055", "BAD_ROWS", ((7, 1), (0, 1))),
+    ("FRAME-056", "BAD_ROWS", ((7, 1), (0, 1))),
+    ("FRAME-057", "BAD_WINDOWS", ((16, 32, 0, (4, 2, 2)), (0, 256, 48, (4, 4)))),
     ("FRAME-058", "BAD_STATE_IDS", (0, 1)),
     ("FRAME-059", "BAD_SNAPSHOTS", (1,)),
 ]
