@@ -13,6 +13,7 @@ server broken in exactly that rule): the test suite refuses a check that cannot 
 
 from __future__ import annotations
 
+import ggml_rpc.conformance.checks.bug_classes
 import ggml_rpc.conformance.checks.cache
 import ggml_rpc.conformance.checks.comm
 import ggml_rpc.conformance.checks.compute

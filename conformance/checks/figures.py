@@ -30,7 +30,10 @@ ENFORCES: dict[str, str] = {
     "SET/GET/MEMSET/COPY past the region or the tensor, GRAPH_COMPUTE truncations, unknown/null nodes, dangling "
     "sources, data without buffer, huge size claims, cache hits that do not fit, a SET_TENSOR in the other "
     "version's layout; 8.0.0: 2-D rows of size 0, past the tensor or overflowing, GRAPH_RECOMPUTE of an unknown or "
-    "freed uid). MUST: the connection closes where the spec says and no reply carries a byte; SHOULD: the server "
+    "freed uid) and upstream's memory-safety bug classes (partial quantisation blocks, empty and wrapping sizes, views "
+    "past their source, null and foreign buffers in graphs, cycles, out-of-range GET_ROWS/SET_ROWS/SSM_SCAN indices "
+    "and ACC/SET/GATED_DELTA_NET op_params judged by canaries around the tensors, CUSTOM ops' function pointers). "
+    "MUST: the connection closes where the spec says and no reply carries a byte; SHOULD: the server "
     "still accepts connections afterwards (upstream 6.0/7.0 builds die on several of these)",
     "data": "buffers (handles, sizes, base stable and aligned, size 0, FREE), alignment, max size, device memory, "
     "round trips at offset 0, 1, unaligned addresses and a whole 1 MiB buffer, MEMSET_TENSOR, BUFFER_CLEAR, "

@@ -653,3 +653,134 @@ V8_BREAKERS: dict[str, Callable[[], Breaker]] = {
     "COMM-003": lambda: AcceptBad(lambda conn, msg: is_(msg, C.COMM_ALLREDUCE)),
 }
 BREAKERS |= V8_BREAKERS
+
+
+# ---- memory-safety bug classes (FRAME-048..060) ------------------------------------------------------------------
+
+
+def graph_rows(msg: Msg) -> list[dict[str, Any]]:
+    """The tensors of a GRAPH_COMPUTE as dicts (an empty list for any other request)."""
+    g = graph_tensors(msg)
+    if g is None:
+        return []
+    tensors = g[1]
+    return [{name: (tensors[name][i].tolist()) for name in tensors.dtype.names} for i in range(len(tensors))]
+
+
+def all_tensors(msg: Msg) -> list[dict[str, Any]]:
+    return tensors_of(msg) + graph_rows(msg)
+
+
+def partial_block(t: dict) -> bool:
+    """A quantised tensor whose rows end inside a block (#25288)."""
+    return not bad_type(t) and not removed_type(t) and TYPES[t["type"]].blck > 1 and t["ne"][0] % TYPES[t["type"]].blck
+
+
+def _output(msg: Msg) -> dict[str, Any] | None:
+    """The graph's last node (the one the bug-class checks guard with canaries), or where it has no memory (buffer
+    0) the first tensor that has."""
+    g = graph_tensors(msg)
+    if g is None or not g[0]:
+        return None
+    rows = graph_rows(msg)
+    out = next((t for t in rows if t["id"] == g[0][-1]), None)
+    if out is None or out["data"] == 0:
+        out = next((t for t in rows if t["data"] != 0), None)
+    return out
+
+
+def _remember_fill(conn: Conn, msg: Msg) -> None:
+    """Keep the bytes of a SET_TENSOR at each address: what the checks' canaries were filled with."""
+    if msg.cmd == C.SET_TENSOR and msg.fields is not None and msg.data:
+        start = msg.fields["tensor"]["data"] + msg.fields["offset"]
+        conn.notes.setdefault("fills", []).append((start, msg.data))
+
+
+def _byte_at(conn: Conn, address: int, n: int) -> bytes | None:
+    """The last bytes a SET_TENSOR wrote at [address, +n), or None when no single SET_TENSOR covered them."""
+    for start, data in reversed(conn.notes.get("fills", [])):
+        if start <= address and address + n <= start + len(data):
+            return data[address - start : address - start + n]
+    return None
+
+
+def writes_before_output(pred: Callable[[Conn, Msg], bool]) -> Breaker:
+    """Graphs matching ``pred`` are not computed: 16 bytes right before their output are overwritten instead (what
+    an out-of-bounds kernel write does to the canary there), and the connection goes on."""
+
+    def fn(conn: Conn, msg: Msg) -> Act | None:
+        out = _output(msg) if msg.cmd == C.GRAPH_COMPUTE else None
+        if out is None or not pred(conn, msg):
+            return None
+        t = {**out, "type": int(GgmlType.I8), "ne": [16, 1, 1, 1], "nb": [1, 16, 16, 16], "data": out["data"] - 16,
+             "op": 0, "src": [0] * 10, "view_src": 0}
+        return Act(forward=encode_request(conn.protocol, C.MEMSET_TENSOR,
+                                          {"tensor": t, "offset": 0, "size": 16, "value": 0x41}))
+
+    return Stateful(lambda conn, msg: _remember_fill(conn, msg) or fn(conn, msg))
+
+
+def leaks_into_output(pred: Callable[[Conn, Msg], bool]) -> Breaker:
+    """Graphs matching ``pred`` are not computed: their output is filled with the 32 bytes before it (canary bytes
+    an out-of-bounds kernel read would bring back), and the connection goes on."""
+
+    def fn(conn: Conn, msg: Msg) -> Act | None:
+        out = _output(msg) if msg.cmd == C.GRAPH_COMPUTE else None
+        if out is None or not pred(conn, msg):
+            return None
+        leaked = _byte_at(conn, out["data"] - 32, 32)
+        if leaked is None:
+            return None
+        t = {**out, "type": int(GgmlType.I8), "ne": [32, 1, 1, 1], "nb": [1, 32, 32, 32], "op": 0, "src": [0] * 10,
+             "view_src": 0}
+        fields = {"tensor": t, "offset": 0}
+        if conn.protocol.cache_rule.flag_field:
+            fields[conn.protocol.cache_rule.flag_field] = 0
+        return Act(forward=encode_request(conn.protocol, C.SET_TENSOR, fields, leaked))
+
+    return Stateful(lambda conn, msg: _remember_fill(conn, msg) or fn(conn, msg))
+
+
+def graph_has_op(*ops: GgmlOp) -> Callable[[Conn, Msg], bool]:
+    wanted = {int(o) for o in ops}
+    return lambda conn, msg: any(t["op"] in wanted for t in graph_rows(msg))
+
+
+def _cyclic(conn: Conn, msg: Msg) -> bool:
+    g = graph_tensors(msg)
+    if g is None:
+        return False
+    rows = graph_rows(msg)
+    srcs = {t["id"]: set(t["src"]) | {t["view_src"]} for t in rows}
+    own = any(t["id"] in srcs[t["id"]] for t in rows)
+    pair = any(b in srcs and a in srcs[b] for a, s in srcs.items() for b in s if b and b != a)
+    return own or pair or len(set(g[0])) != len(g[0])
+
+
+def _foreign_buffer(conn: Conn, msg: Msg) -> bool:
+    return any(t["buffer"] and t["buffer"] not in conn.buffers for t in graph_rows(msg))
+
+
+def _wraps(t: dict) -> bool:
+    return not bad_type(t) and not removed_type(t) and nbytes(t) > U64
+
+
+BUG_CLASS_BREAKERS: dict[str, Callable[[], Breaker]] = {
+    "FRAME-048": lambda: AcceptBad(lambda conn, msg: any(partial_block(t) for t in all_tensors(msg))),
+    "FRAME-049": lambda: writes_before_output(lambda conn, msg: any(0 in t["ne"] for t in graph_rows(msg))),
+    "FRAME-050": lambda: AcceptBad(lambda conn, msg: any(_wraps(t) for t in all_tensors(msg))),
+    "FRAME-051": lambda: writes_before_output(lambda conn, msg: any(t["view_offs"] >= 1 << 20
+                                                                    for t in graph_rows(msg))),
+    "FRAME-052": lambda: writes_before_output(lambda conn, msg: any(t["buffer"] == 0 and t["data"] == 0
+                                                                    for t in graph_rows(msg))),
+    "FRAME-053": lambda: AcceptBad(_foreign_buffer),
+    "FRAME-054": lambda: writes_before_output(_cyclic),
+    "FRAME-055": lambda: leaks_into_output(graph_has_op(GgmlOp.GET_ROWS)),
+    "FRAME-056": lambda: writes_before_output(graph_has_op(GgmlOp.SET_ROWS)),
+    "FRAME-057": lambda: writes_before_output(graph_has_op(GgmlOp.ACC, GgmlOp.SET)),
+    "FRAME-058": lambda: leaks_into_output(graph_has_op(GgmlOp.SSM_SCAN)),
+    "FRAME-059": lambda: writes_before_output(graph_has_op(GgmlOp.GATED_DELTA_NET)),
+    "FRAME-060": lambda: AcceptBad(graph_has_op(GgmlOp.CUSTOM, GgmlOp.MAP_CUSTOM1, GgmlOp.MAP_CUSTOM2,
+                                                GgmlOp.MAP_CUSTOM3)),
+}
+BREAKERS |= BUG_CLASS_BREAKERS

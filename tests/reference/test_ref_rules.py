@@ -483,12 +483,20 @@ def test_executor_unavailable_or_refusing_closes_only_the_connection(srv) -> Non
 
 
 def test_gettype_checks_cover_quantized_tensors(srv) -> None:
-    # A quantized tensor whose ne[0] is not a multiple of the block size is accepted as upstream does
-    # (nbytes rounds down); its region is still bounded by the buffer.
+    # A quantized tensor whose ne[0] is not a multiple of the block size ends inside a block (#25288): upstream
+    # accepts it (nbytes rounds down) and its kernels read or write the partial block; the reference closes
+    # (FRAME-048), and the server goes on.  Whole blocks are accepted.
     with connect(srv) as c:
         t, _h, _b = tensor_in(c, 64, type=GgmlType.Q8_0, ne=(40,))
+        fields = {"tensor": t, "offset": 0}
+        if c.protocol.cache_rule.flag_field:
+            fields[c.protocol.cache_rule.flag_field] = 0
+        assert_closes(c, Command.SET_TENSOR, fields, b"z" * 34)
+    with connect(srv) as c:
+        t, _h, _b = tensor_in(c, 64, type=GgmlType.Q8_0, ne=(32,))
         c.set_tensor(t, 0, b"z" * 34)
         assert bytes(c.get_tensor(t, 0, 34)) == b"z" * 34
+    assert_served(srv)
 
 
 def test_get_alloc_size_drops_a_bad_src_silently(srv) -> None:
