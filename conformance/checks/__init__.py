@@ -23,6 +23,7 @@ import ggml_rpc.conformance.checks.framing
 import ggml_rpc.conformance.checks.graph_cache
 import ggml_rpc.conformance.checks.handshake
 import ggml_rpc.conformance.checks.isolation
+import ggml_rpc.conformance.checks.kernel_bounds
 import ggml_rpc.conformance.checks.rows
 from ggml_rpc.conformance.checks._support import REGISTRY
 from ggml_rpc.conformance.harness import Category, Check

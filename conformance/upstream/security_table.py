@@ -1,4 +1,4 @@
-"""The class table: each known upstream report (:mod:`.bug_classes`) against every installed peer, plain and
+"""The class table: each known upstream report (:mod:`.known_bugs`) against every installed peer, plain and
 instrumented, measured by running its checks (``ggml-rpc upstream security``).
 
 1. Measuring: for each peer, ``ggml-rpc check --spawn`` of the table's checks against a fresh server with its own
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .bug_classes import CLASSES, KNOWN_BUGS, KnownBug, all_checks
+from .known_bugs import CLASSES, KNOWN_BUGS, KnownBug, all_checks
 from .peers import Peer
 from .runs import UpstreamServer, kit
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ggml_rpc.conformance.checks import by_id
 from ggml_rpc.conformance.fuzz import hunt_strategies
-from ggml_rpc.conformance.upstream.bug_classes import CLASSES, KNOWN_BUGS, KnownBug, all_checks
+from ggml_rpc.conformance.upstream.known_bugs import CLASSES, KNOWN_BUGS, KnownBug, all_checks
 from ggml_rpc.conformance.upstream.security_table import judge, render
 
 
