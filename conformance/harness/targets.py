@@ -194,10 +194,13 @@ class SpawnedTarget(Target):
 
     def _read_log(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
-        for raw in proc.stdout:
-            line = raw.decode("utf-8", "replace").rstrip()
-            self.log.append(line)
-            self.sanitizer.feed(line)
+        try:
+            for raw in proc.stdout:
+                line = raw.decode("utf-8", "replace").rstrip()
+                self.log.append(line)
+                self.sanitizer.feed(line)
+        except (ValueError, OSError):
+            pass  # stop() closed the pipe under this thread: the process is gone, nothing more to read
 
     @property
     def sanitizer_count(self) -> int:
