@@ -30,7 +30,7 @@ from .channel import Refused, TargetConnection
 from .findings import Finding, Writes
 from .message import FuzzMessage
 from .oracle import ModelConnection
-from .replies import ReplyChecks
+from .reply_checks import ReplyChecks
 from .steps import BROKEN_PER_TEN, MAX_READ, PREREQUISITES, WRITES, ExampleSteps
 from .valid_requests import ConnRef, Scope
 
