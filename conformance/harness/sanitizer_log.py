@@ -26,6 +26,8 @@ MAX_REPORT_LINES = 80
 MAX_REPORTS = 256
 
 _ASAN_ERROR = re.compile(r"==\d+==ERROR: (AddressSanitizer|LeakSanitizer): ([\w-]+)")
+#: "SEGV on unknown address 0x10 (pc 0x10 …": the program jumped to the address it faulted on.
+_JUMPED = re.compile(r"on unknown address (0x[0-9a-fA-F]+) \(pc (0x[0-9a-fA-F]+)")
 _ASAN_ACCESS = re.compile(r"^(READ|WRITE) of size (\d+)")
 _ASAN_SIGNAL_ACCESS = re.compile(r"The signal is caused by a (READ|WRITE) memory access")
 _UBSAN_ERROR = re.compile(r"^(\S+?:\d+(?::\d+)?): runtime error: (.*)$")
@@ -168,7 +170,14 @@ class SanitizerLog:
     def _feed(self, line: str) -> None:
         m = _ASAN_ERROR.search(line)
         if m:
-            self._start(SanitizerReport(m.group(1), m.group(2)), line)
+            report = SanitizerReport(m.group(1), m.group(2))
+            jumped = _JUMPED.search(line)
+            if jumped and int(jumped.group(1), 16) == int(jumped.group(2), 16):
+                # No stack to walk: the faulting instruction is the bad address itself, i.e. a call or jump through
+                # a pointer that held it (a client-chosen function pointer, #25289).
+                report.where = "pc = the faulting address"  # the class; the address itself is the input's
+                report.detail = f"a call through a bad pointer (pc {jumped.group(2)} is the faulting address)"
+            self._start(report, line)
             return
         m = _UBSAN_ERROR.match(line.strip())
         if m:

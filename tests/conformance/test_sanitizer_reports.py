@@ -66,6 +66,17 @@ def test_a_segv_report_takes_its_access_from_the_signal_line():
     assert report.frames[1].location == "/b/bin/libggml-cpu.so+0x4f00"
 
 
+def test_a_jump_to_the_faulting_address_is_named_a_call_through_a_bad_pointer():
+    # As the instrumented 7.0.0 prints a MAP_CUSTOM2 node whose function pointer is 0x10: no stack at all.
+    text = ("==11142==ERROR: AddressSanitizer: SEGV on unknown address 0x000000000010 (pc 0x000000000010 bp 0x7ffe "
+            "sp 0x7ffe T0)\n==11142==Hint: pc points to the zero page.\n"
+            "==11142==The signal is caused by a READ memory access.\n"
+            "AddressSanitizer:DEADLYSIGNAL\nAddressSanitizer: nested bug in the same thread, aborting.\n")
+    (report,) = parse(text)
+    assert report.frames == [] and report.symptom == "ASan SEGV READ at pc = the faulting address"
+    assert report.headline().endswith("a call through a bad pointer (pc 0x000000000010 is the faulting address)")
+
+
 def test_memory_is_bounded_whatever_the_server_prints():
     log = SanitizerLog()
     for _ in range(MAX_REPORTS + 50):
