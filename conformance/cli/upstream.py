@@ -49,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sec.add_argument("--markdown", metavar="FILE", default=None, help="write the table (SECURITY.md)")
     sec.add_argument("--hunt", metavar="PEER=FINDINGS", action="append", default=[],
                      help="add a hunt's findings.json as a section (e.g. 7.0.0+asan-ubsan=out/findings.json)")
+    sec.add_argument("--resume", action="store_true",
+                     help="keep the peers already measured in --run-dir (its security.json) and measure only the "
+                     "others (e.g. an instrumented build installed later)")
     sec.add_argument("--keep", metavar="DIR", default="fixtures/repro/security",
                      help="copy the verified reproducers here (default fixtures/repro/security)")
     sec.set_defaults(func=run_security)
@@ -195,12 +198,22 @@ def run_security(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir or f"docs/security/runs/{time.strftime('%Y%m%d-%H%M', time.gmtime())}")
     meta = metadata([p.version for p in peers if not p.sanitize])
     records = []
+    earlier = run_dir / "security.json"
+    if args.resume and earlier.is_file():
+        before = json.loads(earlier.read_text())
+        records = [r for r in before["records"] if any(r["peer"] == p.label for p in peers)]
+        hunts = hunts or before.get("hunts", [])
+        meta["resumed_from"] = before["meta"]  # the earlier peers' commit and date stay on record
+    done = {r["peer"] for r in records}
     for peer in peers:
+        if peer.label in done:
+            continue
         try:
             records.append(measure_peer(peer, run_dir))
         except RuntimeError as exc:
             print(f"ggml-rpc upstream security: {exc}", file=sys.stderr)
             return 1
+    records.sort(key=lambda r: [p.label for p in peers].index(r["peer"]))
     kept = [entry for rec in records for entry in keep_reproducers(rec, run_dir, Path(args.keep))]
     (run_dir / "security.json").write_text(json.dumps({"meta": meta, "records": records, "kept": kept,
                                                        "hunts": hunts}, indent=2) + "\n")
