@@ -9,20 +9,22 @@ upstream install --sanitize address``) prints a report instead. This module turn
    name…), the access (READ/WRITE and size) when the sanitizer names one, and the stack; its *top upstream frame*
    is the first frame in upstream's code, past the sanitizer's interceptors and libc (a memcpy overflow belongs to
    the function that called memcpy).
-3. Memory is bounded: a report keeps at most :data:`MAX_REPORT_LINES` lines, the log at most :data:`MAX_REPORTS`
-   reports (the count goes on), whatever the server prints.
+3. Memory is bounded: a report keeps at most :data:`MAX_REPORT_LINES` lines, the log the last :data:`MAX_REPORTS`
+   reports (the count goes on, and a report keeps its number), whatever the server prints and however often it is
+   restarted: a campaign reads the reports after a mark, and the newest are the ones it asks for.
 """
 
 from __future__ import annotations
 
 import re
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 #: Lines kept per report (an ASan report with its shadow map is about 50).
 MAX_REPORT_LINES = 80
-#: Reports kept per log; later ones are counted, not kept.
+#: Reports kept per log (the newest); older ones are counted, not kept.
 MAX_REPORTS = 256
 
 _ASAN_ERROR = re.compile(r"==\d+==ERROR: (AddressSanitizer|LeakSanitizer): ([\w-]+)")
@@ -157,7 +159,8 @@ class SanitizerLog:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.reports: list[SanitizerReport] = []
+        #: (number, report) of the newest reports; a report's number is :attr:`count` before it was seen.
+        self._kept: deque[tuple[int, SanitizerReport]] = deque(maxlen=MAX_REPORTS)
         #: Every report seen, kept or not.
         self.count = 0
         self._open: SanitizerReport | None = None
@@ -214,19 +217,24 @@ class SanitizerLog:
 
     def _start(self, report: SanitizerReport, line: str) -> None:
         report.lines.append(line)
+        self._kept.append((self.count, report))
         self.count += 1
         self._open = report
-        if len(self.reports) < MAX_REPORTS:
-            self.reports.append(report)
+
+    @property
+    def reports(self) -> list[SanitizerReport]:
+        """The kept reports, oldest first."""
+        with self._lock:
+            return [r for _, r in self._kept]
 
     def since(self, mark: int) -> list[SanitizerReport]:
-        """Kept reports after the first ``mark`` ones (``mark``: a previous :attr:`count`)."""
+        """The kept reports seen after the first ``mark`` ones (``mark``: a previous :attr:`count`)."""
         with self._lock:
-            return list(self.reports[mark:])
+            return [r for n, r in self._kept if n >= mark]
 
     def clear(self) -> None:
         with self._lock:
-            self.reports.clear()
+            self._kept.clear()
             self.count = 0
             self._open = None
 
