@@ -1,6 +1,8 @@
 """The verified reproducers behind SECURITY.md (``fixtures/repro/security/``): the hunt's against the instrumented
-7.0.0 and the failing checks' exchanges kept by ``ggml-rpc upstream security``. Each replays clean against the
-reference server of its version (the replies in it are the reference's own) and leaves it serving."""
+7.0.0 (``hunt-*/``), whose replies are the hunt model's, so each replays clean against the reference server of its
+version and leaves it serving; and the failing checks' exchanges kept by ``ggml-rpc upstream security``
+(``<peer>-<check>.pcap``), recorded against upstream: each decodes in its version's layouts up to its bad input
+(the reference may refuse where upstream computed, and a refusal passes those checks)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,10 @@ from pathlib import Path
 
 import pytest
 from ggml_rpc.conformance.client import RpcClient
+from ggml_rpc.conformance.sessions.decode import decode_file
 from ggml_rpc.conformance.sessions.replay import replay
 from ggml_rpc.reference import running_server
+from ggml_rpc.spec import parse_version_option
 
 SECURITY = Path(__file__).resolve().parents[2] / "fixtures" / "repro" / "security"
 #: Reproducers the replay engine does not yet replay as the hunt's model answered them (open, see CHANGELOG):
@@ -22,7 +26,8 @@ NOT_YET = {
                               "the hunt model answered",
 }
 PCAPS = [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=NOT_YET[p.name])) if p.name in NOT_YET
-         else p for p in sorted(SECURITY.rglob("*.pcap"))]
+         else p for p in sorted(SECURITY.glob("hunt-*/*.pcap"))]
+CHECK_PCAPS = sorted(SECURITY.glob("*.pcap"))
 
 
 def major(path: Path) -> str:
@@ -36,6 +41,14 @@ def test_there_are_reproducers_and_each_is_small() -> None:
     pcaps = sorted(SECURITY.rglob("*.pcap"))
     assert len(pcaps) >= 10 and len(NOT_YET) * 10 < len(pcaps)
     assert all(p.stat().st_size <= 1 << 20 for p in pcaps)
+
+
+@pytest.mark.parametrize("pcap", CHECK_PCAPS, ids=lambda p: p.name)
+def test_check_exchanges_decode_in_their_versions_layouts(pcap: Path) -> None:
+    decoded = decode_file(pcap, parse_version_option(major(pcap)))
+    # Each connection opens with the version's HELLO; what follows is the check's bad input (a decode error in
+    # the request direction is the point of many of them).
+    assert decoded and all(dc.requests and dc.requests[0].command.name == "HELLO" for dc in decoded), pcap.name
 
 
 @pytest.mark.parametrize("pcap", PCAPS, ids=lambda p: str(p.relative_to(SECURITY)) if isinstance(p, Path) else "")
