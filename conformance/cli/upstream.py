@@ -49,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sec.add_argument("--markdown", metavar="FILE", default=None, help="write the table (SECURITY.md)")
     sec.add_argument("--hunt", metavar="PEER=FINDINGS", action="append", default=[],
                      help="add a hunt's findings.json as a section (e.g. 7.0.0+asan-ubsan=out/findings.json)")
+    sec.add_argument("--spawn", metavar="LABEL@VERSION=CMD", action="append", default=[],
+                     help="also measure a server the kit did not install, started by CMD ({port}: a free port; run "
+                     "with its own LLAMA_CACHE), as column LABEL of protocol VERSION (e.g. your own sanitized build)")
     sec.add_argument("--resume", action="store_true",
                      help="keep the peers already measured in --run-dir (its security.json) and measure only the "
                      "others (e.g. an instrumented build installed later)")
@@ -182,7 +185,14 @@ def run_security(args: argparse.Namespace) -> int:
 
     from ..upstream.interop_report import metadata
     from ..upstream.peers import PEERS, installed_sanitized_peers
-    from ..upstream.security_table import keep_reproducers, load_hunt, measure_peer, render
+    from ..upstream.security_table import (
+        keep_reproducers,
+        load_hunt,
+        measure_command,
+        measure_peer,
+        render,
+        user_command,
+    )
 
     versions = _versions(args.proto)
     hunts = []
@@ -193,7 +203,15 @@ def run_security(args: argparse.Namespace) -> int:
         hunts.append(load_hunt(Path(path), label))
     peers = [PEERS[v] for v in versions if PEERS[v].installed()]
     peers += [p for p in installed_sanitized_peers() if p.version in versions]
-    if not peers:
+    spawned = []
+    for item in args.spawn:
+        head, sep, command = item.partition("=")
+        label, at, version = head.partition("@")
+        if not sep or not at or "{port}" not in command or version not in PEERS:
+            raise UsageError(f"--spawn expects LABEL@VERSION=CMD with a {{port}} placeholder and a known version, "
+                             f"got {item!r}")
+        spawned.append((label, version, command))
+    if not peers and not spawned:
         raise UsageError("no upstream peer is installed: ggml-rpc upstream install")
     run_dir = Path(args.run_dir or f"docs/security/runs/{time.strftime('%Y%m%d-%H%M', time.gmtime())}")
     meta = metadata([p.version for p in peers if not p.sanitize])
@@ -201,10 +219,15 @@ def run_security(args: argparse.Namespace) -> int:
     earlier = run_dir / "security.json"
     if args.resume and earlier.is_file():
         before = json.loads(earlier.read_text())
-        records = [r for r in before["records"] if any(r["peer"] == p.label for p in peers)]
+        wanted = {p.label for p in peers} | {label for label, _, _ in spawned}
+        records = [r for r in before["records"] if r["peer"] in wanted]
         hunts = hunts or before.get("hunts", [])
         meta["resumed_from"] = before["meta"]  # the earlier peers' commit and date stay on record
     done = {r["peer"] for r in records}
+    for label, version, command in spawned:
+        if label not in done:
+            records.append(measure_command(label, version, user_command(command), run_dir,
+                                           sanitize=label.partition("+")[2]))
     for peer in peers:
         if peer.label in done:
             continue
@@ -213,7 +236,8 @@ def run_security(args: argparse.Namespace) -> int:
         except RuntimeError as exc:
             print(f"ggml-rpc upstream security: {exc}", file=sys.stderr)
             return 1
-    records.sort(key=lambda r: [p.label for p in peers].index(r["peer"]))
+    order = [p.label for p in peers] + [label for label, _, _ in spawned]
+    records.sort(key=lambda r: order.index(r["peer"]) if r["peer"] in order else len(order))
     kept = [entry for rec in records for entry in keep_reproducers(rec, run_dir, Path(args.keep))]
     (run_dir / "security.json").write_text(json.dumps({"meta": meta, "records": records, "kept": kept,
                                                        "hunts": hunts}, indent=2) + "\n")

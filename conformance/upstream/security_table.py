@@ -32,18 +32,40 @@ Say = Callable[[str], None]
 def measure_peer(peer: Peer, out_dir: Path, *, checks: list[str] | None = None, say: Say = print) -> dict[str, Any]:
     """Run the table's checks against ``peer``; its record: the check report, and per failing check whether the
     reproducer failed a fresh server again."""
+
+    def command(llama_cache: Path) -> str:
+        server = UpstreamServer(peer, cache=True, llama_cache=llama_cache)
+        server.cache_dir.mkdir(parents=True, exist_ok=True)
+        return server.spawn_command()
+
+    return measure_command(peer.label, peer.version, command, out_dir, sanitize=peer.sanitize, checks=checks,
+                           say=say)
+
+
+def user_command(command: str) -> Callable[[Path], str]:
+    """A server command line given by the user (``{port}`` placeholder), run with its own ``LLAMA_CACHE``."""
+    import shlex
+
+    def with_cache(llama_cache: Path) -> str:
+        (llama_cache / "rpc").mkdir(parents=True, exist_ok=True)
+        return f"env LLAMA_CACHE={shlex.quote(str(llama_cache))} {command}"
+
+    return with_cache
+
+
+def measure_command(label: str, version: str, command_for: Callable[[Path], str], out_dir: Path, *,
+                    sanitize: str = "", checks: list[str] | None = None, say: Say = print) -> dict[str, Any]:
+    """Run the table's checks against the server ``command_for(llama_cache)`` starts (a fresh one per run)."""
     checks = checks or all_checks()
     out_dir.mkdir(parents=True, exist_ok=True)
-    report_path = out_dir / f"{peer.label}.json"
-    pcaps = out_dir / f"{peer.label}-pcaps"
+    report_path = out_dir / f"{label}.json"
+    pcaps = out_dir / f"{label}-pcaps"
     with tempfile.TemporaryDirectory(prefix="ggml-rpc-security-") as tmp:
-        server = UpstreamServer(peer, cache=True, llama_cache=Path(tmp))
-        server.cache_dir.mkdir(parents=True)
-        say(f"  {peer.label}: {len(checks)} checks")
-        done = kit("check", "--spawn", server.spawn_command(), "--checks", ",".join(checks), "--json",
+        say(f"  {label}: {len(checks)} checks")
+        done = kit("check", "--spawn", command_for(Path(tmp)), "--checks", ",".join(checks), "--json",
                    str(report_path), "--pcap-dir", str(pcaps), timeout=1800)
     if not report_path.is_file():
-        raise RuntimeError(f"check against {peer.label} wrote no report: {done.why()}")
+        raise RuntimeError(f"check against {label} wrote no report: {done.why()}")
     report = json.loads(report_path.read_text())
     verified: dict[str, bool] = {}
     for result in report["results"]:
@@ -51,8 +73,8 @@ def measure_peer(peer: Peer, out_dir: Path, *, checks: list[str] | None = None, 
             continue
         pcap = pcaps / f"{result['id']}.pcap"
         if pcap.is_file():
-            verified[result["id"]] = _replays_the_failure(peer, pcap)
-    return {"peer": peer.label, "version": peer.version, "sanitize": peer.sanitize, "report": report_path.name,
+            verified[result["id"]] = _replays_the_failure(command_for, pcap)
+    return {"peer": label, "version": version, "sanitize": sanitize, "report": report_path.name,
             "exit_code": done.code, "verified": verified}
 
 
@@ -60,14 +82,12 @@ def _sanitizer_failure(result: dict[str, Any]) -> bool:
     return "sanitizer reported" in result.get("message", "")
 
 
-def _replays_the_failure(peer: Peer, pcap: Path) -> bool:
+def _replays_the_failure(command_for: Callable[[Path], str], pcap: Path) -> bool:
     """Does the check's exchange kill (or make report) a fresh server of the same build again?"""
     with tempfile.TemporaryDirectory(prefix="ggml-rpc-security-") as tmp:
-        server = UpstreamServer(peer, cache=True, llama_cache=Path(tmp))
-        server.cache_dir.mkdir(parents=True)
         out = Path(tmp) / "replay.json"
-        kit("replay", str(pcap), "--spawn", server.spawn_command(), "--timeout", "10", "--json", str(out),
-            timeout=600)
+        kit("replay", str(pcap), "--spawn", command_for(Path(tmp) / "cache"), "--timeout", "10", "--json",
+            str(out), timeout=600)
         if not out.is_file():
             return False
         mismatches = json.loads(out.read_text()).get("mismatches", [])
@@ -173,4 +193,5 @@ def load_hunt(path: Path, peer: str) -> dict[str, Any]:
             "classes": data.get("classes", [])}
 
 
-__all__ = ["MAX_KEPT_REPRODUCER", "TITLE", "judge", "keep_reproducers", "load_hunt", "measure_peer", "render"]
+__all__ = ["MAX_KEPT_REPRODUCER", "TITLE", "judge", "keep_reproducers", "load_hunt", "measure_command",
+           "measure_peer", "render", "user_command"]
