@@ -28,6 +28,9 @@ MAX_REPORT_LINES = 80
 MAX_REPORTS = 256
 
 _ASAN_ERROR = re.compile(r"==\d+==ERROR: (AddressSanitizer|LeakSanitizer): ([\w-]+)")
+#: ASan errors whose first word is not their kind: the names ASan's own documentation gives them.
+_PHRASED = (("allocator is out of memory", "out-of-memory"), ("requested allocation size", "allocation-size-too-big"),
+            ("attempting double-free", "double-free"), ("attempting free on address", "bad-free"))
 #: "SEGV on unknown address 0x10 (pc 0x10 …": the program jumped to the address it faulted on.
 _JUMPED = re.compile(r"on unknown address (0x[0-9a-fA-F]+) \(pc (0x[0-9a-fA-F]+)")
 _ASAN_ACCESS = re.compile(r"^(READ|WRITE) of size (\d+)")
@@ -173,7 +176,8 @@ class SanitizerLog:
     def _feed(self, line: str) -> None:
         m = _ASAN_ERROR.search(line)
         if m:
-            report = SanitizerReport(m.group(1), m.group(2))
+            kind = next((k for phrase, k in _PHRASED if phrase in line), m.group(2))
+            report = SanitizerReport(m.group(1), kind)
             jumped = _JUMPED.search(line)
             if jumped and int(jumped.group(1), 16) == int(jumped.group(2), 16):
                 # No stack to walk: the faulting instruction is the bad address itself, i.e. a call or jump through

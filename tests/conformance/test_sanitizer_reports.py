@@ -77,6 +77,16 @@ def test_a_jump_to_the_faulting_address_is_named_a_call_through_a_bad_pointer():
     assert report.headline().endswith("a call through a bad pointer (pc 0x000000000010 is the faulting address)")
 
 
+def test_phrased_errors_get_their_documented_kind():
+    # As the instrumented 7.0.0 prints a SET_TENSOR whose size header claims 2^62 bytes (std::vector's new).
+    text = ("==9275==ERROR: AddressSanitizer: allocator is out of memory trying to allocate 0x4000000000000000 bytes\n"
+            "    #0 0x7f in operator new(unsigned long) ../../../../src/libsanitizer/asan/asan_new_delete.cpp:95\n"
+            "    #1 0x7f in recv_msg /b/llama.cpp/ggml/src/ggml-rpc/ggml-rpc.cpp:520\n"
+            "==9275==ABORTING\n")
+    (report,) = parse(text)
+    assert report.symptom == "ASan out-of-memory in recv_msg"
+
+
 def test_memory_is_bounded_whatever_the_server_prints():
     log = SanitizerLog()
     for _ in range(MAX_REPORTS + 50):
