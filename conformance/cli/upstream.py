@@ -222,17 +222,20 @@ def run_security(args: argparse.Namespace) -> int:
         wanted = {p.label for p in peers} | {label for label, _, _ in spawned}
         records = [r for r in before["records"] if r["peer"] in wanted]
         hunts = hunts or before.get("hunts", [])
-        meta["resumed_from"] = before["meta"]  # the earlier peers' commit and date stay on record
+        for rec in records:  # each record keeps the commit and date it was measured at
+            rec.setdefault("measured", {k: before["meta"].get(k) for k in ("commit", "dirty", "date")})
     done = {r["peer"] for r in records}
     for label, version, command in spawned:
         if label not in done:
             records.append(measure_command(label, version, user_command(command), run_dir,
                                            sanitize=label.partition("+")[2]))
+            records[-1]["measured"] = {k: meta[k] for k in ("commit", "dirty", "date")}
     for peer in peers:
         if peer.label in done:
             continue
         try:
             records.append(measure_peer(peer, run_dir))
+            records[-1]["measured"] = {k: meta[k] for k in ("commit", "dirty", "date")}
         except RuntimeError as exc:
             print(f"ggml-rpc upstream security: {exc}", file=sys.stderr)
             return 1
