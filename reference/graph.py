@@ -17,8 +17,15 @@ from typing import Any, Protocol
 
 import numpy as np
 from ggml_rpc.spec import NATIVE_CALLBACK_OPS, op_name, type_name
-from ggml_rpc.spec.conditions import first_rows, null_nodes, removed_types, unknown_types
-from ggml_rpc.spec.facts import BLOCK_ELEMENTS, ggml_nbytes_many
+from ggml_rpc.spec.conditions import (
+    block_size,
+    first_rows,
+    null_nodes,
+    partial_blocks,
+    removed_types,
+    unknown_types,
+)
+from ggml_rpc.spec.facts import ggml_nbytes_many
 from ggml_rpc.spec.tensor import GGML_MAX_SRC
 
 
@@ -205,13 +212,12 @@ def _check(rows: np.ndarray, buffers: Mapping[int, BufferLike]) -> _Checked:
         # The table's TENSOR-REMOVED-TYPE reads single-tensor requests only: no rule id here.
         k = int(removed[0])
         raise GraphError(f"tensor {int(rows['id'][k]):#x} has removed type {type_name(int(types[k]))}")
-    blck = BLOCK_ELEMENTS[types]
-    partial = np.flatnonzero((blck > 1) & (rows["ne"][:, 0] % np.maximum(blck, 1) != 0))
+    partial = np.flatnonzero(partial_blocks(types, rows["ne"][:, 0]))
     if len(partial):
         # #25288: a row that ends inside a block; sizes and kernels assume whole blocks.
         k = int(partial[0])
         raise GraphError(f"tensor {int(rows['id'][k]):#x} ne[0] = {int(rows['ne'][k][0])} is not a multiple of "
-                         f"{type_name(int(types[k]))}'s block size {int(blck[k])}")
+                         f"{type_name(int(types[k]))}'s block size {block_size(int(types[k]))}")
     nbytes, nbytes_u = ggml_nbytes_many(types, rows["ne"], rows["nb"])
     handles = rows["buffer"]
     data = rows["data"]

@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ggml_rpc.spec import TYPES, ggml_nbytes, type_name
-from ggml_rpc.spec.conditions import region_past, removed_type, unknown_type
+from ggml_rpc.spec import ggml_nbytes, type_name
+from ggml_rpc.spec.conditions import block_size, partial_block, region_past, removed_type, unknown_type
 from ggml_rpc.spec.layout import flat_layout
 from ggml_rpc.spec.tensor import RpcTensor
 
@@ -91,11 +91,10 @@ class Resolver:
             if removed_type(ttype):
                 raise Close(f"{command}: {what} has removed type {type_name(ttype)}{_upstream('close')}",
                             "TENSOR-REMOVED-TYPE")
-            blck = TYPES[ttype].blck
-            if blck > 1 and ne[0] % blck:
+            if partial_block(ttype, ne[0]):
                 # #25288: sizes and kernels assume whole blocks; a partial one is read or written past the tensor.
                 raise Close(f"{command}: {what} ne[0] = {ne[0]} is not a multiple of {type_name(ttype)}'s block "
-                            f"size {blck}{_upstream('an assertion, compiled out of release builds')}")
+                            f"size {block_size(ttype)}{_upstream('an assertion, compiled out of release builds')}")
             nbytes = ggml_nbytes(ttype, ne, nb)
             if len(self._nbytes) >= _NBYTES_REMEMBERED:
                 self._nbytes.clear()

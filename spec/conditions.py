@@ -40,6 +40,28 @@ def removed_types(types: np.ndarray) -> np.ndarray:
     return _REMOVED[types]
 
 
+#: Per ggml type id: elements per block (1 for the plain types; 0 for removed ones).
+_BLOCK = np.array([TYPES[t].blck for t in range(GGML_TYPE_COUNT)], dtype=np.int64)
+
+
+def partial_block(type_id: int, ne0: int) -> bool:
+    """#25288 (no table rule yet: the reference refuses it, FRAME-048 checks it): a quantised tensor whose rows end
+    inside a block (ne[0] not a multiple of the type's block size). The caller has ruled out unknown ids."""
+    blck = int(_BLOCK[type_id])
+    return blck > 1 and ne0 % blck != 0
+
+
+def partial_blocks(types: np.ndarray, ne0: np.ndarray) -> np.ndarray:
+    """:func:`partial_block` for many tensors (all of them known ids): a mask."""
+    blck = _BLOCK[types]
+    return (blck > 1) & (ne0 % np.maximum(blck, 1) != 0)
+
+
+def block_size(type_id: int) -> int:
+    """Elements per block of a known type id (for the words of a refusal)."""
+    return int(_BLOCK[type_id])
+
+
 def region_past(offset: int, n: int, nbytes: int) -> bool:
     """REGION-PAST-TENSOR (and ROWS-PAST-TENSOR with ``n`` the rows' span): a non-empty region ``offset .. offset +
     n`` ends past a tensor of ``nbytes`` bytes (an empty region is never past it)."""

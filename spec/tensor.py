@@ -67,6 +67,11 @@ def null_tensor() -> dict:
     }
 
 
+def src_ids(*ids: int) -> list[int]:
+    """An rpc_tensor's ``src`` field: the given source ids, then 0 (none) up to GGML_MAX_SRC."""
+    return [*ids, *([0] * (GGML_MAX_SRC - len(ids)))]
+
+
 def make_tensor(
     *,
     id: int,

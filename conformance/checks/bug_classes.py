@@ -26,12 +26,13 @@ from ggml_rpc.conformance.checks._support import (
 )
 from ggml_rpc.conformance.checks._support import check as _check
 from ggml_rpc.conformance.checks.cache import _probe as cache_entry_probe
-from ggml_rpc.conformance.checks.canaries import COMPUTE, F32, I8, Guarded, f32_bytes, src_ids
+from ggml_rpc.conformance.checks.canaries import COMPUTE, F32, I8, Guarded, f32_bytes
 from ggml_rpc.conformance.checks.framing import FR, get_tensor_request, graph_bytes, set_tensor_request
 from ggml_rpc.conformance.harness import Context, hexdump
 from ggml_rpc.spec import Command as C
 from ggml_rpc.spec import GgmlOp, GgmlType, encode_request, make_tensor, tensor_nbytes
 from ggml_rpc.spec.codec import REPLY_HEADER
+from ggml_rpc.spec.tensor import src_ids
 
 Q4_0 = int(GgmlType.Q4_0)
 #: A Q4_0 row of 33 elements: one element past its 32-element block (#25288).

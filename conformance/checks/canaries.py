@@ -22,16 +22,12 @@ from ggml_rpc.conformance.checks.deaths import expect_open_or_closed
 from ggml_rpc.conformance.checks.framing import graph_bytes
 from ggml_rpc.conformance.harness import Context, hexdump
 from ggml_rpc.spec import GgmlOp, GgmlType, TensorFlag, make_tensor, tensor_nbytes
+from ggml_rpc.spec.tensor import src_ids
 
 F32, I32, I64, I8 = int(GgmlType.F32), int(GgmlType.I32), int(GgmlType.I64), int(GgmlType.I8)
 #: Bytes of canary before and after each guarded tensor: more than one f32 row of every graph below.
 CANARY = 64
 COMPUTE = int(TensorFlag.COMPUTE)
-
-
-def src_ids(*ids: int) -> list[int]:
-    """A tensor's ``src`` field: the given ids, then zeros up to GGML_MAX_SRC (10)."""
-    return [*ids, *([0] * (10 - len(ids)))]
 
 
 # ---- canaries: what a kernel reads or writes around its tensors --------------------------------------------------

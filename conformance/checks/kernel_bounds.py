@@ -23,8 +23,8 @@ from ggml_rpc.conformance.checks.canaries import (
 )
 from ggml_rpc.conformance.checks.framing import FR, graph_bytes
 from ggml_rpc.conformance.harness import Context
+from ggml_rpc.spec import NATIVE_CALLBACK_OPS, GgmlOp
 from ggml_rpc.spec import Command as C
-from ggml_rpc.spec import GgmlOp
 
 #: An address no process maps: a server that calls the function pointer of a CUSTOM op dies on it (#25289).
 FAULTING_POINTER = 0x4141_4141_4141_4141
@@ -93,7 +93,7 @@ def custom_op_pointer(ctx: Context) -> None:
     lo, hi = FAULTING_POINTER & 0xFFFF_FFFF, FAULTING_POINTER >> 32
     # ggml's custom op params: the function pointer, n_tasks (1), padding, the userdata pointer.
     params = [p - (1 << 32) if p >= 1 << 31 else p for p in (lo, hi, 1, 0, lo, hi)] + [0] * 10
-    for op in (GgmlOp.CUSTOM, GgmlOp.MAP_CUSTOM1, GgmlOp.MAP_CUSTOM2, GgmlOp.MAP_CUSTOM3):
+    for op in (GgmlOp(o) for o in sorted(NATIVE_CALLBACK_OPS)):
         def build(buf: Buf, op: GgmlOp = op) -> bytes:
             srcs = [buf.f32(16 * i, (4,), id=0x2C01 + i) for i in range(3)]
             n_src = {GgmlOp.MAP_CUSTOM1: 1, GgmlOp.MAP_CUSTOM2: 2}.get(op, 3)

@@ -11,7 +11,8 @@ import random
 import struct
 from typing import TYPE_CHECKING
 
-from ggml_rpc.spec import Command, GgmlOp, GgmlType, TensorFlag
+from ggml_rpc.spec import NATIVE_CALLBACK_OPS, Command, GgmlOp, GgmlType, TensorFlag
+from ggml_rpc.spec.tensor import src_ids
 
 from .draws import RandomDraw
 from .message import FuzzMessage
@@ -34,14 +35,10 @@ BLOCK_TYPES = tuple(int(t) for t in (GgmlType.Q4_0, GgmlType.Q4_1, GgmlType.Q5_0
                                      GgmlType.Q4_K, GgmlType.Q6_K))
 #: Addresses a server calling a CUSTOM op's function pointer jumps to: unmapped, so it dies instead of running code.
 FAULTING_POINTERS = (0x4141_4141_4141_4141, 0xDEAD_0000_0000_0000, 0x10)
-#: The four ops whose op_params carry a function pointer (#25289).
-CALLBACK_OPS = (GgmlOp.CUSTOM, GgmlOp.MAP_CUSTOM1, GgmlOp.MAP_CUSTOM2, GgmlOp.MAP_CUSTOM3)
+#: The ops whose op_params carry a function pointer (#25289), from spec's table.
+CALLBACK_OPS = tuple(GgmlOp(op) for op in sorted(NATIVE_CALLBACK_OPS))
 COMPUTE = int(TensorFlag.COMPUTE)
 F32, I32, I64, I8 = int(GgmlType.F32), int(GgmlType.I32), int(GgmlType.I64), int(GgmlType.I8)
-
-
-def _srcs(*ids: int) -> list[int]:
-    return [*ids, *([0] * (10 - len(ids)))]
 
 
 def _i32(v: int) -> int:
@@ -130,7 +127,7 @@ def block_misaligned(h: Hunt, ex: Example, d: RandomDraw, rng: random.Random) ->
         msg = FuzzMessage(cmd, {"tensor": t, "offset": 0, "hash": digest})
     else:
         out = lay.place(F32, (ne0, rows))
-        node = dict(out, id=ex.scope.new_id(), op=int(GgmlOp.CPY), flags=COMPUTE, src=_srcs(t["id"], out["id"]),
+        node = dict(out, id=ex.scope.new_id(), op=int(GgmlOp.CPY), flags=COMPUTE, src=src_ids(t["id"], out["id"]),
                     view_src=out["id"])
         msg = FuzzMessage(cmd, {"device": 0, "nodes": [node["id"]], "tensors": [t, out, node]})
         broken = broken.replace("tensor.", "tensors.0.")
@@ -167,7 +164,7 @@ def size_arithmetic(h: Hunt, ex: Example, d: RandomDraw, rng: random.Random) -> 
         ex.send(ex.active(), FuzzMessage(Command.GET_TENSOR, {"tensor": t, "offset": 0, "size": rng.choice((0, 4))},
                                          broken=broken, tags=(tag,)))
         return
-    node = dict(t, op=int(GgmlOp.SCALE), flags=COMPUTE, src=_srcs(src["id"]), op_params=[0x40000000] + [0] * 15)
+    node = dict(t, op=int(GgmlOp.SCALE), flags=COMPUTE, src=src_ids(src["id"]), op_params=[0x40000000] + [0] * 15)
     lay.graph([node["id"]], [src, node], broken.replace("tensor.", "tensors.1."), tag)
 
 
@@ -179,7 +176,7 @@ def foreign_buffer(h: Hunt, ex: Example, d: RandomDraw, rng: random.Random) -> N
         return
     a = lay.place(F32, (4,))
     b = lay.place(F32, (4,))
-    out = lay.place(F32, (4,), op=int(GgmlOp.ADD), flags=COMPUTE, src=_srcs(a["id"], b["id"]))
+    out = lay.place(F32, (4,), op=int(GgmlOp.ADD), flags=COMPUTE, src=src_ids(a["id"], b["id"]))
     victim = rng.choice(("node", "source"))
     t = out if victim == "node" else b
     how = rng.choice(("null", "null+data", "freed"))
@@ -202,21 +199,21 @@ def graph_structure(h: Hunt, ex: Example, d: RandomDraw, rng: random.Random) -> 
     if lay is None:
         return
     a = lay.place(F32, (4,))
-    x = lay.place(F32, (4,), op=int(GgmlOp.ADD), flags=COMPUTE, src=_srcs(a["id"], a["id"]))
-    y = lay.place(F32, (4,), op=int(GgmlOp.MUL), flags=COMPUTE, src=_srcs(x["id"], a["id"]))
+    x = lay.place(F32, (4,), op=int(GgmlOp.ADD), flags=COMPUTE, src=src_ids(a["id"], a["id"]))
+    y = lay.place(F32, (4,), op=int(GgmlOp.MUL), flags=COMPUTE, src=src_ids(x["id"], a["id"]))
     nodes = [x["id"], y["id"]]
     shape = rng.choice(("self", "pair", "view", "again", "far"))
     if shape == "self":
-        x["src"] = _srcs(x["id"], a["id"])
+        x["src"] = src_ids(x["id"], a["id"])
     elif shape == "pair":
-        x["src"] = _srcs(y["id"], a["id"])
+        x["src"] = src_ids(y["id"], a["id"])
     elif shape == "view":
         x["view_src"] = rng.choice((x["id"], y["id"]))
     elif shape == "again":
         nodes = nodes + rng.choice(([x["id"]], [y["id"], x["id"]], [x["id"]] * 8))
     else:
         # An id no tensor carries, at the far end of the id space.
-        x["src"] = _srcs(a["id"], rng.choice((1 << 63, (1 << 64) - 1, 1 << 32)))
+        x["src"] = src_ids(a["id"], rng.choice((1 << 63, (1 << 64) - 1, 1 << 32)))
     lay.graph(nodes, [a, x, y], f"graph: tensors.1.src = {shape}", "graph")
 
 
@@ -235,7 +232,7 @@ def kernel_bounds(h: Hunt, ex: Example, d: RandomDraw, rng: random.Random) -> No
         nb2 = rng.choice((256, -nb1, 64))
         offset = rng.choice((0, 4, 48, 60, 64, -4))
         kind = rng.choice((GgmlOp.ACC, GgmlOp.SET))
-        out = lay.place(F32, (4, 4), op=int(kind), flags=COMPUTE, src=_srcs(a["id"], b["id"]),
+        out = lay.place(F32, (4, 4), op=int(kind), flags=COMPUTE, src=src_ids(a["id"], b["id"]),
                         op_params=[_i32(nb1), _i32(nb2), 256, _i32(offset), rng.choice((0, 1))])
         lay.graph([out["id"]], [a, b, out], f"kernel: {kind.name}.op_params = nb1 {nb1}, nb2 {nb2}, offset {offset}",
                   "kernel")
@@ -246,14 +243,14 @@ def kernel_bounds(h: Hunt, ex: Example, d: RandomDraw, rng: random.Random) -> No
         bad = rng.choice((2, 3, -1, 1 << 20, -(1 << 31)))
         lay.fill(ids, struct.pack("<i", bad))
         out = lay.place(F32, (10,), op=int(GgmlOp.SSM_SCAN), flags=COMPUTE,
-                        src=_srcs(*(t["id"] for t in (s, x, dt, aa, b, c, ids))), op_params=[1])
+                        src=src_ids(*(t["id"] for t in (s, x, dt, aa, b, c, ids))), op_params=[1])
         lay.graph([out["id"]], [s, x, dt, aa, b, c, ids, out], f"kernel: SSM_SCAN.ids = {bad}", "kernel")
     elif op == "gdn":
         parts = [lay.place(F32, ne) for ne in ((2, 1, 1, 1), (2, 1, 1, 1), (2, 1, 1, 1), (1, 1, 1, 1), (1, 1, 1, 1),
                                                (2, 2, 1, 1))]
         k = rng.choice((0, 2, 64, -1, 1 << 20))
         out = lay.place(F32, (6,), op=int(GgmlOp.GATED_DELTA_NET), flags=COMPUTE,
-                        src=_srcs(*(t["id"] for t in parts)), op_params=[_i32(k)])
+                        src=src_ids(*(t["id"] for t in parts)), op_params=[_i32(k)])
         lay.graph([out["id"]], [*parts, out], f"kernel: GATED_DELTA_NET.op_params.0 = {k}", "kernel")
     else:
         # Rows out of range, or in range in planes the table does not have: its ne[2] = 1 hides nb[2] from its size,
@@ -266,14 +263,14 @@ def kernel_bounds(h: Hunt, ex: Example, d: RandomDraw, rng: random.Random) -> No
             idx = lay.place(I64, (2,))
             lay.fill(idx, struct.pack("<2q", 0, bad))
             node = dict(table, id=ex.scope.new_id(), op=int(GgmlOp.SET_ROWS), flags=COMPUTE,
-                        src=_srcs(rows["id"], idx["id"]), view_src=table["id"])
+                        src=src_ids(rows["id"], idx["id"]), view_src=table["id"])
             lay.graph([node["id"]], [rows, idx, table, node], f"kernel: SET_ROWS.rows = {bad}, planes {planes}",
                       "kernel")
         else:
             idx = lay.place(I32, (2, planes))
             lay.fill(idx, struct.pack(f"<{2 * planes}i", *([0, bad] * planes)))
             out = lay.place(F32, (4, 2, planes), op=int(GgmlOp.GET_ROWS), flags=COMPUTE,
-                            src=_srcs(table["id"], idx["id"]))
+                            src=src_ids(table["id"], idx["id"]))
             lay.graph([out["id"]], [table, idx, out], f"kernel: GET_ROWS.rows = {bad}, planes {planes}", "kernel")
 
 
@@ -288,6 +285,6 @@ def custom_op(h: Hunt, ex: Example, d: RandomDraw, rng: random.Random) -> None:
     srcs = [lay.place(F32, (4,)) for _ in range(3)]
     n_src = {GgmlOp.MAP_CUSTOM1: 1, GgmlOp.MAP_CUSTOM2: 2}.get(op, rng.randint(0, 3))
     params = [_i32(pointer), _i32(pointer >> 32), 1, 0, _i32(pointer), _i32(pointer >> 32)]
-    out = lay.place(F32, (4,), op=int(op), flags=COMPUTE, src=_srcs(*(t["id"] for t in srcs[:n_src])),
+    out = lay.place(F32, (4,), op=int(op), flags=COMPUTE, src=src_ids(*(t["id"] for t in srcs[:n_src])),
                     op_params=params + [0] * 10)
     lay.graph([out["id"]], [*srcs, out], f"custom: {op.name}.op_params = {pointer:#x}", "custom")
