@@ -16,6 +16,7 @@ from ggml_rpc.conformance.fuzz.hunt import HUNT_STEPS, embedded_hunt, write_repo
 from ggml_rpc.conformance.sessions.replay import ReplayError, replay
 from ggml_rpc.reference import running_server
 from ggml_rpc.spec import V6, V7
+from hunting import run_clean
 from vulnerable import VulnerableServer
 
 EXAMPLES = 40
@@ -98,13 +99,7 @@ def test_findings_json_and_sarif(vulnerable_hunt):
 def test_the_reference_survives_the_hunt(protocol, tmp_path):
     hunt = embedded_hunt(protocol, Options(examples=EXAMPLES, seed=11, out_dir=tmp_path, timeout=2.0,
                                            steps=HUNT_STEPS))
-    hunt.target.start()
-    try:
-        hunt.run()
-    finally:
-        hunt.target.stop()
-    assert [f.line() for f in hunt.findings] == []
-    assert hunt.stats.restarts == 0 and hunt.hunt.fuzzer_errors == 0
+    run_clean(hunt)
     st = hunt.stats
     assert st.messages > EXAMPLES * 5
     # The strategies ran: size headers of 2^63, region edges, the other layout, early closes, fresh reads.

@@ -11,6 +11,7 @@ from ggml_rpc.conformance.fuzz import hunt as hunt_mod
 from ggml_rpc.conformance.fuzz import hunt_strategies as hs
 from ggml_rpc.conformance.fuzz.hunt import embedded_hunt
 from ggml_rpc.spec import V6, V7, RequestDecoder
+from hunting import run_clean
 
 #: (strategy, the tag its broken messages carry)
 NEW = [
@@ -45,13 +46,7 @@ def test_strategy_alone_decodes_and_the_reference_survives_it(monkeypatch, tmp_p
     monkeypatch.setattr(hunt_mod, "strategy", lambda rng: strategy)
     monkeypatch.setattr(hunt_mod, "STRATEGY_PERCENT", 100)
     hunt = embedded_hunt(protocol, Options(examples=EXAMPLES, seed=5, out_dir=tmp_path, timeout=2.0, steps=STEPS))
-    hunt.target.start()
-    try:
-        hunt.run()
-    finally:
-        hunt.target.stop()
-    assert [f.line() for f in hunt.findings] == []
-    assert hunt.stats.restarts == 0 and hunt.hunt.fuzzer_errors == 0
+    run_clean(hunt)
     aimed = [m for m in sent if m.tags and m.tags[0] == tag]
     assert len(aimed) >= EXAMPLES, (tag, dict(hunt.stats.by_rule))
     assert all(m.broken for m in aimed)
