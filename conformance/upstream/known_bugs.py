@@ -36,7 +36,8 @@ class KnownBug:
     strategies: tuple[str, ...] = ()
     #: Coverage outside the check catalogue (tests of the reference), said in words.
     also: str = ""
-    #: Majors whose protocol *is* the bug (no check can call it fixed there): what the cell says instead.
+    #: Majors whose protocol *is* the bug (no check can call it fixed there), each with the check that shows the
+    #: behaviour (it passes on such a server): the cell says "present by design" only when it did.
     by_design: tuple[tuple[int, str], ...] = ()
 
     @property
@@ -77,7 +78,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
              ("FRAME-060",), ("custom_op",)),
     KnownBug("G1", "the 1.4 TB cache behind protocol 7.0.0", "v6 `-c` cached every transfer above 10 MiB, "
              "activations included", ("CACHE-V7-002",),
-             by_design=((6, "present by design: 6.0.0 saves every SET_TENSOR above 10 MiB (CACHE-V6-001)"),)),
+             by_design=((6, "CACHE-V6-001"),)),
     KnownBug("G2", "truncated cache entries served as valid", "a hash hit whose file is not the bytes hashed",
              ("CACHE-V7-004", "CACHE-V7-006", "CACHE-V6-004"),
              also="the reference's own cache: tests/reference/test_ref_cache_trust.py (mapping writes, coarse "
@@ -92,6 +93,7 @@ def all_checks() -> list[str]:
     seen: dict[str, None] = {}
     for bug in KNOWN_BUGS:
         seen.update(dict.fromkeys(bug.checks))
+        seen.update(dict.fromkeys(check for _, check in bug.by_design))
     return list(seen)
 
 

@@ -112,7 +112,10 @@ def judge(bug: KnownBug, results: dict[str, dict[str, Any]], verified: dict[str,
     """One cell: what the peer's results for the bug's checks say (``major``: the peer's protocol major)."""
     design = dict(bug.by_design).get(major)
     if design:
-        return design
+        shown = results.get(design, {}).get("outcome")
+        if shown == "pass":
+            return f"present by design ({design} pass)"
+        return f"absent ({design} fails)" if shown == "fail" else f"not run ({design}: {shown or 'no result'})"
     if not bug.checks:
         return "hunt only" if bug.strategies else "not covered"
     mine = [results[c] for c in bug.checks if c in results]

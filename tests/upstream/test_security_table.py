@@ -49,8 +49,10 @@ def test_passes_are_fixed_unsupported_is_not_applicable_and_nothing_is_guessed()
     assert judge(BUG, {}, {}) == "not run"
     assert judge(KnownBug("E9", "r", "w", (), ("get_rows_index",)), passes, {}) == "hunt only"
     g1 = next(b for b in KNOWN_BUGS if b.key == "G1")
-    assert judge(g1, {"CACHE-V7-002": result("CACHE-V7-002", "unsupported")}, {}, major=6).startswith(
-        "present by design")
+    v6 = {"CACHE-V7-002": result("CACHE-V7-002", "unsupported"), "CACHE-V6-001": result("CACHE-V6-001", "pass")}
+    assert judge(g1, v6, {}, major=6) == "present by design (CACHE-V6-001 pass)"
+    v6["CACHE-V6-001"] = result("CACHE-V6-001", "fail")
+    assert not judge(g1, v6, {}, major=6).startswith("present")
     skipped = {"FRAME-010": result("FRAME-010", "pass"), "FRAME-015": result("FRAME-015", "skip")}
     assert judge(BUG, skipped, {}).startswith("inconclusive")
 
