@@ -97,6 +97,8 @@ def _replays_the_failure(command_for: Callable[[Path], str], pcap: Path) -> bool
 def keep_reproducers(record: dict[str, Any], run_dir: Path, dest: Path) -> list[dict[str, Any]]:
     """Copy the verified reproducers (small enough) to ``dest`` (``fixtures/repro/security/``); their entries."""
     kept = []
+    for stale in dest.glob(f"{record['peer']}-*.pcap"):
+        stale.unlink()  # the folder holds what this run verified, not what an earlier one did
     for check_id, ok in sorted(record["verified"].items()):
         src = run_dir / f"{record['peer']}-pcaps" / f"{check_id}.pcap"
         if not ok or not src.is_file() or src.stat().st_size > MAX_KEPT_REPRODUCER:
