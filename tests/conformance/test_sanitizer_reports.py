@@ -105,6 +105,11 @@ def test_memory_is_bounded_whatever_the_server_prints():
     assert len(flood.reports[0].lines) == MAX_REPORT_LINES and len(flood.reports[0].frames) <= MAX_REPORT_LINES
 
 
+def test_real_reports_are_there_to_parse():
+    # The parametrized test below would only be skipped if the fixtures went missing.
+    assert len(sorted(FIXTURES.glob("*.txt"))) >= 3
+
+
 @pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.txt")), ids=lambda p: p.stem)
 def test_reports_of_the_real_instrumented_builds_parse(path):
     """Reports printed by the sanitized upstream peers (``upstream install --sanitize address``); the file's first
