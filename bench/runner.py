@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar
 State = TypeVar("State")
 
 #: Bumped when the JSON record changes shape (BENCHMARKS.md documents it).
-JSON_SCHEMA = 1
+JSON_SCHEMA = 2
 #: Goals are the project's own objectives: they are judged on the reference server's and the kit's results only.
 GOAL_TARGETS = ("reference", "kit")
 

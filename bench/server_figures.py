@@ -12,6 +12,7 @@ the server can only answer once it has read (and stored) every byte before it.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ from ggml_rpc.spec import (
     make_tensor,
 )
 
+from .placement import client_on, listener_pid, placed, usable_cpus
 from .runner import Figure, Measurement, NotApplicable, timed
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -182,25 +184,61 @@ class GetTensor(_Transfer):
         return self.size * self.batch / timed(run) / 1e6
 
 
-class RoundTrips(Measurement[RpcClient]):
-    """GET_ALIGNMENT request/reply pairs per second (the smallest command with a reply)."""
+@dataclass
+class _Placed:
+    client: RpcClient
+    placement: contextlib.ExitStack
 
-    def __init__(self, count: int, goal: tuple[str, float, str] | None = None) -> None:
-        self.count = count
-        self.figure = Figure("round_trips", "small round trips (GET_ALIGNMENT)", "round trips/s", goal=goal)
 
-    def prepare(self, target: BenchTarget) -> RpcClient:
-        return target.connect()
+class RoundTrips(Measurement[_Placed]):
+    """GET_ALIGNMENT request/reply pairs per second (the smallest command with a reply), with client and server on
+    one CPU (``cpus`` 1: what the server costs per command) or on two (``cpus`` 2: plus waking each other across
+    CPUs).  ``bench/placement.py`` says why the placement is chosen rather than left to the scheduler."""
 
-    def sample(self, state: RpcClient) -> float:
+    def __init__(self, count: int, cpus: int = 1, goal: tuple[str, float, str] | None = None) -> None:
+        if cpus not in (1, 2):
+            raise ValueError("round trips are placed on one CPU or two")
+        self.count, self.cpus = count, cpus
+        where = "one CPU" if cpus == 1 else "two CPUs"
+        self.figure = Figure(f"round_trips_{cpus}cpu", f"small round trips (GET_ALIGNMENT), {where}",
+                             "round trips/s", goal=goal)
+
+    def prepare(self, target: BenchTarget) -> _Placed:
+        cpus = usable_cpus()
+        if len(cpus) < self.cpus:
+            raise NotApplicable(f"this process may use {len(cpus)} CPU(s)")
+        pid = listener_pid(target.port)
+        if pid is None:
+            raise NotApplicable(f"no process listening on port {target.port} is visible here: it cannot be placed")
+        stack = contextlib.ExitStack()
+        server_cpu = cpus[0] if self.cpus == 1 else cpus[1]
+        try:
+            stack.enter_context(placed(pid, {server_cpu}))
+        except PermissionError as exc:
+            raise NotApplicable(f"cannot place the server's process {pid}: {exc.strerror or exc}") from None
+        try:
+            return _Placed(target.connect(), stack)
+        except BaseException:
+            stack.close()
+            raise
+
+    def sample(self, state: _Placed) -> float:
+        get_alignment = state.client.get_alignment
+
         def run() -> None:
             for _ in range(self.count):
-                state.get_alignment(0)
+                get_alignment(0)
 
-        return self.count / timed(run)
+        # The client on the first usable CPU for the sample only: between samples the bench runs as it was started.
+        with client_on({usable_cpus()[0]}):
+            get_alignment(0)  # the first call after moving is not timed: it pays for the migration
+            return self.count / timed(run)
 
-    def finish(self, state: RpcClient) -> None:
-        state.close()
+    def finish(self, state: _Placed) -> None:
+        try:
+            state.client.close()
+        finally:
+            state.placement.close()
 
 
 #: Tensor ids as a real client sends them: addresses of its own tensor structs (sparse 64-bit values, so lookups

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import logging
+import os
 import socket
 import threading
 import time
@@ -52,15 +53,22 @@ def limit_blas_threads(threads: int) -> None:
 
 #: Bytes taken from the socket at a time outside bulk data (a request header and its fixed fields, many pipelined).
 _RECV_CHUNK = 1 << 16
+#: One non-blocking read without switching the socket's mode (two system calls fewer per poll).
+_DONTWAIT = socket.MSG_DONTWAIT
+#: A yield of the CPU that took longer than this (seconds) let another task run there: an idle CPU gives it back in
+#: well under 2 microseconds (99.9th percentile 1.3 us measured here).  Polling then competes with that task, which
+#: may be the client: the next _SLEEPS_AFTER_SHARING waits sleep at once, as a server without polling does.
+_SHARED_YIELD = 5e-6
+_SLEEPS_AFTER_SHARING = 64
 #: Rank 1 tries to reach rank 0 this many times, this far apart (upstream: 100 x 50 ms).
 CONNECT_TRIES, CONNECT_PAUSE = 100, 0.05
 
 
-def serve_connection(sock: socket.socket, core: ServerCore) -> str:
+def serve_connection(sock: socket.socket, core: ServerCore, poll_us: int = 0) -> str:
     """Feed ``core`` from ``sock`` and send its replies until the connection ends; returns the reason.  The core is
-    released; the socket is left to the caller."""
+    released; the socket is left to the caller.  ``poll_us``: see :attr:`ServerConfig.poll_us`."""
     try:
-        _pump(sock, core)
+        _pump(sock, core, poll_us * 1e-6)
     except PeerGone as exc:
         reason = str(exc)
     except Close as exc:
@@ -77,10 +85,43 @@ def serve_connection(sock: socket.socket, core: ServerCore) -> str:
     return reason
 
 
-def _pump(sock: socket.socket, core: ServerCore) -> None:
+def _pump(sock: socket.socket, core: ServerCore, poll: float) -> None:
     chunk = bytearray(_RECV_CHUNK)
     view = memoryview(chunk)
     recv_into, next_event, receive = sock.recv_into, core.next_event, core.receive_data
+    clock, yield_cpu = time.perf_counter, os.sched_yield
+    if sock.gettimeout() is not None:  # a socket with a timeout waits for data before any read, even a DONTWAIT one
+        poll = 0.0
+    sleep_next = 0  # waits left that sleep at once (see _SHARED_YIELD)
+
+    def read(into: memoryview | bytearray) -> int:
+        """recv_into ``into``, polling first (ServerConfig.poll_us says why)."""
+        nonlocal sleep_next
+        if sleep_next:
+            sleep_next -= 1
+            return recv_into(into)
+        try:
+            return recv_into(into, 0, _DONTWAIT)
+        except BlockingIOError:
+            pass
+        deadline = clock() + poll
+        while True:
+            t = clock()
+            if t > deadline:
+                return recv_into(into)
+            yield_cpu()
+            try:
+                n = recv_into(into, 0, _DONTWAIT)
+            except BlockingIOError:
+                continue
+            if clock() - t > _SHARED_YIELD:
+                # Another task ran on this CPU while it was yielded, and the bytes came meanwhile: that task was
+                # likely the client, sharing this CPU.  Polling only takes time from it: sleep for a while instead.
+                sleep_next = _SLEEPS_AFTER_SHARING
+            return n
+
+    if not poll:
+        read = recv_into  # type: ignore[assignment]
     while True:
         out = next_event()
         if out is not None:
@@ -89,15 +130,15 @@ def _pump(sock: socket.socket, core: ServerCore) -> None:
             continue
         sink = core.bulk_ahead()
         if sink is not None:  # bulk data: straight into tensor memory (or the graph buffer)
-            n = recv_into(sink)
+            n = read(sink)
             del sink  # the graph buffer may grow at the next event: no view of it may be alive then
             if n:
                 core.skip(n)
                 continue
             receive(b"")
-        else:
-            n = recv_into(chunk)
-            receive(view[:n])
+            continue
+        n = read(chunk)
+        receive(view[:n])
 
 
 def send_all(sock: socket.socket, parts: Sequence) -> None:
@@ -257,7 +298,7 @@ class Server:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             log.info("%s: open", name)
             core = ServerCore(self.config, self.cache, name=name, links=TcpLinks(self.config))
-            reason = serve_connection(conn, core)
+            reason = serve_connection(conn, core, 0 if self.config.concurrent else self.config.poll_us)
             log.info("%s: %s after %d command(s)", name, reason, core.commands)
         except Exception:  # never let one connection end the server
             log.exception("%s: unexpected error", name)

@@ -185,7 +185,8 @@ def _server_measurements(plan: Plan) -> list[Measurement]:
         out.append(SetTensor(size, batch, GOAL_BULK if size == 256 * MIB else None))
     for size, batch in plan.transfers:
         out.append(GetTensor(size, batch, GOAL_BULK if size == 256 * MIB else None))
-    out.append(RoundTrips(plan.round_trips, GOAL_ROUND_TRIPS))
+    out.append(RoundTrips(plan.round_trips, 1, GOAL_ROUND_TRIPS))
+    out.append(RoundTrips(plan.round_trips, 2))
     out.append(GraphCompute(plan.graph_tensors))
     out.append(HashHit(plan.hash_size))
     return out

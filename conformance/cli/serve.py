@@ -13,6 +13,9 @@ from ggml_rpc.spec import DEFAULT_HOST, DEFAULT_PORT
 from ..harness import format_address
 from .options import UsageError, os_reason, parse_proto, proto_help
 
+#: Microseconds a served connection polls for its next request before sleeping (reference/config.py says why).
+DEFAULT_POLL_US = 200
+
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 
@@ -40,6 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alignment", type=int, default=None, help="GET_ALIGNMENT answer (default 32, as upstream CPU)")
     p.add_argument("--max-size", default=None, help="GET_MAX_SIZE answer (default 2^64-1, as upstream CPU)")
     p.add_argument("--concurrent", action="store_true", help="serve many connections at once (upstream: one)")
+    p.add_argument("--poll-us", type=int, default=DEFAULT_POLL_US, metavar="US",
+                   help=f"keep reading a connection's socket this many microseconds for its next request before "
+                        f"sleeping (default {DEFAULT_POLL_US}; 0: sleep at once): a sleeping server is woken "
+                        f"through its CPU, which costs tens of microseconds per request on virtual machines")
     p.add_argument("--verbose", action="store_true", help="log one line per command")
     p.add_argument("--list-ops", action="store_true", help="print the ops x types the executor computes, and exit")
     p.set_defaults(func=run)
@@ -62,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.devices < 1:
         raise UsageError("--devices must be at least 1")
+    if not 0 <= args.poll_us <= 1_000_000:
+        raise UsageError("--poll-us must be 0..1000000")
     if args.alignment is not None and (args.alignment < 1 or args.alignment & (args.alignment - 1)):
         raise UsageError("--alignment must be a power of two")
     if not 0 <= args.port <= 65535:
@@ -76,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     # The IQ codebooks come from an installed upstream peer, when there is one (the reference holds no upstream data).
     config = make_config(protocol, devices=args.devices, mem=mem, alignment=args.alignment, max_size=max_size,
                          cache_dir=args.cache_dir, cache_max_bytes=cache_max, concurrent=args.concurrent,
-                         verbose=args.verbose, codebooks=tables)
+                         verbose=args.verbose, codebooks=tables, poll_us=args.poll_us)
     try:
         server = Server(config, args.host, args.port)
     except OSError as exc:
