@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 from ggml_rpc.conformance.sessions.pcapwrite import PcapWriter
-from ggml_rpc.spec import V7, Command, GgmlType, encode_reply, encode_request, make_tensor
+from ggml_rpc.spec import V7, Command, GgmlType, encode_reply, encode_request, fnv1a64, make_tensor
 from ggml_rpc.spec.facts import hello_reply
 
 MiB = 1 << 20
@@ -38,8 +38,10 @@ def payload(size: int, seed: int) -> bytes:
     return rng.standard_normal(size // 4, dtype=np.float32).tobytes()
 
 
-def write_large_capture(path: str | Path, *, tensors: int = 3, size: int = 256 * MiB) -> int:
-    """Write the session to ``path``; returns the bytes of RPC payload it carries."""
+def write_large_capture(path: str | Path, *, tensors: int = 3, size: int = 256 * MiB, hash_first: bool = False) -> int:
+    """Write the session to ``path``; returns the bytes of RPC payload it carries.  ``hash_first``: each SET_TENSOR
+    comes after a SET_TENSOR_HASH that missed and carries the cache flag, as a v7 client sends a weight, so that a
+    checker must hash the whole payload to judge it."""
     base, handle = 0x10000, 0x5A5A0000
     total = 0
     with PcapWriter(path, start=1_700_000_000.0) as w:
@@ -62,7 +64,11 @@ def write_large_capture(path: str | Path, *, tensors: int = 3, size: int = 256 *
         made = [make_tensor(id=i + 1, type=GgmlType.F32, ne=(size // 4,), buffer=handle, data=base + i * size)
                 for i in range(tensors)]
         for i, t in enumerate(made):
-            exchange(Command.SET_TENSOR, {"tensor": t, "offset": 0, "cache_flag": 0}, payload(size, i))
+            data = payload(size, i)
+            if hash_first:
+                exchange(Command.SET_TENSOR_HASH, {"tensor": t, "offset": 0, "hash": fnv1a64(data)},
+                         reply=encode_reply(V7, Command.SET_TENSOR_HASH, {"result": 0}))
+            exchange(Command.SET_TENSOR, {"tensor": t, "offset": 0, "cache_flag": int(hash_first)}, data)
         for i, t in enumerate(made):
             data = payload(size, i)
             exchange(Command.GET_TENSOR, {"tensor": t, "offset": 0, "size": size},

@@ -30,10 +30,10 @@ from ggml_rpc.spec import (
     ProtocolError,
     SizeMismatch,
     UnexpectedReply,
-    fnv1a64,
     protocol_from_hello,
 )
 from ggml_rpc.spec.checks import rule_error
+from ggml_rpc.spec.facts import FNV_OFFSET_BASIS, fnv1a64_continue
 from ggml_rpc.spec.framing import Bulk, End, Head, ReplyFramer, RequestFramer
 from ggml_rpc.spec.rules import ConnState, Message, first_broken, wants_data_hash
 from ggml_rpc.spec.versions import PROTOCOLS
@@ -95,7 +95,9 @@ class StreamChecker:
         self._rp = ReplyFramer(protocol, max_payload=_NO_LIMIT)
         self._fields: dict[str, Any] | None = None  # the current request's fields; None: not judged
         self._prefix = bytearray()  # a SET_TENSOR's header and first data bytes
-        self._hashed: bytearray | None = None  # data the cache-flag rules need hashed
+        #: running FNV-1a of the data the cache-flag rules need hashed (None: not hashed), never the data itself: a
+        #: SET_TENSOR after a hash miss may be gigabytes
+        self._hashed: int | None = None
         self._previous: Command | None = None  # the command framed before the current request
         self._pending: deque[Message] = deque()  # complete requests waiting for earlier replies
         self._awaiting: deque[int] = deque()  # requests whose reply has not come, in order
@@ -250,7 +252,7 @@ class StreamChecker:
             if self._wants_prefix():
                 self._prefix += ev.data[: _LONGEST_HEADER - len(self._prefix)]
             if self._hashed is not None:
-                self._hashed += ev.data
+                self._hashed = fnv1a64_continue(self._hashed, ev.data)
         elif type(ev) is Head:
             self._start(ev)
         elif self._fields is not None:
@@ -272,7 +274,7 @@ class StreamChecker:
         self._fields = fields
         self._prefix += head.fixed
         if wants_data_hash(self.state.protocol, head.command, fields, previous):
-            self._hashed = bytearray()
+            self._hashed = FNV_OFFSET_BASIS
         if head.command is Command.COMM_INIT and fields.get("rank") == 0:
             self.comm_inits.append((head.index, fields["port"]))
         if self._rp.expect(head):
@@ -284,7 +286,7 @@ class StreamChecker:
         fields, self._fields = self._fields, None
         assert fields is not None
         hashed, self._hashed = self._hashed, None
-        digest = fnv1a64(hashed) if hashed is not None and head is not self._rq.current else None
+        digest = hashed if hashed is not None and head is not self._rq.current else None
         self._pending.append(Message(head.command, fields, head.index, head.offset, head.size, head.bulk,
                                      memoryview(bytes(self._prefix)), digest))
         self._flush()

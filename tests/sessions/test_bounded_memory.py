@@ -1,8 +1,9 @@
 """Captures of any size in bounded memory: decode, lint and replay of a ~1 GB capture each stay under 256 MiB of
 peak RSS above the interpreter's baseline (measured, never timed).
 
-The capture (bench/large_capture.py) holds two 256 MiB SET_TENSORs and their two 256 MiB GET_TENSOR
-replies.  Each command runs as the only child of a fresh wrapper process whose RUSAGE_CHILDREN gives its peak RSS;
+The capture (bench/large_capture.py) holds two 256 MiB SET_TENSORs, each after a SET_TENSOR_HASH miss and
+flagged for the cache (so lint hashes each payload, piece by piece), and their two 256 MiB GET_TENSOR replies.
+Each command runs as the only child of a fresh wrapper process whose RUSAGE_CHILDREN gives its peak RSS;
 the baseline is the same command on a tiny capture (the interpreter and every module the command imports).  The
 replay's target is a reference server in this process, so its buffers do not count against the replayer.
 """
@@ -25,8 +26,8 @@ pytestmark = pytest.mark.memory
 def captures(tmp_path_factory: pytest.TempPathFactory):
     where = tmp_path_factory.mktemp("bounded")
     large, tiny = where / "large.pcap", where / "tiny.pcap"
-    write_large_capture(large, tensors=2, size=256 * MiB)
-    write_large_capture(tiny, tensors=2, size=MiB)
+    write_large_capture(large, tensors=2, size=256 * MiB, hash_first=True)
+    write_large_capture(tiny, tensors=2, size=MiB, hash_first=True)
     yield large, tiny
     shutil.rmtree(where, ignore_errors=True)  # a gigabyte: not left for pytest's retention of old tmp dirs
 
