@@ -50,12 +50,42 @@ def _mul_mat(node: GraphTensor, mem: Memory) -> None:
         return
     r2, r3 = ne12 // ne02, ne13 // ne03
     if r2 == 1 and r3 == 1:
-        if out.flags.c_contiguous:
+        if n > 1:
+            np.copyto(out, weights_left(a, b).swapaxes(-1, -2))
+        elif out.flags.c_contiguous:
             np.matmul(b, a.swapaxes(-1, -2), out=out)
         else:
             np.copyto(out, np.matmul(b, a.swapaxes(-1, -2)))
         return
     np.copyto(out, broadcast_matmul(b, a.swapaxes(-1, -2), r2, r3))
+
+
+#: Products up to this many multiply-adds (m x n x k) per BLAS call take OpenBLAS's small-matrix path, which reads
+#: the weights once instead of packing them first (measured on this kit's SkylakeX build: a block of 64 rows of 2048
+#: times 7 columns ran at 11.6 GB/s of weights, of 64 rows times 8 columns at 6.9 GB/s).
+_SMALL_PRODUCT = 1_000_000
+_MIN_BLOCK_ROWS = 16
+
+
+def weights_left(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b^T`` as (..., m, n) for a batch of ``n`` > 1 rows of ``b``: the weights on the left, in blocks of rows.
+
+    With the weights as the left operand OpenBLAS streams them instead of packing them for a narrow right side
+    (1.5x faster at every batch of 2 to 256 rows measured); for a few rows (a short prompt), blocks small enough for
+    BLAS's small-matrix path read them about twice as fast again (5 rows of 2048: 6.8 -> 14 GB/s, where one row
+    reads at 21 GB/s).
+    """
+    bt = b.swapaxes(-1, -2)
+    m, k = a.shape[-2:]
+    n = b.shape[-2]
+    rows = _SMALL_PRODUCT // max(1, n * k) // _MIN_BLOCK_ROWS * _MIN_BLOCK_ROWS
+    if a.shape[:-2] != (1, 1) or b.shape[:-2] != (1, 1) or rows < _MIN_BLOCK_ROWS or rows >= m:
+        return np.matmul(a, bt)
+    a2, bt2 = a[0, 0], bt[0, 0]
+    out = np.empty((m, n), dtype=np.float32)
+    for i in range(0, m, rows):
+        np.matmul(a2[i : i + rows], bt2, out=out[i : i + rows])
+    return out[None, None]
 
 
 def broadcast_matmul(b: np.ndarray, a_t: np.ndarray, r2: int, r3: int) -> np.ndarray:

@@ -1,0 +1,47 @@
+"""MUL_MAT of a few rows with the weights on the left, in blocks of rows: the same products as one plain matmul."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ggml_rpc.reference.executor import matmul
+from ggml_rpc.reference.executor.matmul import weights_left
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(2048, 2048, 5), (1000, 2048, 3), (97, 64, 2), (5632, 2048, 16),
+                                           (256, 256, 64), (33, 4096, 7)])
+def test_blocks_give_the_plain_product(m: int, k: int, n: int) -> None:
+    rng = np.random.default_rng(m * 31 + n)
+    a = rng.standard_normal((1, 1, m, k), dtype=np.float32)
+    b = rng.standard_normal((1, 1, n, k), dtype=np.float32)
+    got = weights_left(a, b)
+    assert got.shape == (1, 1, m, n) and got.dtype == np.float32
+    want = a[0, 0].astype(np.float64) @ b[0, 0].astype(np.float64).T
+    # float32 products of length k: each within a few ulps of the float64 value times the row's magnitude
+    scale = np.abs(a[0, 0]).astype(np.float64) @ np.abs(b[0, 0]).astype(np.float64).T
+    assert np.all(np.abs(got[0, 0] - want) <= 1e-5 * scale)
+
+
+def test_blocks_are_taken_for_a_short_batch_and_cover_every_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, int]] = []
+    real = np.matmul
+
+    def spy(x, y, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append((x.shape[-2], y.shape[-1]))
+        return real(x, y, *args, **kwargs)
+
+    monkeypatch.setattr(matmul.np, "matmul", spy)
+    m, k, n = 1000, 2048, 5
+    a = np.ones((1, 1, m, k), dtype=np.float32)
+    b = np.ones((1, 1, n, k), dtype=np.float32)
+    out = weights_left(a, b)
+    assert len(calls) > 1 and sum(rows for rows, _ in calls) == m  # several blocks, every row once
+    assert all(cols == n for _, cols in calls)
+    assert np.all(out == k)
+
+
+def test_batched_weights_are_not_blocked() -> None:
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((2, 3, 40, 32), dtype=np.float32)
+    b = rng.standard_normal((2, 3, 4, 32), dtype=np.float32)
+    np.testing.assert_allclose(weights_left(a, b), a @ b.swapaxes(-1, -2), rtol=1e-5, atol=1e-5)
