@@ -52,6 +52,8 @@ def _mul_mat(node: GraphTensor, mem: Memory) -> None:
     if r2 == 1 and r3 == 1:
         if n > 1:
             np.copyto(out, weights_left(a, b).swapaxes(-1, -2))
+        elif streams_short_rows(a, b, out):
+            pass
         elif out.flags.c_contiguous:
             np.matmul(b, a.swapaxes(-1, -2), out=out)
         else:
@@ -60,11 +62,29 @@ def _mul_mat(node: GraphTensor, mem: Memory) -> None:
     np.copyto(out, broadcast_matmul(b, a.swapaxes(-1, -2), r2, r3))
 
 
+#: A matrix-vector product of at least _STREAMED bytes of rows no longer than _SHORT_ROWS goes through einsum.
+_SHORT_ROWS = 512
+_STREAMED = 16 << 20
 #: Products up to this many multiply-adds (m x n x k) per BLAS call take OpenBLAS's small-matrix path, which reads
 #: the weights once instead of packing them first (measured on this kit's SkylakeX build: a block of 64 rows of 2048
 #: times 7 columns ran at 11.6 GB/s of weights, of 64 rows times 8 columns at 6.9 GB/s).
 _SMALL_PRODUCT = 1_000_000
 _MIN_BLOCK_ROWS = 16
+
+
+def streams_short_rows(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
+    """One row of ``b`` through a large matrix ``a`` of short rows (a small model's output over a large vocabulary)
+    into ``out``, with numpy's own sum-of-products loop; False (nothing done) for any other product.
+
+    OpenBLAS's matrix-vector product reads such rows at half the speed einsum streams them here (32,000 x 256 F32
+    from memory: 3.0 ms against 1.5 ms; 32,000 x 512: 5.1 against 2.8 ms); long rows stay with BLAS (32,000 x 2,048:
+    12.3 against 13.2 ms), and so do matrices small enough to stay in cache between tokens, where BLAS is faster.
+    """
+    if (a.shape[-1] > _SHORT_ROWS or a.nbytes < _STREAMED or a.shape[:-2] != (1, 1) or b.shape[:-1] != (1, 1, 1)
+            or not out.flags.c_contiguous):
+        return False
+    np.einsum("mk,k->m", a[0, 0], b[0, 0, 0], out=out.reshape(-1))
+    return True
 
 
 def weights_left(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -45,3 +45,24 @@ def test_batched_weights_are_not_blocked() -> None:
     a = rng.standard_normal((2, 3, 40, 32), dtype=np.float32)
     b = rng.standard_normal((2, 3, 4, 32), dtype=np.float32)
     np.testing.assert_allclose(weights_left(a, b), a @ b.swapaxes(-1, -2), rtol=1e-5, atol=1e-5)
+
+
+def test_one_row_through_a_large_matrix_of_short_rows_is_streamed() -> None:
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((1, 1, 32000, 256), dtype=np.float32)  # 32 MB: a small model's output layer
+    b = rng.standard_normal((1, 1, 1, 256), dtype=np.float32)
+    out = np.full((1, 1, 1, 32000), np.nan, dtype=np.float32)
+    assert matmul.streams_short_rows(a, b, out)
+    np.testing.assert_allclose(out, b @ a.swapaxes(-1, -2), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("case", ["long rows", "small matrix", "two rows", "strided out"])
+def test_other_products_are_left_to_blas(case: str) -> None:
+    shape, n = {"long rows": ((1, 1, 8192, 1024), 1), "small matrix": ((1, 1, 256, 256), 1),
+                "two rows": ((1, 1, 32000, 256), 2), "strided out": ((1, 1, 32000, 256), 1)}[case]
+    a = np.zeros(shape, dtype=np.float32)
+    b = np.zeros((1, 1, n, shape[-1]), dtype=np.float32)
+    out = np.zeros((1, 1, n, shape[-2]), dtype=np.float32)
+    if case == "strided out":  # every other value of a wider row: einsum would write a reshaped copy
+        out = np.zeros((1, 1, 1, 2 * shape[-2]), dtype=np.float32)[..., ::2]
+    assert not matmul.streams_short_rows(a, b, out)
