@@ -21,14 +21,21 @@ from ggml_rpc.spec.facts import hello_reply
 MiB = 1 << 20
 
 #: Runs argv as a child and prints its wall time and peak RSS (RUSAGE_CHILDREN: this wrapper's only child).
+#: The first argument is the time limit in seconds ("" for none): a child still running then is killed, its ``rc``
+#: is null and ``timed_out`` true (its peak RSS up to then still counts).
 _WRAPPER = """
 import json, resource, subprocess, sys, time
+limit = float(sys.argv[1]) if sys.argv[1] else None
 start = time.perf_counter()
-done = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+try:
+    done = subprocess.run(sys.argv[2:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=limit)
+    rc, err, timed_out = done.returncode, done.stderr, False
+except subprocess.TimeoutExpired as exc:
+    rc, err, timed_out = None, exc.stderr or b"", True
 seconds = time.perf_counter() - start
 peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-print(json.dumps({"seconds": seconds, "peak_kib": peak, "rc": done.returncode,
-                  "stderr": done.stderr.decode(errors="replace")[-2000:]}))
+print(json.dumps({"seconds": seconds, "peak_kib": peak, "rc": rc, "timed_out": timed_out,
+                  "stderr": err.decode(errors="replace")[-2000:]}))
 """
 
 
@@ -78,7 +85,12 @@ def write_large_capture(path: str | Path, *, tensors: int = 3, size: int = 256 *
     return total
 
 
-def measure(argv: list[str]) -> dict:
-    """Wall time, peak RSS (KiB) and exit code of ``argv`` run as a child of a fresh wrapper process."""
-    out = subprocess.run([sys.executable, "-c", _WRAPPER, *argv], capture_output=True, text=True, check=True)
+def measure(argv: list[str], timeout: float | None = None) -> dict:
+    """Wall time, peak RSS (KiB) and exit code of ``argv`` run as a child of a fresh wrapper process; with
+    ``timeout`` (seconds) a child still running then is killed and reported with ``timed_out`` true."""
+    limit = "" if timeout is None else repr(float(timeout))
+    # The wrapper itself gets a margin to kill its child and report; past that it is stopped too (an error).
+    outer = None if timeout is None else timeout + 60.0
+    out = subprocess.run([sys.executable, "-c", _WRAPPER, limit, *argv], capture_output=True, text=True, check=True,
+                         timeout=outer)
     return json.loads(out.stdout)

@@ -224,6 +224,20 @@ BENCH_MODELS: dict[str, dict[str, Any]] = {
 }
 
 
+#: Models of real size for ``bench/bench_scale.py``, named by their approximate file size in GB: ``scale-0.1``
+#: (F32, 113 MB), ``scale-1.6`` (F32, 6 layers of a 2048-wide model with 16 query and 4 key/value heads: 1.6 GB)
+#: and ``scale-4`` (the shape of a 7B llama in Q4_0: 32 layers, n_embd 4096, n_ff 11008; 3.9 GB).  The largest
+#: holds its quantised tensors in memory until the file is written: about two minutes and 5 GB resident here.
+SCALE_MODELS: dict[str, dict[str, Any]] = {
+    "scale-0.1": {"ftype": "F32", "n_embd": 384, "n_layer": 2, "n_head": 6, "n_head_kv": 6, "n_ff": 1024,
+                  "n_ctx_train": 2048},
+    "scale-1.6": {"ftype": "F32", "n_embd": 2048, "n_layer": 6, "n_head": 16, "n_head_kv": 4, "n_ff": 5632,
+                  "n_ctx_train": 2048},
+    "scale-4": {"ftype": "Q4_0", "n_embd": 4096, "n_layer": 32, "n_head": 32, "n_head_kv": 32, "n_ff": 11008,
+                "n_ctx_train": 4096},
+}
+
+
 def standard_model_name(name: str, vocab_path: Path, seed: int = 0,
                         table: dict[str, dict[str, Any]] | None = None) -> str:
     """The file name of a standard model: it changes with the vocabulary, the parameters, the seed and the generator."""
