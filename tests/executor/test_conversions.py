@@ -81,3 +81,24 @@ def test_the_least_recently_used_copy_goes_first_and_the_budget_holds() -> None:
     assert cache.nbytes <= cache.budget
     kept = cache.get(keys[2], 0)
     assert kept is not None and not kept.flags.writeable
+
+
+def test_a_weight_the_graph_itself_rewrites_is_never_served_from_a_kept_conversion() -> None:
+    # MUL_MAT(w) -> CPY into w -> MUL_MAT(w), in one graph: the second product must see the copied values.  The
+    # buffer's epoch only changes between commands, so within the run only the plan's own list of the buffers its
+    # nodes write (Memory.written) keeps the first conversion from being served again.
+    r = np.random.default_rng(11)
+    weights, compute = Arena(1 << 15), Arena(1 << 15)
+    w, x, out1 = _matmul(weights, compute, r.standard_normal((8, 64)).astype(np.float32))
+    fresh = compute.tensor(F32, (64, 8), name="fresh")
+    compute.set(fresh, r.standard_normal((8, 64)).astype(np.float32))
+    cpy = weights.view_of(w, w.ne, w.nb, op=int(GgmlOp.CPY), name="w (copied)")
+    cpy.src[0], cpy.src[1] = fresh, w
+    out2 = compute.tensor(F32, (8, 1), op=GgmlOp.MUL_MAT, src=(cpy, x), name="out2")
+    epochs = {id(weights.memory): 0, id(compute.memory): 0}
+    prepare([out1, cpy, out2]).run(epochs)
+    second = compute.get(out2).reshape(-1)
+    assert second.tobytes() != compute.get(out1).reshape(-1).tobytes()
+    np.testing.assert_allclose(second, _expected(weights, compute, w, x), rtol=1e-6)
+    # what the first product saw: the weights before the copy
+    assert not np.allclose(compute.get(out1).reshape(-1), second)
