@@ -7,13 +7,14 @@ tolerances.  The products themselves are float32 BLAS calls on the dequantised w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import numpy as np
 from ggml_rpc.spec import TYPES, GgmlOp, type_name
 
 from ..graph import GraphTensor
-from .core import FLOATS, READABLE, convert, kernel, need_types, read, read_index, src, write
+from .core import FLOATS, READABLE, convert, kernel, need_types, prepared, read, read_index, src, write
 from .memory import F32, Memory, node_error
 from .types import VEC_DOT_TYPE, through_type
 
@@ -27,9 +28,9 @@ def _as_vec_dot(node: GraphTensor, weight_type: int, b: np.ndarray) -> np.ndarra
     return through_type(vt, np.ascontiguousarray(b, dtype=np.float32))
 
 
-@kernel(GgmlOp.MUL_MAT, src=READABLE, dst=(F32,), note="src1 F32/F16/BF16; broadcast over dims 2 and 3")
-def _mul_mat(node: GraphTensor, mem: Memory) -> None:
-    # dst[i0, i1, i2, i3] = sum_k src0[k, i0, i2 / r2, i3 / r3] * src1[k, i1, i2, i3]
+def _operands(node: GraphTensor) -> tuple[GraphTensor, GraphTensor, int, int, int, int, int, int, int]:
+    """MUL_MAT's sources and sizes (k, m, n, ne02, ne03, ne12, ne13), every check the kernel makes on shapes and
+    types done (raises :class:`ExecutorError` naming the node)."""
     a_t, b_t = src(node, 0), src(node, 1)
     need_types(node, a_t, READABLE, "source 0")
     need_types(node, b_t, FLOATS, "source 1")
@@ -39,6 +40,13 @@ def _mul_mat(node: GraphTensor, mem: Memory) -> None:
         raise node_error(node, "sources do not multiply (ne0 must match, src1 dims 2/3 multiples of src0's)")
     if tuple(node.ne) != (m, n, ne12, ne13) or node.type != F32:
         raise node_error(node, "result must be F32 [src0.ne1, src1.ne1, src1.ne2, src1.ne3]")
+    return a_t, b_t, k, m, n, ne02, ne03, ne12, ne13
+
+
+@kernel(GgmlOp.MUL_MAT, src=READABLE, dst=(F32,), note="src1 F32/F16/BF16; broadcast over dims 2 and 3")
+def _mul_mat(node: GraphTensor, mem: Memory) -> None:
+    # dst[i0, i1, i2, i3] = sum_k src0[k, i0, i2 / r2, i3 / r3] * src1[k, i1, i2, i3]
+    a_t, b_t, _k, _m, n, ne02, ne03, ne12, ne13 = _operands(node)
     # Weights converted to float32 once and reused by later runs while their buffer is not written (the per-token
     # logits matmul of a Q8_0 model otherwise dequantises 8 MB every token).
     a = read(mem, a_t) if a_t.type == F32 else mem.converted(a_t, partial(convert, a_t.type))  # (ne03, ne02, m, k)
@@ -80,11 +88,15 @@ def streams_short_rows(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
     from memory: 3.0 ms against 1.5 ms; 32,000 x 512: 5.1 against 2.8 ms); long rows stay with BLAS (32,000 x 2,048:
     12.3 against 13.2 ms), and so do matrices small enough to stay in cache between tokens, where BLAS is faster.
     """
-    if (a.shape[-1] > _SHORT_ROWS or a.nbytes < _STREAMED or a.shape[:-2] != (1, 1) or b.shape[:-1] != (1, 1, 1)
-            or not out.flags.c_contiguous):
+    if not _short_rows(a, b, out):
         return False
     np.einsum("mk,k->m", a[0, 0], b[0, 0, 0], out=out.reshape(-1))
     return True
+
+
+def _short_rows(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
+    return (a.shape[-1] <= _SHORT_ROWS and a.nbytes >= _STREAMED and a.shape[:-2] == (1, 1)
+            and b.shape[:-1] == (1, 1, 1) and out.flags.c_contiguous)
 
 
 def weights_left(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -106,6 +118,37 @@ def weights_left(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     for i in range(0, m, rows):
         np.matmul(a2[i : i + rows], bt2, out=out[i : i + rows])
     return out[None, None]
+
+
+@prepared(GgmlOp.MUL_MAT)
+def _prepare_mul_mat(node: GraphTensor, mem: Memory) -> tuple[Callable[[], object], tuple] | None:
+    """One token through a matrix (src1 a single F32 row, no broadcast), as the kernel computes it but with every
+    check and view made once: a decoding step runs a dozen such products per layer, each a few microseconds of
+    BLAS, which the kernel's checks otherwise outweighed several times over (35 us per 256 x 256 product)."""
+    a_t, b_t, k, _m, n, ne02, ne03, ne12, ne13 = _operands(node)
+    if n != 1 or (ne02, ne03, ne12, ne13) != (1, 1, 1, 1) or b_t.type != F32:
+        return None
+    out, b = mem.raw(node), mem.raw(b_t)
+    if not out.flags.c_contiguous or out.size == 0:
+        return None
+    if a_t.type == F32:
+        a = mem.raw(a_t)
+        if _short_rows(a, b, out):
+            return partial(np.einsum, "mk,k->m", a[0, 0], b[0, 0, 0], out=out.reshape(-1)), ()
+        return partial(np.matmul, b, a.swapaxes(-1, -2), out=out), ()
+    vt = VEC_DOT_TYPE.get(a_t.type)
+    if vt is None or (vt != F32 and k % TYPES[vt].blck):
+        return None  # the kernel refuses it, with its own message
+    conv = partial(convert, a_t.type)
+
+    def converted_weights() -> None:
+        # The conversion is looked up every run: it is dropped when the weight's buffer is written.
+        w = mem.converted(a_t, conv)
+        x = through_type(vt, np.ascontiguousarray(b))
+        if not streams_short_rows(w, x, out):
+            np.matmul(x, w.swapaxes(-1, -2), out=out)
+
+    return converted_weights, ()
 
 
 def broadcast_matmul(b: np.ndarray, a_t: np.ndarray, r2: int, r3: int) -> np.ndarray:

@@ -66,3 +66,44 @@ def test_other_products_are_left_to_blas(case: str) -> None:
     if case == "strided out":  # every other value of a wider row: einsum would write a reshaped copy
         out = np.zeros((1, 1, 1, 2 * shape[-2]), dtype=np.float32)[..., ::2]
     assert not matmul.streams_short_rows(a, b, out)
+
+
+@pytest.mark.parametrize(("weight_type", "m", "k"), [(0, 48, 64), (1, 48, 64), (8, 48, 64), (0, 32000, 256),
+                                                     (8, 40, 96)])
+def test_a_prepared_one_token_product_is_the_kernels(weight_type: int, m: int, k: int) -> None:
+    from ggml_rpc.reference.executor.arena import Arena
+    from ggml_rpc.reference.executor.core import KERNELS
+    from ggml_rpc.reference.executor.memory import Memory
+    from ggml_rpc.reference.executor.plan import prepare
+    from ggml_rpc.spec import GgmlOp
+
+    rng = np.random.default_rng(m + k + weight_type)
+    weights, compute = Arena(m * k * 4 + 4096), Arena(1 << 20)
+    w = weights.tensor(weight_type, (k, m), name="w")
+    weights.set(w, rng.standard_normal((m, k)).astype(np.float32))
+    x = compute.tensor(0, (k, 1), name="x")
+    compute.set(x, rng.standard_normal((1, k)).astype(np.float32))
+    out = compute.tensor(0, (m, 1), op=GgmlOp.MUL_MAT, src=(w, x), name="out")
+    plan = prepare([out])
+    assert plan.kinds == ["prepared"]
+    plan.run({id(weights.memory): 0, id(compute.memory): 0})
+    plan.run({id(weights.memory): 0, id(compute.memory): 0})  # the second run serves a kept conversion
+    got = compute.get(out).copy()
+    KERNELS[int(GgmlOp.MUL_MAT)](out, Memory())
+    assert got.tobytes() == compute.get(out).tobytes()
+
+
+def test_products_the_fast_step_does_not_cover_go_to_the_kernel() -> None:
+    from ggml_rpc.reference.executor.arena import Arena
+    from ggml_rpc.reference.executor.plan import prepare
+    from ggml_rpc.spec import GgmlOp
+
+    ar = Arena(1 << 20)
+    w = ar.tensor(0, (64, 16), name="w")
+    two = ar.tensor(0, (64, 2), name="two rows")
+    f16_row = ar.tensor(1, (64, 1), name="an F16 row")
+    bad = ar.tensor(0, (32, 1), name="too short")
+    nodes = [ar.tensor(0, (16, 2), op=GgmlOp.MUL_MAT, src=(w, two)),
+             ar.tensor(0, (16, 1), op=GgmlOp.MUL_MAT, src=(w, f16_row)),
+             ar.tensor(0, (16, 1), op=GgmlOp.MUL_MAT, src=(w, bad))]
+    assert prepare(nodes).kinds == ["kernel", "kernel", "kernel"]
