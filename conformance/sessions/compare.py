@@ -78,6 +78,15 @@ class ReplayReport:
     bytes_received: int = 0
     seconds: float = 0.0
     worst_nmse: float = 0.0
+    #: Per op of the graph node whose result was read (op_closeness.py): reads compared and their worst NMSE.
+    nmse_by_op: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def note_op(self, op: str | None, err: float) -> None:
+        if op is None:
+            return
+        fig = self.nmse_by_op.setdefault(op, {"reads": 0, "worst_nmse": 0.0})
+        fig["reads"] += 1
+        fig["worst_nmse"] = max(fig["worst_nmse"], err)
 
     @property
     def ok(self) -> bool:
@@ -179,8 +188,9 @@ class ReplyComparer:
         self.report.mismatches.append(Mismatch(path, dc.conn.index, req.index, req.command.name, kind, expected, got))
 
     def reply(self, path: str, dc: DecodedConnection, req: Request, rec: Reply, got: memoryview, computed: bool,
-              reloc: Relocator) -> None:
-        """Compare ``got`` (the target's reply body to ``req``) with ``rec``, learning relocations on the way."""
+              reloc: Relocator, op: str | None = None) -> None:
+        """Compare ``got`` (the target's reply body to ``req``) with ``rec``, learning relocations on the way;
+        ``op``: the op that computed the tensor read, when known (its closeness is counted under that name)."""
         cmd = req.command
         spec = self.target.spec(cmd)
         assert spec is not None and spec.reply
@@ -188,7 +198,7 @@ class ReplyComparer:
             assert rec.data is not None
             # Reads reach here whole only up to the replayer's slice size: the recorded one is read in as well.
             want = memoryview(rec.data.read()) if isinstance(rec.data, LazyBytes) else rec.data
-            self._read(path, dc, req, want, got, computed)
+            self._read(path, dc, req, want, got, computed, op)
             return
         got_fields = flat_layout(spec.reply.schema).unpack(got)  # type: ignore[union-attr]
         want = rec.fields
@@ -219,7 +229,7 @@ class ReplyComparer:
         self._exact(path, dc, req, str(dict(want)), str(dict(got_fields)), dict(want) == dict(got_fields))
 
     def large_read(self, path: str, dc: DecodedConnection, req: Request, rec: Reply, got: Iterable[memoryview],
-                   computed: bool) -> None:
+                   computed: bool, op: str | None = None) -> None:
         """A read too large to hold, compared as :meth:`reply` compares it, slice by slice: ``got`` yields the
         target's reply body in slices as it arrives, the recorded one is read from the capture alongside."""
         if req.command is not Command.GET_TENSOR:
@@ -237,6 +247,8 @@ class ReplyComparer:
             diff.add(a, b)
         self.report.compared["computed" if computed else "exact"] += 1
         if diff.same:
+            if computed and dtype is not None:
+                self.report.note_op(op, 0.0)
             return
         if not computed:
             self.mismatch(path, dc, req, "exact", f"the {want.nbytes} bytes written to {tensor_label(t)}",
@@ -247,6 +259,7 @@ class ReplyComparer:
         else:
             err = diff.nmse()
             self.report.worst_nmse = max(self.report.worst_nmse, err)
+            self.report.note_op(op, err)
             if not err <= self.tolerance:
                 self.mismatch(path, dc, req, "computed", f"{tensor_label(t)} within NMSE {self.tolerance:g}",
                               f"NMSE {err:.3g}")
@@ -257,7 +270,7 @@ class ReplyComparer:
             self.mismatch(path, dc, req, "exact", expected, got)
 
     def _read(self, path: str, dc: DecodedConnection, req: Request, want: memoryview, got: memoryview,
-              computed: bool) -> None:
+              computed: bool, op: str | None = None) -> None:
         t = req.fields["tensor"]
         if not computed:
             self.report.compared["exact"] += 1
@@ -266,15 +279,18 @@ class ReplyComparer:
                               first_difference(want, got))
             return
         self.report.compared["computed"] += 1
-        if same_bytes(want, got):
-            return
         dtype = FLOAT_TYPES.get(t["type"])
+        if same_bytes(want, got):
+            if dtype is not None:
+                self.report.note_op(op, 0.0)
+            return
         if dtype is None or want.nbytes % dtype.itemsize:
             self.mismatch(path, dc, req, "computed", f"the recorded {want.nbytes} bytes of {tensor_label(t)} "
                           "(not a float type: exact)", first_difference(want, got))
             return
         err = nmse(np.frombuffer(want, dtype=dtype), np.frombuffer(got, dtype=dtype))
         self.report.worst_nmse = max(self.report.worst_nmse, err)
+        self.report.note_op(op, err)
         if not err <= self.tolerance:
             self.mismatch(path, dc, req, "computed", f"{tensor_label(t)} within NMSE {self.tolerance:g}",
                           f"NMSE {err:.3g}")

@@ -20,6 +20,7 @@ from typing import Any
 from ggml_rpc.spec import Command
 
 from .compare import DEFAULT_NMSE, ReplayReport
+from .op_closeness import merge_by_op
 from .replay import LoadedCapture, Replayer, ReplayError
 
 Address = tuple[str, int]
@@ -75,6 +76,7 @@ def merge(reports: Sequence[ReplayReport], target: str, seconds: float) -> Repla
         out.bytes_sent += r.bytes_sent
         out.bytes_received += r.bytes_received
         out.worst_nmse = max(out.worst_nmse, r.worst_nmse)
+        merge_by_op(out.nmse_by_op, r.nmse_by_op)
     out.seconds = seconds
     return out
 

@@ -1,28 +1,28 @@
 """Replaying captured sessions against any server.
 
-The client side of every connection of the captures is sent again, in order, one connection at a time, and each
-reply is compared with the recorded one by class (exact, recorded, computed within a tolerance, close: see
-:mod:`.compare`).  Server-assigned values (buffer handles, bases) are relocated to the target's and the target's
-hash cache is modelled (:mod:`.relocate`).
+The client side of every connection of the captures is sent again, in order, one connection at a time, and each reply
+is compared with the recorded one by class (exact, recorded, computed within a tolerance, close: see :mod:`.compare`).
+Server-assigned values (buffer handles, bases) are relocated to the target's and the target's hash cache is modelled
+(:mod:`.relocate`).
 
-``as_protocol`` rewrites the session for a server of another version: SET_TENSOR gains or loses its cache_flag
-byte (set, as the v7 client does, only on the SET_TENSOR that follows a hash miss); graph uids are added or
-dropped (:mod:`.rewrite`, which also refuses what has no sound equivalent).
+``as_protocol`` rewrites the session for a server of another version: SET_TENSOR gains or loses its cache_flag byte
+(set, as the v7 client does, only on the SET_TENSOR that follows a hash miss); graph uids are added or dropped
+(:mod:`.rewrite`, which also refuses what has no sound equivalent).
 
-A client that closed before reading its replies (its FIN precedes them in the capture) is replayed the same way:
-its requests are sent and the connection closed without reading (a server must outlive that; a server that dies of
-SIGPIPE shows as the next connection being refused).
+A client that closed before reading its replies (its FIN precedes them in the capture) is replayed the same way: its
+requests are sent and the connection closed without reading (a server must outlive that; a server that dies of SIGPIPE
+shows as the next connection being refused).
 
-When a capture needs a cache hit the target cannot have, the replayer says so and sends the data instead, taken
-from any SET_TENSOR of the loaded captures with that hash, or reports that no capture holds it.
+When a capture needs a cache hit the target cannot have, the replayer says so and sends the data instead, taken from
+any SET_TENSOR of the loaded captures with that hash, or reports that no capture holds it.
 
-A capture that ends inside a message (:mod:`.truncation`) is replayed up to it on that connection, reported as a
-cut (the run fails), never as the target's mismatch: the recording stopped there, not the recorded server.
+A capture that ends inside a message (:mod:`.truncation`) is replayed up to it on that connection, reported as a cut
+(the run fails), never as the target's mismatch: the recording stopped there, not the recorded server.
 
-A target that stops accepting connections during the replay (a refused connect after the first connection), or
-that no longer answers HELLO once the replay is done, died of what was sent: a mismatch of kind ``death`` naming
-the last message sent (file, connection, index, command), never "0 mismatches" nor a target that could not be
-reached.  A spawned target is restarted after each death (:mod:`.replay_spawn`).
+A target that stops accepting connections during the replay (a refused connect after the first connection), or that no
+longer answers HELLO once the replay is done, died of what was sent: a mismatch of kind ``death`` naming the last
+message sent (file, connection, index, command), never "0 mismatches" nor a target that could not be reached.  A
+spawned target is restarted after each death (:mod:`.replay_spawn`).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from ..client import ConnectionClosed, RpcClient
 from .compare import DEFAULT_NMSE, Mismatch, ReplayReport, ReplyComparer, tensor_label
 from .decode import DecodedConnection
 from .lint import follows_miss
+from .op_closeness import GraphOps
 from .relocate import Relocator, TargetCache
 from .replay_captures import (
     LoadedCapture,
@@ -60,8 +61,6 @@ class _TargetStopped(Exception):
 #: The kind of the mismatch that reports a target that died during the replay.
 DEATH = "death"
 
-
-# ---- the replayer --------------------------------------------------------------------------------------------------
 
 
 class Replayer:
@@ -172,7 +171,7 @@ class Replayer:
         # Regions written since the last graph ran (recorded address -> bytes): reading one back is exact.
         written: dict[int, int] = {}
         last_miss: Request | None = None
-        graphs = GraphRewrite(dc.protocol or self.source, self.target)
+        graphs, graph_ops = GraphRewrite(dc.protocol or self.source, self.target), GraphOps()
         left_at = left_before_reply(dc)
         stop = cut_at(dc)
         requests = dc.requests if stop is None else [r for r in dc.requests if r.index < stop]
@@ -229,6 +228,7 @@ class Replayer:
                     if cmd in (Command.GRAPH_COMPUTE, Command.GRAPH_RECOMPUTE):
                         computed = True
                         written.clear()
+                        graph_ops.graph(req.fields)
                     if not spec.has_reply:
                         continue
                     if leaving:
@@ -246,12 +246,14 @@ class Replayer:
                     if size > max(expected_size, 1 << 16):
                         raise SizeMismatch(f"reply size claim {size} exceeds the limit "
                                            f"{max(expected_size, 1 << 16)}", field="size")
+                    # A read of bytes written since the last graph is exact; one of a graph's result, by its op.
+                    fresh = cmd is Command.GET_TENSOR and written.get(
+                        req.fields["tensor"]["data"] + req.fields["offset"], 0) >= req.fields["size"]
+                    judged, op = computed and not fresh, graph_ops.read_op(req.fields) if computed else None
                     if size == expected_size > SLICE and cmd in (Command.GET_TENSOR, Command.GET_TENSOR_2D):
                         self.report.bytes_received += REPLY_HEADER_SIZE + size
-                        fresh = cmd is Command.GET_TENSOR and written.get(
-                            req.fields["tensor"]["data"] + req.fields["offset"], 0) >= req.fields["size"]
                         got_slices = received(client, size)
-                        self.compare.large_read(path, dc, req, rec, got_slices, computed and not fresh)
+                        self.compare.large_read(path, dc, req, rec, got_slices, judged, op)
                         for _rest in got_slices:  # whatever the comparison did not need is still read
                             pass
                         continue
@@ -276,9 +278,7 @@ class Replayer:
                     self.compare.mismatch(path, dc, req, "exact", f"a {expected_size}-byte reply", f"{len(body)} bytes")
                     return
                 got = memoryview(body)
-                fresh = cmd is Command.GET_TENSOR and written.get(
-                    req.fields["tensor"]["data"] + req.fields["offset"], 0) >= req.fields["size"]
-                self.compare.reply(path, dc, req, rec, got, computed and not fresh, reloc)
+                self.compare.reply(path, dc, req, rec, got, judged, reloc, op)
                 if cmd is Command.SET_TENSOR_HASH:
                     hit = got[0] != 0
                     if not hit:

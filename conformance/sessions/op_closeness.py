@@ -1,0 +1,82 @@
+"""Which op computed the tensor a read returns: the per-op closeness of a replay.
+
+A replay compares every read of a computed tensor with the recorded one (NMSE for floats).  Attributed to the graph
+node that wrote the bytes read, those comparisons say how close the target computes each op to the recorded server:
+replaying a session recorded against upstream on the reference server gives the reference's worst NMSE per op for
+the very inputs upstream had (upstream's ``test-backend-ops`` reads every node of each case's graph back, so its
+sessions cover every op it tests).
+
+Nodes are matched by the recorded address of their data: a read that starts where a node of the last graph keeps its
+result is that node's (the last node in graph order when several share an address, as in-place ops do).  Sub-ops
+are named as test-backend-ops names them (``SILU``, ``SWIGLU``), not ``UNARY`` / ``GLU``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from ggml_rpc.spec import GgmlOp, GluOp, UnaryOp, op_name
+
+
+def _sub_name(enum: type[UnaryOp] | type[GluOp], value: int, parent: str) -> str:
+    try:
+        return enum(value).name
+    except ValueError:
+        return f"{parent}_{value}"
+
+
+def ops_by_address(tensors: np.ndarray, nodes: np.ndarray) -> dict[int, str]:
+    """Recorded data address -> op of the node computed there, for one GRAPH_COMPUTE's ``tensors`` (the structured
+    array the decoder gives) and ``nodes`` (their ids, in graph order)."""
+    nodes = np.asarray(nodes, dtype=np.uint64)
+    if not len(nodes) or not len(tensors):
+        return {}
+    ids = tensors["id"]
+    order = np.argsort(ids, kind="stable")
+    pos = np.searchsorted(ids, nodes, sorter=order)
+    pos = np.minimum(pos, len(ids) - 1)
+    at = order[pos]
+    found = ids[at] == nodes
+    at = at[found]
+    ops = tensors["op"][at].astype(np.int64)
+    computed = ops != int(GgmlOp.NONE)
+    at, ops = at[computed], ops[computed]
+    subs = tensors["op_params"][at, 0].astype(np.int64)
+    labels = {}
+    for op, sub in set(zip(ops.tolist(), subs.tolist(), strict=True)):
+        if op == int(GgmlOp.UNARY):
+            labels[op, sub] = _sub_name(UnaryOp, sub, "UNARY")
+        elif op == int(GgmlOp.GLU):
+            labels[op, sub] = _sub_name(GluOp, sub, "GLU")
+        else:
+            labels[op, sub] = op_name(op)
+    names = [labels[key] for key in zip(ops.tolist(), subs.tolist(), strict=True)]
+    return dict(zip(tensors["data"][at].tolist(), names, strict=True))  # later nodes win a shared address
+
+
+class GraphOps:
+    """The ops of a connection's last graph, by address (a GRAPH_RECOMPUTE runs the stored graph again)."""
+
+    def __init__(self) -> None:
+        self._at: dict[int, str] = {}
+
+    def graph(self, fields: Mapping[str, Any]) -> None:
+        tensors, nodes = fields.get("tensors"), fields.get("nodes")
+        if isinstance(tensors, np.ndarray) and tensors.dtype.names and "op" in tensors.dtype.names \
+                and nodes is not None:
+            self._at = ops_by_address(tensors, np.asarray(nodes))
+
+    def read_op(self, fields: Mapping[str, Any]) -> str | None:
+        """The op whose result a read (its request's recorded ``fields``: tensor, offset) starts at, if any."""
+        t = fields.get("tensor")
+        return None if t is None else self._at.get(int(t["data"]) + int(fields.get("offset", 0)))
+
+
+def merge_by_op(into: dict[str, dict[str, Any]], other: Mapping[str, Mapping[str, Any]]) -> None:
+    """Add another report's per-op figures (reads counted, worst NMSE kept)."""
+    for op, fig in other.items():
+        mine = into.setdefault(op, {"reads": 0, "worst_nmse": 0.0})
+        mine["reads"] += fig["reads"]
+        mine["worst_nmse"] = max(mine["worst_nmse"], fig["worst_nmse"])
