@@ -29,7 +29,7 @@ CI_OPS = ("ADD", "SUB", "MUL", "DIV", "SCALE", "SQR", "SQRT", "RMS_NORM", "NORM"
           "CONT", "SET_ROWS", "ROPE", "SWIGLU", "CONCAT", "GET_ROWS", "CPY", "OUT_PROD", "MUL_MAT")
 
 
-def _ops(option: str | None) -> list[str]:
+def ops_from_option(option: str | None) -> list[str]:
     if option in (None, ""):
         return list(CI_OPS)
     if option == "none":
@@ -112,6 +112,6 @@ def judge(op: str, reference: BackendOpsResult, upstream: BackendOpsResult) -> C
 def backend_ops_rows(versions: list[str], ws: Workspace, option: str | None) -> Iterator[Row]:
     if "7.0.0" not in versions:
         return
-    for op in _ops(option):
+    for op in ops_from_option(option):
         yield Row(f"OPS-{op}", f"test-backend-ops -o {op}: reference v7 vs upstream v7", "7.0.0",
                   lambda o=op: op_row(o))

@@ -17,7 +17,7 @@ from ggml_rpc.reference.executor.grids import GRID_TYPES
 from ggml_rpc.reference.executor.table import COLUMNS, FREE_NAMES, supported_ops, unsupported_ops
 from ggml_rpc.spec import type_name
 
-from . import op_counts
+from . import closeness, op_counts
 
 
 def _counts_cell(counts: dict[str, Any], label: str) -> str:
@@ -29,9 +29,10 @@ def _counts_cell(counts: dict[str, Any], label: str) -> str:
     return op_counts.cell(counts, label.split("/", 1)[-1])
 
 
-def render_ops_table(counts: dict[str, Any] | None = None) -> str:
+def render_ops_table(counts: dict[str, Any] | None = None, closeness_data: dict[str, Any] | None = None) -> str:
     """The table as Markdown: ``r`` = read as a source, ``w`` = written as a result; beside each op the
-    recorded test-backend-ops counts (``conformance/upstream/op_counts.json`` unless ``counts`` is given)."""
+    recorded test-backend-ops counts (``conformance/upstream/op_counts.json`` unless ``counts`` is given); then the
+    recorded closeness to upstream per op (``op_closeness.json`` unless ``closeness_data`` is given)."""
     counts = op_counts.load() if counts is None else counts
     names = [type_name(t) for t in COLUMNS]
     lines = [
@@ -66,6 +67,7 @@ def render_ops_table(counts: dict[str, Any] | None = None) -> str:
     if measured:
         lines.append("Refused ops in the recorded runs: " + "; ".join(measured) + ".")
     lines.append("")
+    lines += closeness.section(closeness_data)
     return "\n".join(lines)
 
 

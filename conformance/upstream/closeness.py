@@ -1,0 +1,205 @@
+"""How close the reference executor computes each op to upstream: worst NMSE per op for upstream's own inputs.
+
+Upstream ``test-backend-ops`` runs one op through upstream's own rpc-server, recorded by the kit's proxy; the
+recording is then replayed twice: on the reference server (its results for the very inputs upstream had, compared
+with upstream's recorded results) and on a fresh upstream server (upstream against itself: whether upstream is
+deterministic for the op).  test-backend-ops reads every node of each case's graph back, so every case of the op is
+compared; :mod:`..sessions.op_closeness` attributes each read to the node that computed it.
+
+``python -m ggml_rpc.conformance.upstream.closeness [--ops CI|all|A,B] [--record]`` measures and prints; ``--record``
+merges the result into ``conformance/upstream/op_closeness.json``, which reference/OPS.md's closeness section is
+rendered from (:func:`section`).  Nothing here writes a figure it did not measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .peers import Peer
+
+CLOSENESS_FILE = Path(__file__).resolve().with_name("op_closeness.json")
+FORMAT = "ggml-rpc-op-closeness/1"
+#: Issue 25's bar: an op where upstream is deterministic is computed within this NMSE of upstream's result.
+TARGET = 1e-9
+#: Replays count a mismatch only beyond test-backend-ops' own loosest tolerance: the figure is the worst NMSE.
+REPLAY_TOLERANCE = 5e-4
+
+
+def _replay(pcap: Path, address: str, timeout: float) -> dict[str, Any]:
+    out = pcap.with_suffix(f".{address.rsplit(':', 1)[-1]}.json")
+    done = subprocess.run([sys.executable, "-m", "ggml_rpc.conformance.cli", "replay", str(pcap), "--server", address,
+                           "--nmse", str(REPLAY_TOLERANCE), "--json", str(out)],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+    if not out.exists():
+        raise RuntimeError(f"replay of {pcap.name} against {address} gave no report: {done.stderr.strip()[-300:]}")
+    return json.loads(out.read_text())
+
+
+def _side(report: dict[str, Any], op: str) -> dict[str, Any]:
+    fig = report.get("nmse_by_op", {}).get(op)
+    deaths = sum(1 for m in report.get("mismatches", []) if m.get("kind") == "death")
+    return {"reads": fig["reads"] if fig else 0, "worst_nmse": fig["worst_nmse"] if fig else None,
+            "mismatches": len(report.get("mismatches", [])), "deaths": deaths}
+
+
+def measure_op(peer: Peer, op: str, workdir: Path, timeout: float = 900.0) -> dict[str, Any]:
+    """One op: test-backend-ops through the recording proxy to upstream, then the two replays."""
+    from ggml_rpc.conformance.harness import parse_address
+    from ggml_rpc.conformance.sessions.proxy import running_proxy
+
+    from .interpose import run_backend_ops
+    from .runs import UpstreamServer, reference_server
+
+    pcap = workdir / f"{op}.pcap"
+    try:
+        with UpstreamServer(peer, cache=False) as up, \
+                running_proxy(parse_address(up.address), pcap=pcap, check=False) as proxy:
+            run = run_backend_ops(peer, f"{proxy.host}:{proxy.port}", op, timeout=timeout)
+        entry: dict[str, Any] = {"cases": run.total(op), "passed": run.passed.get(op, 0), "aborted": run.aborted}
+        if not pcap.exists() or entry["cases"] == 0:
+            return {**entry, "reference": None, "upstream": None}
+        with reference_server(peer.major, None) as ref:
+            entry["reference"] = _side(_replay(pcap, ref, timeout), op)
+        with UpstreamServer(peer, cache=False) as again:
+            entry["upstream"] = _side(_replay(pcap, again.address, timeout), op)
+        return entry
+    finally:
+        for leftover in workdir.glob(f"{op}.*"):
+            leftover.unlink()
+
+
+def _commit() -> str:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True,
+                               check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" (dirty tree)" if dirty else " (clean tree)")
+
+
+def measure(peer: Peer, ops: Sequence[str], timeout: float = 900.0) -> dict[str, Any]:
+    """Every op of ``ops``, one after the other; the run's date, commit, upstream build and machine with them."""
+    start = datetime.datetime.now(datetime.UTC)
+    result: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="ggml-rpc-closeness-") as tmp:
+        for op in ops:
+            result[op] = measure_op(peer, op, Path(tmp), timeout)
+            print(f"{op}: {line(result[op])}", file=sys.stderr, flush=True)
+    end = datetime.datetime.now(datetime.UTC)
+    run = {"date": f"{start:%Y-%m-%d %H:%M} UTC to {end:%Y-%m-%d %H:%M} UTC", "commit": _commit(),
+           "upstream": f"{peer.version} ({peer.requirement})",
+           "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}"}
+    return {"format": FORMAT, "runs": [run], "ops": {op: {**e, "run": 0} for op, e in result.items()}}
+
+
+def load(path: Path = CLOSENESS_FILE) -> dict[str, Any]:
+    if not path.exists():
+        return {"format": FORMAT, "runs": [], "ops": {}}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if data.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a {FORMAT} file")
+    return data
+
+
+def merge(into: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``into`` with the ops of ``new`` (one run) replacing theirs; runs no op refers to any more are dropped."""
+    runs = list(into.get("runs", []))
+    ops = dict(into.get("ops", {}))
+    index = len(runs)
+    runs.append(new["runs"][0])
+    for op, entry in new["ops"].items():
+        ops[op] = {**entry, "run": index}
+    used = sorted({e["run"] for e in ops.values()})
+    renumber = {old: i for i, old in enumerate(used)}
+    return {"format": FORMAT, "runs": [runs[i] for i in used],
+            "ops": {op: {**e, "run": renumber[e["run"]]} for op, e in sorted(ops.items())}}
+
+
+def _nmse(value: float | None) -> str:
+    return "—" if value is None else ("0 (bit for bit)" if value == 0 else f"{value:.1e}")
+
+
+def verdict(entry: dict[str, Any]) -> str:
+    """Whether the op meets :data:`TARGET` where upstream is deterministic, or why it is not judged."""
+    ref, up = entry.get("reference"), entry.get("upstream")
+    if not entry.get("cases"):
+        return "no case on RPC0"
+    if ref is None or up is None or ref["worst_nmse"] is None:
+        return "not compared (no read of this op's results)"
+    if ref["deaths"]:
+        return "**the reference server died**"
+    if up["worst_nmse"] is None or up["worst_nmse"] > 0:
+        return f"upstream not deterministic (NMSE {_nmse(up['worst_nmse'])} against itself): not judged"
+    return "met" if ref["worst_nmse"] <= TARGET else f"**not met** (> {TARGET:g})"
+
+
+def line(entry: dict[str, Any]) -> str:
+    ref = entry.get("reference") or {}
+    return (f"{entry.get('passed', 0)}/{entry.get('cases', 0)} cases upstream; reference worst NMSE "
+            f"{_nmse(ref.get('worst_nmse'))} over {ref.get('reads', 0)} reads: {verdict(entry)}")
+
+
+def section(data: dict[str, Any] | None = None) -> list[str]:
+    """reference/OPS.md's closeness section (from ``op_closeness.json`` unless ``data`` is given)."""
+    data = load() if data is None else data
+    lines = ["## Closeness to upstream, op by op", ""]
+    if not data.get("ops"):
+        return [*lines, "No closeness run is recorded yet (`python -m ggml_rpc.conformance.upstream.closeness "
+                        "--record`).", ""]
+    lines += ["Upstream `test-backend-ops -o OP` through upstream's own rpc-server, recorded by `ggml-rpc proxy`; the "
+              "recording replayed on the reference server (its results for upstream's very inputs) and on a fresh "
+              "upstream server (upstream against itself). Worst NMSE over every read of the op's results "
+              f"(`replay --json`'s `nmse_by_op`); the bar is {TARGET:g} where upstream is deterministic. Runs:", ""]
+    for i, run in enumerate(data["runs"]):
+        lines.append(f"{i + 1}. {run['date']}, commit {run['commit']}, upstream {run['upstream']}; {run['machine']}")
+    lines += ["", "| op | cases (upstream passed/total) | reads compared | reference vs upstream | upstream vs itself "
+              "| verdict | run |", "|---|---|---|---|---|---|---|"]
+    for op, e in data["ops"].items():
+        ref, up = e.get("reference") or {}, e.get("upstream") or {}
+        lines.append(f"| {op} | {e.get('passed', 0)}/{e.get('cases', 0)} | {ref.get('reads', 0)} | "
+                     f"{_nmse(ref.get('worst_nmse'))} | {_nmse(up.get('worst_nmse'))} | {verdict(e)} | "
+                     f"{e['run'] + 1} |")
+    lines.append("")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .backend_ops_rows import CI_OPS, ops_from_option
+    from .peers import peer_for
+
+    p = argparse.ArgumentParser(prog="python -m ggml_rpc.conformance.upstream.closeness")
+    p.add_argument("--ops", default=None, help="CI (default: " + ",".join(CI_OPS) + "), all, or OP,OP,...")
+    p.add_argument("--proto", type=int, default=7, help="upstream peer's major version (default 7)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per test-backend-ops run and per replay")
+    p.add_argument("--record", action="store_true", help="merge the result into op_closeness.json")
+    p.add_argument("--json", metavar="FILE", help="also write this run's result here")
+    args = p.parse_args(argv)
+    peer = peer_for(args.proto)
+    if not peer.installed():
+        print(f"error: upstream {peer.version} is not installed: run `ggml-rpc upstream install`", file=sys.stderr)
+        return 2
+    ops = ops_from_option(None if args.ops in (None, "CI") else args.ops)
+    result = measure(peer, ops, args.timeout)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    if args.record:
+        CLOSENESS_FILE.write_text(json.dumps(merge(load(), result), indent=1) + "\n", encoding="utf-8")
+    print("\n".join(section(result)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

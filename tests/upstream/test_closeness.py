@@ -1,0 +1,50 @@
+"""Per-op closeness records: verdicts, merging runs, and the OPS.md section rendered from them alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ggml_rpc.conformance.upstream import closeness
+
+
+def _entry(ref: float | None, up: float | None, *, cases: int = 4, deaths: int = 0) -> dict[str, Any]:
+    side = lambda w: None if w is None else {"reads": 3, "worst_nmse": w, "mismatches": 0, "deaths": 0}  # noqa: E731
+    e = {"cases": cases, "passed": cases, "aborted": False, "reference": side(ref), "upstream": side(up), "run": 0}
+    if e["reference"] is not None:
+        e["reference"]["deaths"] = deaths
+    return e
+
+
+def test_verdicts_judge_only_where_upstream_is_deterministic() -> None:
+    assert closeness.verdict(_entry(0.0, 0.0)) == "met"
+    assert closeness.verdict(_entry(1e-12, 0.0)) == "met"
+    assert "not met" in closeness.verdict(_entry(2e-9, 0.0))
+    assert "not deterministic" in closeness.verdict(_entry(1e-3, 1e-7))
+    assert closeness.verdict(_entry(None, None, cases=0)) == "no case on RPC0"
+    assert "not compared" in closeness.verdict(_entry(None, 0.0))
+    assert "died" in closeness.verdict(_entry(0.0, 0.0, deaths=1))
+
+
+def _run(ops: dict[str, dict[str, Any]], commit: str) -> dict[str, Any]:
+    return {"format": closeness.FORMAT, "runs": [{"date": "d", "commit": commit, "upstream": "u", "machine": "m"}],
+            "ops": ops}
+
+
+def test_a_later_run_replaces_its_ops_and_unused_runs_go() -> None:
+    first = closeness.merge(closeness.load(closeness.CLOSENESS_FILE.with_name("no-such-file.json")),
+                            _run({"ADD": _entry(0.0, 0.0), "MUL": _entry(1e-12, 0.0)}, "aaa"))
+    second = closeness.merge(first, _run({"ADD": _entry(1e-10, 0.0), "MUL": _entry(0.0, 0.0)}, "bbb"))
+    assert [r["commit"] for r in second["runs"]] == ["bbb"]
+    assert second["ops"]["ADD"]["reference"]["worst_nmse"] == 1e-10 and second["ops"]["ADD"]["run"] == 0
+    partial = closeness.merge(first, _run({"ADD": _entry(1e-10, 0.0)}, "ccc"))
+    assert [r["commit"] for r in partial["runs"]] == ["aaa", "ccc"]
+    assert partial["ops"]["MUL"]["run"] == 0 and partial["ops"]["ADD"]["run"] == 1
+
+
+def test_the_section_shows_each_recorded_figure() -> None:
+    text = "\n".join(closeness.section(_run({"SILU": _entry(1.6e-20, 0.0), "ADD": _entry(0.0, 0.0)}, "abc")))
+    assert "commit abc" in text
+    assert "| SILU | 4/4 | 3 | 1.6e-20 | 0 (bit for bit) | met | 1 |" in text
+    assert "| ADD | 4/4 | 3 | 0 (bit for bit) | 0 (bit for bit) | met | 1 |" in text
+    empty = "\n".join(closeness.section({"format": closeness.FORMAT, "runs": [], "ops": {}}))
+    assert "No closeness run is recorded yet" in empty
