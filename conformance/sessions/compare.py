@@ -81,12 +81,15 @@ class ReplayReport:
     #: Per op of the graph node whose result was read (op_closeness.py): reads compared and their worst NMSE.
     nmse_by_op: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def note_op(self, op: str | None, err: float) -> None:
+    def note_op(self, op: tuple[str, str] | None, err: float) -> None:
+        """One read of (op, source 0's type)'s result compared, at NMSE ``err``."""
         if op is None:
             return
-        fig = self.nmse_by_op.setdefault(op, {"reads": 0, "worst_nmse": 0.0})
-        fig["reads"] += 1
-        fig["worst_nmse"] = max(fig["worst_nmse"], err)
+        fig = self.nmse_by_op.setdefault(op[0], {"reads": 0, "worst_nmse": 0.0, "by_src0_type": {}})
+        sub = fig["by_src0_type"].setdefault(op[1], {"reads": 0, "worst_nmse": 0.0})
+        for f in (fig, sub):
+            f["reads"] += 1
+            f["worst_nmse"] = max(f["worst_nmse"], err)
 
     @property
     def ok(self) -> bool:
@@ -188,7 +191,7 @@ class ReplyComparer:
         self.report.mismatches.append(Mismatch(path, dc.conn.index, req.index, req.command.name, kind, expected, got))
 
     def reply(self, path: str, dc: DecodedConnection, req: Request, rec: Reply, got: memoryview, computed: bool,
-              reloc: Relocator, op: str | None = None) -> None:
+              reloc: Relocator, op: tuple[str, str] | None = None) -> None:
         """Compare ``got`` (the target's reply body to ``req``) with ``rec``, learning relocations on the way;
         ``op``: the op that computed the tensor read, when known (its closeness is counted under that name)."""
         cmd = req.command
@@ -229,7 +232,7 @@ class ReplyComparer:
         self._exact(path, dc, req, str(dict(want)), str(dict(got_fields)), dict(want) == dict(got_fields))
 
     def large_read(self, path: str, dc: DecodedConnection, req: Request, rec: Reply, got: Iterable[memoryview],
-                   computed: bool, op: str | None = None) -> None:
+                   computed: bool, op: tuple[str, str] | None = None) -> None:
         """A read too large to hold, compared as :meth:`reply` compares it, slice by slice: ``got`` yields the
         target's reply body in slices as it arrives, the recorded one is read from the capture alongside."""
         if req.command is not Command.GET_TENSOR:
@@ -270,7 +273,7 @@ class ReplyComparer:
             self.mismatch(path, dc, req, "exact", expected, got)
 
     def _read(self, path: str, dc: DecodedConnection, req: Request, want: memoryview, got: memoryview,
-              computed: bool, op: str | None = None) -> None:
+              computed: bool, op: tuple[str, str] | None = None) -> None:
         t = req.fields["tensor"]
         if not computed:
             self.report.compared["exact"] += 1

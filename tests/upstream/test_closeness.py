@@ -44,7 +44,14 @@ def test_a_later_run_replaces_its_ops_and_unused_runs_go() -> None:
 def test_the_section_shows_each_recorded_figure() -> None:
     text = "\n".join(closeness.section(_run({"SILU": _entry(1.6e-20, 0.0), "ADD": _entry(0.0, 0.0)}, "abc")))
     assert "commit abc" in text
-    assert "| SILU | 4/4 | 3 | 1.6e-20 | 0 (bit for bit) | met | 1 |" in text
-    assert "| ADD | 4/4 | 3 | 0 (bit for bit) | 0 (bit for bit) | met | 1 |" in text
+    assert "| SILU | 4/4 | 3 | 1.6e-20 | 0 (bit for bit) | met |  | 1 |" in text
+    assert "| ADD | 4/4 | 3 | 0 (bit for bit) | 0 (bit for bit) | met |  | 1 |" in text
     empty = "\n".join(closeness.section({"format": closeness.FORMAT, "runs": [], "ops": {}}))
     assert "No closeness run is recorded yet" in empty
+
+
+def test_types_above_the_bar_are_named_worst_first() -> None:
+    side = {"by_src0_type": {"F32": {"reads": 5, "worst_nmse": 1e-14}, "Q4_K": {"reads": 3, "worst_nmse": 2e-6},
+                             "Q2_K": {"reads": 4, "worst_nmse": 1e-5}}}
+    assert closeness.above_bar(side) == "Q2_K 1.0e-05 (4 reads), Q4_K 2.0e-06 (3 reads)"
+    assert closeness.above_bar({}) == ""
