@@ -16,7 +16,7 @@ from ggml_rpc.spec import TYPES, GgmlOp, type_name
 from ..graph import GraphTensor
 from .core import FLOATS, READABLE, convert, kernel, need_types, prepared, read, read_index, src, write
 from .memory import F32, Memory, node_error
-from .types import VEC_DOT_TYPE, through_type
+from .types import Q8_1, VEC_DOT_TYPE, q8_1_sum_error, through_type
 
 
 def _as_vec_dot(node: GraphTensor, weight_type: int, b: np.ndarray) -> np.ndarray:
@@ -50,13 +50,31 @@ def _mul_mat(node: GraphTensor, mem: Memory) -> None:
     # Weights converted to float32 once and reused by later runs while their buffer is not written (the per-token
     # logits matmul of a Q8_0 model otherwise dequantises 8 MB every token).
     a = read(mem, a_t) if a_t.type == F32 else mem.converted(a_t, partial(convert, a_t.type))  # (ne03, ne02, m, k)
-    b = read(mem, b_t)  # (ne13, ne12, n, k)
+    b = b_f32 = read(mem, b_t)  # (ne13, ne12, n, k)
     if a_t.type != F32:
         b = _as_vec_dot(node, a_t.type, b)
     out = mem.raw(node)
     if out.size == 0:
         return
     r2, r3 = ne12 // ne02, ne13 // ne03
+    _products(out, a, b, n, r2, r3)
+    if VEC_DOT_TYPE.get(a_t.type) == Q8_1:
+        out += _sum_correction(mem.raw(a_t), b_f32, r2, r3)
+
+
+def _sum_correction(raw_weights: np.ndarray, b: np.ndarray, r2: int, r3: int) -> np.ndarray:
+    """What ggml's Q4_1/Q5_1 x Q8_1 dot products add to the dequantised product: each weight block's min times the
+    FP16 rounding of the activation block's stored sum (:func:`~.types.q8_1_sum_error`)."""
+    # block_q4_1 / block_q5_1 start with d and m, both FP16: the mins are bytes 2-3 of every block.
+    mins = np.ascontiguousarray(raw_weights[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)  # (.., m, nb)
+    err = q8_1_sum_error(b)  # (.., n, nb)
+    if r2 == 1 and r3 == 1:
+        return np.matmul(err, mins.swapaxes(-1, -2))
+    return broadcast_matmul(err, mins.swapaxes(-1, -2), r2, r3)
+
+
+def _products(out: np.ndarray, a: np.ndarray, b: np.ndarray, n: int, r2: int, r3: int) -> None:
+    """``out = b @ a^T`` with ``a`` broadcast over ``b``'s dims 2 and 3 by ``r2``, ``r3``."""
     if r2 == 1 and r3 == 1:
         if n > 1:
             np.copyto(out, weights_left(a, b).swapaxes(-1, -2))
@@ -141,12 +159,17 @@ def _prepare_mul_mat(node: GraphTensor, mem: Memory) -> tuple[Callable[[], objec
         return None  # the kernel refuses it, with its own message
     conv = partial(convert, a_t.type)
 
+    raw = mem.raw(a_t)
+    summed = vt == Q8_1
+
     def converted_weights() -> None:
         # The conversion is looked up every run: it is dropped when the weight's buffer is written.
         w = mem.converted(a_t, conv)
         x = through_type(vt, np.ascontiguousarray(b))
         if not streams_short_rows(w, x, out):
             np.matmul(x, w.swapaxes(-1, -2), out=out)
+        if summed:
+            np.add(out, _sum_correction(raw, b, 1, 1), out=out)
 
     return converted_weights, ()
 
@@ -177,14 +200,18 @@ def _mul_mat_id(node: GraphTensor, mem: Memory) -> None:
     if tuple(node.ne) != (m, n_used, n_tok, 1) or node.type != F32:
         raise node_error(node, "result must be F32 [as.ne1, ids.ne0, ids.ne1, 1]")
     ids = read_index(mem, node, ids_t, n_as, "expert id")[0, 0]  # (tokens, used)
-    b = read(mem, b_t)[0]  # (tokens, ne11, k)
+    b = b_f32 = read(mem, b_t)[0]  # (tokens, ne11, k)
     if as_t.type != F32:
         b = _as_vec_dot(node, as_t.type, b)
+    summed = VEC_DOT_TYPE.get(as_t.type) == Q8_1
     out = np.zeros((n_tok, n_used, m), dtype=np.float32)
     for e in np.unique(ids):
         t_idx, u_idx = np.nonzero(ids == e)
-        w = read(mem, _expert(as_t, int(e)))[0, 0]  # only the experts in use are read
+        expert = _expert(as_t, int(e))
+        w = read(mem, expert)[0, 0]  # only the experts in use are read
         out[t_idx, u_idx] = b[t_idx, u_idx % ne11] @ w.T
+        if summed:
+            out[t_idx, u_idx] += _sum_correction(mem.raw(expert)[0, 0], b_f32[t_idx, u_idx % ne11], 1, 1)
     write(mem, node, out[None])
 
 

@@ -49,8 +49,8 @@ __all__ = [
     "BF16", "DEQUANT", "E2M1_DOUBLED", "F16", "F32", "IQ4NL_LEVELS", "IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4", "Q1_0",
     "Q2_0", "Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_1", "Q8_K", "QUANT",
     "READ_QUANTS", "TQ1_0", "TQ2_0", "UE4M3_HALF", "VEC_DOT_TYPE", "WRITE_QUANTS", "ExecutorError", "bf16_to_f32",
-    "dequantize", "e8m0_half", "f32_to_bf16", "f32_to_ue4m3", "iq4_index", "nearest_level", "quantize",
-    "round_away", "through_type",
+    "dequantize", "e8m0_half", "f32_to_bf16", "f32_to_ue4m3", "iq4_index", "nearest_level", "q8_1_sum_error",
+    "quantize", "round_away", "through_type",
 ]
 
 #: The type ggml's CPU backend converts src1 of MUL_MAT to before the dot products, per weight type.
@@ -98,6 +98,19 @@ def through_type(type_id: int, x: np.ndarray) -> np.ndarray:
     if type_id in (Q8_0, Q8_1):
         return _through_q8(x)
     return dequantize(type_id, quantize(type_id, x))
+
+
+def q8_1_sum_error(x: np.ndarray) -> np.ndarray:
+    """Per Q8_1 block of ``x`` (float32, last axis a multiple of 32): ggml's stored block sum ``s`` (FP16 of the
+    unrounded scale times the codes' sum) minus the block sum :func:`through_type` implies (FP16 scale times the same
+    sum).  A Q4_1/Q5_1 dot product adds ``min * s`` per block, so this times the weights' block mins is all that
+    separates dequantised weights times :func:`through_type` activations from ggml's product."""
+    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, 32)
+    d, q = _q8_scale(flat)
+    total = q.astype(np.int32).sum(axis=1, keepdims=True).astype(np.float32)
+    stored = (total * d).astype(np.float16).astype(np.float32)
+    implied = d.astype(np.float16).astype(np.float32) * total  # exact: 11 by at most 13 significant bits
+    return (stored - implied).reshape(*x.shape[:-1], x.shape[-1] // 32)
 
 
 def _through_q8(x: np.ndarray) -> np.ndarray:

@@ -174,10 +174,44 @@ def test_mul_mat_quantised_weights_use_the_vec_dot_type(arena, wtype, vec_dot):
     execute([out])
     wd = arena.get(a)[0, 0]
     want = ty.through_type(vec_dot, x[0, 0]) @ wd.T
+    if vec_dot == ty.Q8_1:  # plus each block's min times the FP16 rounding of the activation block's stored sum
+        mins = np.ascontiguousarray(arena.raw(a)[0, 0, :, :, 2:4]).view(np.float16)[..., 0].astype(np.float32)
+        want = want + ty.q8_1_sum_error(x[0, 0]) @ mins.T
     np.testing.assert_allclose(arena.get(out)[0, 0], want, rtol=1e-4, atol=1e-4)
     if wtype in ty.QUANT:  # and the whole thing is close to the float product
         exact = x[0, 0] @ w[0, 0].T
         assert ((arena.get(out)[0, 0] - exact) ** 2).sum() / (exact**2).sum() < 2e-2
+
+
+def _ggml_q4_1_dot(block_w: np.ndarray, x: np.ndarray) -> float:
+    """One Q4_1 block (20 bytes) times 32 activations, block by block as ggml's q4_1 x q8_1 dot product: the
+    activations quantised to Q8_1 (scale amax/127, codes rounded half to even, FP16 scale, FP16 sum of the unrounded
+    scale times the codes' sum), then (d_w * d_x) * sum(q_w * q_x) + m_w * s_x, in float64 here."""
+    d_w, m_w = (float(v) for v in block_w[:4].view(np.float16))
+    nib = block_w[4:20]
+    q_w = np.concatenate([nib & 0x0F, nib >> 4]).astype(np.int64)
+    amax = np.float32(np.abs(x).max())
+    d = amax / np.float32(127)
+    q_x = np.rint(x * (np.float32(127) / amax)).astype(np.int64) if amax else np.zeros(32, np.int64)
+    s_x = float(np.float16(np.float32(q_x.sum()) * d))
+    return d_w * float(np.float16(d)) * float((q_w * q_x).sum()) + m_w * s_x
+
+
+def test_q4_1_products_add_the_fp16_block_sum_as_ggml_does(arena):
+    w, x = rand(1, 1, 5, 128, seed=8), rand(1, 1, 2, 128, seed=9) + np.float32(0.3)  # a mean: sums far from 0
+    a = arena.tensor(Q4_1, (128, 5))
+    arena.set(a, w)
+    b = filled(arena, F32, (128, 2), x)
+    out = arena.tensor(F32, (5, 2), op=GgmlOp.MUL_MAT, src=(a, b))
+    execute([out])
+    raw = arena.raw(a)[0, 0]  # (rows, blocks, 20)
+    want = np.array([[sum(_ggml_q4_1_dot(raw[r, blk], x[0, 0, t, 32 * blk : 32 * blk + 32]) for blk in range(4))
+                      for r in range(5)] for t in range(2)])
+    got = arena.get(out)[0, 0].astype(np.float64)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    # without the stored sum's rounding the product is measurably off: the test sees the difference
+    plain = ty.through_type(ty.Q8_1, x[0, 0]).astype(np.float64) @ arena.get(a)[0, 0].astype(np.float64).T
+    assert np.abs(plain - want).max() > 10 * np.abs(got - want).max()
 
 
 def test_mul_mat_id_selects_experts_and_checks_ids(arena):
