@@ -82,7 +82,7 @@ class ReplayReport:
     nmse_by_op: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def note_op(self, op: tuple[str, str] | None, err: float) -> None:
-        """One read of (op, source 0's type)'s result compared, at NMSE ``err``."""
+        """One float read of (op, source 0's type)'s result compared, at NMSE ``err``."""
         if op is None:
             return
         fig = self.nmse_by_op.setdefault(op[0], {"reads": 0, "worst_nmse": 0.0, "by_src0_type": {}})
@@ -90,6 +90,14 @@ class ReplayReport:
         for f in (fig, sub):
             f["reads"] += 1
             f["worst_nmse"] = max(f["worst_nmse"], err)
+
+    def note_exact(self, op: tuple[str, str] | None, same: bool) -> None:
+        """One read of a result that is not a float (indices, counts, quantised blocks), compared byte for byte."""
+        if op is None:
+            return
+        fig = self.nmse_by_op.setdefault(op[0], {"reads": 0, "worst_nmse": 0.0, "by_src0_type": {}})
+        fig["exact_reads"] = fig.get("exact_reads", 0) + 1
+        fig["exact_differ"] = fig.get("exact_differ", 0) + (not same)
 
     @property
     def ok(self) -> bool:
@@ -249,6 +257,8 @@ class ReplyComparer:
         for a, b in zip(_slices(want), got, strict=False):
             diff.add(a, b)
         self.report.compared["computed" if computed else "exact"] += 1
+        if computed and dtype is None:
+            self.report.note_exact(op, diff.same)
         if diff.same:
             if computed and dtype is not None:
                 self.report.note_op(op, 0.0)
@@ -283,11 +293,16 @@ class ReplyComparer:
             return
         self.report.compared["computed"] += 1
         dtype = FLOAT_TYPES.get(t["type"])
-        if same_bytes(want, got):
+        if dtype is not None and want.nbytes % dtype.itemsize:
+            dtype = None
+        same = same_bytes(want, got)
+        if dtype is None:
+            self.report.note_exact(op, same)
+        if same:
             if dtype is not None:
                 self.report.note_op(op, 0.0)
             return
-        if dtype is None or want.nbytes % dtype.itemsize:
+        if dtype is None:
             self.mismatch(path, dc, req, "computed", f"the recorded {want.nbytes} bytes of {tensor_label(t)} "
                           "(not a float type: exact)", first_difference(want, got))
             return

@@ -91,6 +91,9 @@ def merge_by_op(into: dict[str, dict[str, Any]], other: Mapping[str, Mapping[str
         mine = into.setdefault(op, {"reads": 0, "worst_nmse": 0.0, "by_src0_type": {}})
         mine["reads"] += fig["reads"]
         mine["worst_nmse"] = max(mine["worst_nmse"], fig["worst_nmse"])
+        for key in ("exact_reads", "exact_differ"):
+            if key in fig:
+                mine[key] = mine.get(key, 0) + fig[key]
         for ty, sub in fig.get("by_src0_type", {}).items():
             s = mine["by_src0_type"].setdefault(ty, {"reads": 0, "worst_nmse": 0.0})
             s["reads"] += sub["reads"]

@@ -33,6 +33,8 @@ FORMAT = "ggml-rpc-op-closeness/1"
 TARGET = 1e-9
 #: Replays count a mismatch only beyond test-backend-ops' own loosest tolerance: the figure is the worst NMSE.
 REPLAY_TOLERANCE = 5e-4
+#: Recordings larger than this are not replayed by default (bytes).
+MAX_CAPTURE = 8 * 10**9
 
 
 def _replay(pcap: Path, address: str, timeout: float) -> dict[str, Any]:
@@ -46,15 +48,28 @@ def _replay(pcap: Path, address: str, timeout: float) -> dict[str, Any]:
 
 
 def _side(report: dict[str, Any], op: str) -> dict[str, Any]:
-    fig = report.get("nmse_by_op", {}).get(op)
+    fig = report.get("nmse_by_op", {}).get(op) or {}
     deaths = sum(1 for m in report.get("mismatches", []) if m.get("kind") == "death")
-    return {"reads": fig["reads"] if fig else 0, "worst_nmse": fig["worst_nmse"] if fig else None,
-            "by_src0_type": fig.get("by_src0_type", {}) if fig else {},
+    return {"reads": fig.get("reads", 0), "worst_nmse": fig["worst_nmse"] if fig.get("reads") else None,
+            "by_src0_type": fig.get("by_src0_type", {}),
+            "exact_reads": fig.get("exact_reads", 0), "exact_differ": fig.get("exact_differ", 0),
             "mismatches": len(report.get("mismatches", [])), "deaths": deaths}
 
 
-def measure_op(peer: Peer, op: str, workdir: Path, timeout: float = 900.0) -> dict[str, Any]:
-    """One op: test-backend-ops through the recording proxy to upstream, then the two replays."""
+def _try_side(pcap: Path, address: str, op: str, timeout: float) -> dict[str, Any]:
+    """A replay's figures for ``op``, or what stopped the replay (it is then not compared, never judged met)."""
+    try:
+        return _side(_replay(pcap, address, timeout), op)
+    except subprocess.TimeoutExpired:
+        return {"error": f"the replay took longer than {timeout:g} s"}
+    except (RuntimeError, ValueError) as exc:
+        return {"error": str(exc)[:300]}
+
+
+def measure_op(peer: Peer, op: str, workdir: Path, timeout: float = 900.0,
+               max_capture: int = MAX_CAPTURE) -> dict[str, Any]:
+    """One op: test-backend-ops through the recording proxy to upstream, then the two replays (not made of a
+    recording larger than ``max_capture`` bytes: FLASH_ATTN_EXT's is 35 GB)."""
     from ggml_rpc.conformance.harness import parse_address
     from ggml_rpc.conformance.sessions.proxy import running_proxy
 
@@ -66,13 +81,18 @@ def measure_op(peer: Peer, op: str, workdir: Path, timeout: float = 900.0) -> di
         with UpstreamServer(peer, cache=False) as up, \
                 running_proxy(parse_address(up.address), pcap=pcap, check=False) as proxy:
             run = run_backend_ops(peer, f"{proxy.host}:{proxy.port}", op, timeout=timeout)
-        entry: dict[str, Any] = {"cases": run.total(op), "passed": run.passed.get(op, 0), "aborted": run.aborted}
+        entry: dict[str, Any] = {"cases": run.total(op), "passed": run.passed.get(op, 0), "aborted": run.aborted,
+                                 "capture_bytes": pcap.stat().st_size if pcap.exists() else 0}
         if not pcap.exists() or entry["cases"] == 0:
             return {**entry, "reference": None, "upstream": None}
+        if entry["capture_bytes"] > max_capture:
+            why = {"error": f"its {entry['capture_bytes'] / 1e9:.1f} GB recording exceeds the {max_capture / 1e9:g} GB "
+                            "this run replays"}
+            return {**entry, "reference": why, "upstream": why}
         with reference_server(peer.major, None) as ref:
-            entry["reference"] = _side(_replay(pcap, ref, timeout), op)
+            entry["reference"] = _try_side(pcap, ref, op, timeout)
         with UpstreamServer(peer, cache=False) as again:
-            entry["upstream"] = _side(_replay(pcap, again.address, timeout), op)
+            entry["upstream"] = _try_side(pcap, again.address, op, timeout)
         return entry
     finally:
         for leftover in workdir.glob(f"{op}.*"):
@@ -91,13 +111,13 @@ def _commit() -> str:
     return head + (" (dirty tree)" if dirty else " (clean tree)")
 
 
-def measure(peer: Peer, ops: Sequence[str], timeout: float = 900.0) -> dict[str, Any]:
+def measure(peer: Peer, ops: Sequence[str], timeout: float = 900.0, max_capture: int = MAX_CAPTURE) -> dict[str, Any]:
     """Every op of ``ops``, one after the other; the run's date, commit, upstream build and machine with them."""
     start = datetime.datetime.now(datetime.UTC)
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="ggml-rpc-closeness-") as tmp:
         for op in ops:
-            result[op] = measure_op(peer, op, Path(tmp), timeout)
+            result[op] = measure_op(peer, op, Path(tmp), timeout, max_capture)
             print(f"{op}: {line(result[op])}", file=sys.stderr, flush=True)
     end = datetime.datetime.now(datetime.UTC)
     run = {"date": f"{start:%Y-%m-%d %H:%M} UTC to {end:%Y-%m-%d %H:%M} UTC", "commit": _commit(),
@@ -138,12 +158,24 @@ def verdict(entry: dict[str, Any]) -> str:
     ref, up = entry.get("reference"), entry.get("upstream")
     if not entry.get("cases"):
         return "no case on RPC0"
-    if ref is None or up is None or ref["worst_nmse"] is None:
-        return "not compared (no read of this op's results)"
+    if ref is None or up is None:
+        return "not compared (no recording)"
+    for side in (ref, up):
+        if "error" in side:
+            return f"not compared: {side['error']}"
     if ref["deaths"]:
         return "**the reference server died**"
+    if ref["worst_nmse"] is None:
+        if not ref.get("exact_reads"):
+            return "not compared (no read of this op's results)"
+        if up.get("exact_differ"):
+            return "upstream not deterministic (exact outputs differ against itself): not judged"
+        return "met (exact outputs)" if not ref.get("exact_differ") else (
+            f"**not met** ({ref['exact_differ']} of {ref['exact_reads']} exact outputs differ)")
     if up["worst_nmse"] is None or up["worst_nmse"] > 0:
         return f"upstream not deterministic (NMSE {_nmse(up['worst_nmse'])} against itself): not judged"
+    if ref.get("exact_differ"):
+        return f"**not met** ({ref['exact_differ']} of {ref['exact_reads']} exact outputs differ)"
     return "met" if ref["worst_nmse"] <= TARGET else f"**not met** (> {TARGET:g})"
 
 
@@ -157,7 +189,8 @@ def above_bar(side: dict[str, Any]) -> str:
 def line(entry: dict[str, Any]) -> str:
     ref = entry.get("reference") or {}
     return (f"{entry.get('passed', 0)}/{entry.get('cases', 0)} cases upstream; reference worst NMSE "
-            f"{_nmse(ref.get('worst_nmse'))} over {ref.get('reads', 0)} reads: {verdict(entry)}")
+            f"{_nmse(ref.get('worst_nmse'))} over {ref.get('reads', 0)} reads "
+            f"(+ {ref.get('exact_reads', 0)} exact): {verdict(entry)}")
 
 
 def section(data: dict[str, Any] | None = None) -> list[str]:
@@ -177,7 +210,8 @@ def section(data: dict[str, Any] | None = None) -> list[str]:
               "| verdict | above the bar, by source 0 type | run |", "|---|---|---|---|---|---|---|---|"]
     for op, e in data["ops"].items():
         ref, up = e.get("reference") or {}, e.get("upstream") or {}
-        lines.append(f"| {op} | {e.get('passed', 0)}/{e.get('cases', 0)} | {ref.get('reads', 0)} | "
+        reads = f"{ref.get('reads', 0)}" + (f" + {ref['exact_reads']} exact" if ref.get("exact_reads") else "")
+        lines.append(f"| {op} | {e.get('passed', 0)}/{e.get('cases', 0)} | {reads} | "
                      f"{_nmse(ref.get('worst_nmse'))} | {_nmse(up.get('worst_nmse'))} | {verdict(e)} | "
                      f"{above_bar(ref)} | {e['run'] + 1} |")
     lines.append("")
@@ -192,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ops", default=None, help="CI (default: " + ",".join(CI_OPS) + "), all, or OP,OP,...")
     p.add_argument("--proto", type=int, default=7, help="upstream peer's major version (default 7)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per test-backend-ops run and per replay")
+    p.add_argument("--max-capture-gb", type=float, default=MAX_CAPTURE / 1e9,
+                   help="recordings larger than this are not replayed (default %(default)g)")
     p.add_argument("--record", action="store_true", help="merge the result into op_closeness.json")
     p.add_argument("--json", metavar="FILE", help="also write this run's result here")
     args = p.parse_args(argv)
@@ -200,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: upstream {peer.version} is not installed: run `ggml-rpc upstream install`", file=sys.stderr)
         return 2
     ops = ops_from_option(None if args.ops in (None, "CI") else args.ops)
-    result = measure(peer, ops, args.timeout)
+    result = measure(peer, ops, args.timeout, int(args.max_capture_gb * 1e9))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     if args.record:

@@ -55,3 +55,18 @@ def test_types_above_the_bar_are_named_worst_first() -> None:
                              "Q2_K": {"reads": 4, "worst_nmse": 1e-5}}}
     assert closeness.above_bar(side) == "Q2_K 1.0e-05 (4 reads), Q4_K 2.0e-06 (3 reads)"
     assert closeness.above_bar({}) == ""
+
+
+def test_exact_outputs_and_stopped_replays_are_judged_for_what_they_are() -> None:
+    exact = _entry(None, None)
+    exact["reference"] = {"reads": 0, "worst_nmse": None, "exact_reads": 7, "exact_differ": 0, "deaths": 0}
+    exact["upstream"] = {"reads": 0, "worst_nmse": None, "exact_reads": 7, "exact_differ": 0, "deaths": 0}
+    assert closeness.verdict(exact) == "met (exact outputs)"
+    exact["reference"]["exact_differ"] = 2
+    assert "**not met** (2 of 7 exact outputs differ)" in closeness.verdict(exact)
+    stopped = _entry(0.0, 0.0)
+    stopped["reference"] = {"error": "the replay took longer than 600 s"}
+    assert closeness.verdict(stopped) == "not compared: the replay took longer than 600 s"
+    mixed = _entry(1e-12, 0.0)
+    mixed["reference"].update(exact_reads=3, exact_differ=1)
+    assert "not met" in closeness.verdict(mixed)
