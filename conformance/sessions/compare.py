@@ -37,8 +37,18 @@ RECORDED_ONLY = frozenset({
     Command.BUFFER_GET_BASE, Command.DEVICE_COUNT, Command.GET_DEVICE_SUPPORTS_OP,
 })
 #: Types whose computed reads are compared within a tolerance (numpy dtype of their elements).
+#: Computed reads compared by NMSE, by ggml type: numpy's dtype of the stored values (BF16, which numpy lacks, as its
+#: raw 16-bit patterns, widened by :func:`float_values`).
 FLOAT_TYPES = {int(GgmlType.F32): np.dtype("<f4"), int(GgmlType.F16): np.dtype("<f2"),
-               int(GgmlType.F64): np.dtype("<f8")}
+               int(GgmlType.F64): np.dtype("<f8"), int(GgmlType.BF16): np.dtype("<u2")}
+
+
+def float_values(buf: memoryview | bytes, dtype: np.dtype) -> np.ndarray:
+    """The values of a float read as float64 (a BF16 value is the top half of a float32)."""
+    raw = np.frombuffer(buf, dtype=dtype)
+    if dtype.kind == "u":
+        return (raw.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return raw.astype(np.float64)
 
 
 @dataclass
@@ -153,8 +163,7 @@ class _ReadDiff:
             self.differing += len(diff)
         self.n += len(x)
         if self.dtype is not None:
-            e = np.frombuffer(want, dtype=self.dtype).astype(np.float64)
-            g = np.frombuffer(got, dtype=self.dtype).astype(np.float64)
+            e, g = float_values(want, self.dtype), float_values(got, self.dtype)
             fe, fg = np.isfinite(e), np.isfinite(g)
             if not np.array_equal(fe, fg):
                 self.infinite = True
@@ -306,7 +315,7 @@ class ReplyComparer:
             self.mismatch(path, dc, req, "computed", f"the recorded {want.nbytes} bytes of {tensor_label(t)} "
                           "(not a float type: exact)", first_difference(want, got))
             return
-        err = nmse(np.frombuffer(want, dtype=dtype), np.frombuffer(got, dtype=dtype))
+        err = nmse(float_values(want, dtype), float_values(got, dtype))
         self.report.worst_nmse = max(self.report.worst_nmse, err)
         self.report.note_op(op, err)
         if not err <= self.tolerance:

@@ -76,3 +76,18 @@ def test_a_replay_reports_the_worst_nmse_of_each_op(tmp_path: Path) -> None:
     assert all(name.isupper() for name in by_op)
     for fig in by_op.values():
         assert sum(sub["reads"] for sub in fig["by_src0_type"].values()) == fig["reads"]
+
+
+def test_bf16_reads_are_compared_as_numbers() -> None:
+    from ggml_rpc.conformance.nmse import nmse
+    from ggml_rpc.conformance.sessions.compare import FLOAT_TYPES, float_values
+    from ggml_rpc.spec import GgmlType
+
+    values = np.array([1.0, -2.5, 3.140625, 0.0], dtype=np.float32)
+    bits = (values.view(np.uint32) >> 16).astype("<u2")  # exactly representable in BF16
+    dtype = FLOAT_TYPES[int(GgmlType.BF16)]
+    assert np.array_equal(float_values(bits.tobytes(), dtype), values.astype(np.float64))
+    nudged = bits.copy()
+    nudged[2] += 1  # one BF16 ulp: a close value, not a wrong one
+    err = nmse(float_values(bits.tobytes(), dtype), float_values(nudged.tobytes(), dtype))
+    assert 0 < err < 1e-4
