@@ -139,8 +139,16 @@ def merge(into: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """``into`` with the ops of ``new`` (one run) replacing theirs; runs no op refers to any more are dropped."""
     runs = list(into.get("runs", []))
     ops = dict(into.get("ops", {}))
-    index = len(runs)
-    runs.append(new["runs"][0])
+    run = new["runs"][0]
+    # Runs of one commit against one build on one machine are one run (a long campaign comes in several
+    # invocations); its date then spans them.
+    key = (run["commit"], run["upstream"], run["machine"])
+    index = next((i for i, r in enumerate(runs) if (r["commit"], r["upstream"], r["machine"]) == key), len(runs))
+    if index == len(runs):
+        runs.append(run)
+    else:
+        first = runs[index]["date"].split(" to ")[0]
+        runs[index] = {**runs[index], "date": f"{first} to {run['date'].split(' to ')[-1]}"}
     for op, entry in new["ops"].items():
         ops[op] = {**entry, "run": index}
     used = sorted({e["run"] for e in ops.values()})

@@ -70,3 +70,14 @@ def test_exact_outputs_and_stopped_replays_are_judged_for_what_they_are() -> Non
     mixed = _entry(1e-12, 0.0)
     mixed["reference"].update(exact_reads=3, exact_differ=1)
     assert "not met" in closeness.verdict(mixed)
+
+
+def test_invocations_of_one_commit_are_one_run_spanning_their_dates() -> None:
+    first = _run({"ADD": _entry(0.0, 0.0)}, "aaa")
+    first["runs"][0]["date"] = "2026-12-05 08:00 UTC to 2026-12-05 08:05 UTC"
+    second = _run({"MUL": _entry(0.0, 0.0)}, "aaa")
+    second["runs"][0]["date"] = "2026-12-05 08:06 UTC to 2026-12-05 08:09 UTC"
+    merged = closeness.merge(closeness.merge({"format": closeness.FORMAT, "runs": [], "ops": {}}, first), second)
+    assert merged["runs"] == [{"date": "2026-12-05 08:00 UTC to 2026-12-05 08:09 UTC", "commit": "aaa",
+                               "upstream": "u", "machine": "m"}]
+    assert merged["ops"]["ADD"]["run"] == merged["ops"]["MUL"]["run"] == 0
