@@ -8,6 +8,7 @@ from ggml_rpc.spec import GgmlOp
 from ..graph import GraphTensor
 from .core import FLOATS, kernel, need_types, params_i32, read, src, write
 from .memory import F16, F32, Memory, node_error, shape4
+from .types import through_type
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -79,7 +80,10 @@ def _conv_2d(node: GraphTensor, mem: Memory) -> None:
     ow, oh = _out_size(w, kw, s[0], p[0], d[0]), _out_size(h, kh, s[1], p[1], d[1])
     if c != c1 or ow <= 0 or oh <= 0 or tuple(node.ne) != (ow, oh, oc, n):
         raise node_error(node, f"result must be [{ow}, {oh}, {oc}, {n}] for this kernel and input")
-    cols = _columns(read(mem, x_t), kw, kh, s, p, d, ow, oh).reshape(n, oh * ow, c * kh * kw)
+    # ggml's CPU backend lays the input's patches out in the kernel's type before the product: an F16 kernel
+    # multiplies F16-rounded input.
+    x = through_type(k_t.type, read(mem, x_t))
+    cols = _columns(x, kw, kh, s, p, d, ow, oh).reshape(n, oh * ow, c * kh * kw)
     kernel_mat = read(mem, k_t).reshape(oc, c * kh * kw)  # (OC, C*KH*KW)
     out = np.matmul(cols, kernel_mat.T)  # (N, OH*OW, OC)
     write(mem, node, out.transpose(0, 2, 1).reshape(n, oc, oh, ow))
@@ -264,7 +268,8 @@ def _conv_3d(node: GraphTensor, mem: Memory) -> None:
     o = (_out_size(w, kw, s[0], p[0], d[0]), _out_size(h, kh, s[1], p[1], d[1]), _out_size(dp, kd, s[2], p[2], d[2]))
     if min(o) <= 0 or tuple(node.ne) != (o[0], o[1], o[2], oc * n):
         raise node_error(node, f"result must be [{o[0]}, {o[1]}, {o[2]}, {oc * n}]")
-    cols = _columns_3d(read(mem, x_t).reshape(n, c, dp, h, w), (kw, kh, kd), s, p, d, o)
+    x = through_type(k_t.type, read(mem, x_t))  # patches in the kernel's type, as for CONV_2D
+    cols = _columns_3d(x.reshape(n, c, dp, h, w), (kw, kh, kd), s, p, d, o)
     cols = cols.reshape(n, o[2] * o[1] * o[0], c * kd * kh * kw)
     kmat = read(mem, k_t).reshape(oc, c * kd * kh * kw)
     out = np.matmul(cols, kmat.T)  # (N, OD*OH*OW, OC)

@@ -8,6 +8,7 @@ from ggml_rpc.spec import GgmlOp
 from ..graph import GraphTensor
 from .core import FLOATS, kernel, need_types, params_i32, read, src, write
 from .memory import F32, Memory, node_error
+from .types import through_type
 
 
 @kernel(GgmlOp.CONV_TRANSPOSE_2D, src=FLOATS, dst=(F32,), note="kernel [KW, KH, OC, IC], input [W, H, IC, N]")
@@ -24,7 +25,8 @@ def _conv_transpose_2d(node: GraphTensor, mem: Memory) -> None:
     if tuple(node.ne) != (ow, oh, oc, n):
         raise node_error(node, f"result must be [{ow}, {oh}, {oc}, {n}]")
     kern = read(mem, k_t)  # (IC, OC, KH, KW)
-    x = read(mem, x_t)  # (N, IC, H, W)
+    # ggml's CPU backend copies the input into the kernel's type before its dot products (F16-rounded for F16).
+    x = through_type(k_t.type, read(mem, x_t))  # (N, IC, H, W)
     out = np.zeros((n, oc, oh, ow), dtype=np.float32)
     for ky in range(kh):  # taps: bounded by the kernel's own size, each a contraction over every pixel
         for kx in range(kw):
