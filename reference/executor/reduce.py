@@ -73,7 +73,8 @@ def _argsort(node: GraphTensor, mem: Memory) -> None:
     write(mem, node, idx.astype(np.int32))
 
 
-@kernel(GgmlOp.TOP_K, src=(F32,), dst=(I32,), note="indices of the k largest, largest first")
+@kernel(GgmlOp.TOP_K, src=(F32,), dst=(I32,), note="indices of the k largest, largest first, then the first two "
+        "swapped (as ggml's CPU backend returns them)")
 def _top_k(node: GraphTensor, mem: Memory) -> None:
     a_t = src(node, 0)
     need_types(node, a_t, (F32,), "source 0")
@@ -82,6 +83,10 @@ def _top_k(node: GraphTensor, mem: Memory) -> None:
         raise node_error(node, "TOP_K gives I32 [k <= ne0, src.ne1, src.ne2, src.ne3]")
     x = read(mem, a_t)
     idx = np.argsort(-x, axis=-1, kind="stable")[..., :k]
+    if k > 1:
+        # ggml's CPU backend swaps its first two results on purpose, so that no caller relies on the order; a
+        # server that computes as upstream does returns the same indices in the same places.
+        idx[..., [0, 1]] = idx[..., [1, 0]]
     write(mem, node, idx.astype(np.int32))
 
 

@@ -521,8 +521,17 @@ def test_reductions(arena):
     assert arena.raw(am).ravel().tolist() == [2, 3]
     assert arena.raw(asc)[0, 0].tolist() == [[1, 0, 2, 3], [2, 1, 0, 3]]
     assert arena.raw(desc)[0, 0].tolist() == [[2, 3, 0, 1], [3, 0, 1, 2]]
-    assert arena.raw(top)[0, 0].tolist() == [[2, 3], [3, 0]]
+    assert arena.raw(top)[0, 0].tolist() == [[3, 2], [0, 3]]  # largest first, then the first two swapped
     np.testing.assert_array_equal(arena.get(cs), np.cumsum(x, axis=-1))
+
+
+@pytest.mark.parametrize(("k", "want"), [(1, [4]), (2, [0, 4]), (4, [0, 4, 2, 5])])
+def test_top_k_returns_upstreams_order(arena, k, want):
+    # ggml's CPU TOP_K sorts the k largest, largest first, then swaps the first two (k > 1).
+    x = np.array([[[[5.0, -1.0, 3.0, 0.5, 9.0, 2.0]]]], np.float32)
+    top = arena.tensor(I32, (k,), op=GgmlOp.TOP_K, src=(filled(arena, F32, (6,), x),))
+    execute([top])
+    assert arena.raw(top).ravel().tolist() == want
 
 
 # ---- generators, masks, images ---------------------------------------------------------------------------------
