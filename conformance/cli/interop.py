@@ -24,6 +24,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(both; default)")
     p.add_argument("--rows", metavar="PATTERNS", help="comma-separated shell patterns on row IDs (default: all)")
     p.add_argument("--models", metavar="NAMES", help="comma-separated tiny models (default: all of them)")
+    p.add_argument("--zoo", metavar="MODELS", nargs="?", const="all", default="ci",
+                   help="zoo models (tiny models quantised by the peer's own llama-quantize, GQA shapes, qwen2/qwen3/"
+                   "gemma, a mixture of experts): --zoo alone or 'all' for every one, 'none', or comma-separated "
+                   "names (default: 'ci', a representative subset)")
     p.add_argument("--ops", metavar="OPS", default=None,
                    help="test-backend-ops: comma-separated ops to run, 'all' for every op upstream tests "
                    "(long), 'none' to skip (default: the fixed CI subset)")
@@ -39,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..upstream import interop_report, matrix
     from ..upstream.models import STANDARD_MODELS
-    from ..upstream.peers import PEERS, versions_option
+    from ..upstream.peers import PEERS, cache_root, versions_option
+    from ..upstream.zoo import zoo_option
 
     try:
         versions = versions_option(args.proto)
@@ -56,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
     unknown = [m for m in models if m not in STANDARD_MODELS]
     if unknown:
         raise UsageError(f"--models: unknown model {unknown[0]!r} (choose from {', '.join(STANDARD_MODELS)})")
+    try:
+        zoo_models = zoo_option(args.zoo)
+    except ValueError as exc:
+        raise UsageError(f"--zoo: {exc}") from None
     missing = [v for v in versions if not PEERS[v].installed()]
     if missing and not args.list:
         raise UsageError(f"upstream {', '.join(missing)} not installed: run `ggml-rpc upstream install --proto "
@@ -66,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
         pcap_dir.mkdir(parents=True, exist_ok=True)
 
     with tempfile.TemporaryDirectory(prefix="ggml-rpc-interop-") as tmp:
-        ws = matrix.Workspace(Path(tmp), pcap_dir)
+        # Zoo files are named by everything that made them: they are kept between runs beside the peers.
+        ws = matrix.Workspace(Path(tmp), pcap_dir, zoo=zoo_models, zoo_dir=cache_root() / "zoo")
         from ..upstream.backend_ops_rows import backend_ops_rows
 
         selected = [r for r in matrix.rows(versions, ws, models,
@@ -76,11 +86,11 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--rows {args.rows!r} matches no row (see --list)")
         if args.list:
             for r in selected:
-                print(f"{r.id:<36} {r.proto:<12} {r.title}")
+                print(f"{r.id:<44} {r.proto:<12} {r.title}")
             return 0
 
         def progress(res: matrix.RowResult) -> None:
-            print(f"{res.id:<36} {res.status:<11} {res.seconds:>6.1f}s  {res.detail}", file=rows_out, flush=True)
+            print(f"{res.id:<44} {res.status:<11} {res.seconds:>6.1f}s  {res.detail}", file=rows_out, flush=True)
 
         started = time.monotonic()
         results = matrix.run_rows(iter(selected), progress)

@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from .cells import FAIL, PASS, UNSUPPORTED, Cell, Row, RowResult
+from .gguf_tensors import tensor_infos
 from .models import ensure_models
 from .peers import PEERS, Peer
 from .runs import UpstreamServer, completion, completion_argv, generated_text, kit, reason_line, reference_server
 from .split_rows import split_rows
+from .zoo import ensure_zoo
 
 #: The size above which upstream clients hash a tensor before sending it (SET_TENSOR_HASH).
 HASH_MIN_SIZE = 10 * 1024 * 1024
@@ -27,13 +29,19 @@ HASH_MIN_SIZE = 10 * 1024 * 1024
 class Workspace:
     """Folders and results shared by the rows of one run: models, recorded pcaps, CPU-only baselines."""
 
-    def __init__(self, root: Path, pcap_dir: Path | None = None) -> None:
+    def __init__(self, root: Path, pcap_dir: Path | None = None, zoo: list[str] | None = None,
+                 zoo_dir: Path | None = None) -> None:
         self.root = root
+        #: Zoo models (:data:`.zoo.ZOO` names) the rows run besides the standard ones, made in ``zoo_dir``.
+        self.zoo = list(zoo or [])
+        self.zoo_dir = zoo_dir or root / "zoo"
+        self._zoo: dict[str, dict[str, Path]] = {}
         self.models_dir = root / "models"
         self.pcap_dir = pcap_dir or root / "pcaps"
         self.pcap_dir.mkdir(parents=True, exist_ok=True)
         self._models: dict[str, Path] | None = None
         self._baseline: dict[tuple[str, str], str] = {}
+        self._upstream_text: dict[tuple[str, str], str] = {}
         #: CPU-only runs of upstream that did not all print the same text (peer version, model) -> the texts.
         self.baseline_disagreements: dict[tuple[str, str], list[str]] = {}
         self.recorded: dict[tuple[str, str], Path] = {}
@@ -45,9 +53,14 @@ class Workspace:
         self.manifest.append({"file": pcap.name, "bytes": pcap.stat().st_size, **entry})
 
     def models(self, peer: Peer) -> dict[str, Path]:
+        """The standard models, and the zoo models as ``peer``'s quantiser makes them."""
         if self._models is None:
             self._models = ensure_models(self.models_dir, peer.vocab)
-        return self._models
+        if not self.zoo:
+            return self._models
+        if peer.version not in self._zoo:
+            self._zoo[peer.version] = ensure_zoo(self.zoo_dir, peer, self.zoo)
+        return {**self._models, **self._zoo[peer.version]}
 
     def baseline(self, peer: Peer, model: str) -> str:
         """The same binary's CPU-only text (``-ngl 0``, no ``--rpc``): what every RPC run must print.
@@ -74,6 +87,34 @@ class Workspace:
         return self._baseline[key]
 
 
+    def upstream_text(self, peer: Peer, model: str) -> str:
+        """What upstream's client prints with every layer on upstream's own server (no proxy between them): what
+        a server that computes as upstream's does must print.
+
+        It is not always the CPU-only text: upstream's CPU backend runs some quantised types through repacked
+        kernels of its own (their rounding differs from the plain kernels a server's buffers get), and with random
+        weights a token whose two best logits are close can flip."""
+        key = (peer.version, model)
+        if key not in self._upstream_text:
+            with UpstreamServer(peer, cache=False) as server:
+                done = completion(peer, self.models(peer)[model], server.address)
+            if not done.ok:
+                raise RuntimeError(f"upstream client -> upstream server failed: {done.why()}")
+            self._upstream_text[key] = generated_text(done.stdout)
+        return self._upstream_text[key]
+
+    def expected_text(self, peer: Peer, model: str) -> tuple[str, bool]:
+        """(upstream's own RPC text, whether the CPU-only run printed the same)."""
+        text = self.upstream_text(peer, model)
+        return text, text == self.baseline(peer, model)
+
+
+def _same_text_detail(same_as_cpu: bool) -> str:
+    return "same text as upstream's own server" + (
+        " and as CPU-only" if same_as_cpu else " (upstream's CPU-only run prints another: its CPU backend computes "
+        "this model with its own repacked kernels)")
+
+
 def _cache_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.endswith(".tmp")) if folder.is_dir() \
         else []
@@ -81,10 +122,7 @@ def _cache_files(folder: Path) -> list[Path]:
 
 def hashed_tensors(model: Path) -> list[str]:
     """Tensors an upstream client hashes before sending: above 10 MiB and offloaded (token_embd stays on the CPU)."""
-    from gguf import GGUFReader
-
-    return [t.name for t in GGUFReader(model).tensors
-            if int(t.n_bytes) > HASH_MIN_SIZE and t.name != "token_embd.weight"]
+    return [t.name for t in tensor_infos(model) if t.nbytes > HASH_MIN_SIZE and t.name != "token_embd.weight"]
 
 
 def _hash_results(pcap: Path) -> list[int]:
@@ -172,8 +210,9 @@ def check_row(peer: Peer, ws: Workspace) -> Cell:
 
 
 def completion_reference_row(peer: Peer, ws: Workspace, model: str) -> Cell:
-    """Upstream llama-completion -> reference server of the same version: same text; the cache rule of the version."""
-    expected = ws.baseline(peer, model)
+    """Upstream llama-completion -> reference server of the same version: the text upstream's own server gives;
+    the cache rule of the version."""
+    expected, same_as_cpu = ws.expected_text(peer, model)
     hashed = len(hashed_tensors(ws.models(peer)[model]))
     with tempfile.TemporaryDirectory(dir=ws.root, prefix="ref-cache-") as cache:
         with reference_server(peer.major, Path(cache)) as address:
@@ -186,11 +225,11 @@ def completion_reference_row(peer: Peer, ws: Workspace, model: str) -> Cell:
             warm, warm_violations = _through_proxy(peer, ws.models(peer)[model], address, warm_pcap)
     problems = []
     if generated_text(done.stdout) != expected:
-        problems.append(f"text differs from the CPU-only run: {generated_text(done.stdout)!r} vs {expected!r}")
+        problems.append(f"text differs from upstream's own server's: {generated_text(done.stdout)!r} vs {expected!r}")
     if not warm.ok:
         problems.append(f"warm run: {warm.why()}")
     elif generated_text(warm.stdout) != expected:
-        problems.append("warm run's text differs from the CPU-only run")
+        problems.append("warm run's text differs from upstream's own server's")
     if violations or warm_violations:
         problems.append(f"{len(violations) + len(warm_violations)} violations: {(violations + warm_violations)[0]}")
     if len(files) != hashed:
@@ -200,16 +239,18 @@ def completion_reference_row(peer: Peer, ws: Workspace, model: str) -> Cell:
         problems.append(f"hash replies cold {cold_hits}, warm {warm_hits}: expected misses then {hashed} hit(s)")
     figures = {"cache_files": len(files), "hash_cold": cold_hits, "hash_warm": warm_hits,
                "seconds_cold": round(done.seconds, 2), "seconds_warm": round(warm.seconds, 2),
+               "same_as_cpu_only": same_as_cpu,
                "cpu_only_texts_disagreed": ws.baseline_disagreements.get((peer.version, model))}
     if problems:
         return Cell(FAIL, "; ".join(problems), figures)
-    return Cell(PASS, f"same text as CPU-only; {len(files)} cache file(s) after the cold run, warm run hit "
-                      f"{warm_hits.count(1)}", figures)
+    return Cell(PASS, f"{_same_text_detail(same_as_cpu)}; {len(files)} cache file(s) after the cold run, warm run "
+                      f"hit {warm_hits.count(1)}", figures)
 
 
 def proxy_upstream_row(peer: Peer, ws: Workspace, model: str) -> Cell:
-    """Upstream client -> ggml-rpc proxy --check --pcap -> upstream server: no violation, same text; keeps the pcap."""
-    expected = ws.baseline(peer, model)
+    """Upstream client -> ggml-rpc proxy --check --pcap -> upstream server: no violation, the text it gives without
+    the proxy; keeps the pcap."""
+    expected, same_as_cpu = ws.expected_text(peer, model)
     pcap = ws.pcap_dir / f"v{peer.major}-upstream-{model}-cold.pcap"
     with UpstreamServer(peer, cache=True) as server:
         done, violations = _through_proxy(peer, ws.models(peer)[model], server.address, pcap)
@@ -237,18 +278,38 @@ def proxy_upstream_row(peer: Peer, ws: Workspace, model: str) -> Cell:
                   hashed=hashed_tensors(ws.models(peer)[model]))
     problems = []
     if generated_text(done.stdout) != expected:
-        problems.append("text differs from the CPU-only run")
+        problems.append("text differs from the same run without the proxy")
     if violations:
         problems.append(f"{len(violations)} violations, first: {violations[0]}")
     figures = {"violations": len(violations), "pcap": pcap.name, "pcap_bytes": pcap.stat().st_size,
-               "upstream_cache_files": len(files)}
+               "upstream_cache_files": len(files), "same_as_cpu_only": same_as_cpu}
     if problems:
         return Cell(FAIL, "; ".join(problems), figures)
-    return Cell(PASS, f"0 violations, same text; recorded {pcap.name} ({pcap.stat().st_size:,} bytes)", figures)
+    return Cell(PASS, f"0 violations, the text it gives without the proxy"
+                      f"{'' if same_as_cpu else ' (not the CPU-only one)'}; recorded {pcap.name} "
+                      f"({pcap.stat().st_size:,} bytes)", figures)
+
+
+#: The closeness a replay row asks of every computed read: upstream's results reproduced to NMSE 1e-9, where
+#: replay's own tolerance (test-backend-ops') only separates a right result from a wrong one.
+REPLAY_NMSE_BAR = 1e-9
+
+
+def _above_bar(by_op: dict[str, dict[str, Any]], bar: float) -> str:
+    """The ops whose reads were above ``bar``, worst first, with the source 0 types that were."""
+    worst = sorted(((fig["worst_nmse"], op, fig) for op, fig in by_op.items() if fig["worst_nmse"] > bar),
+                   reverse=True)
+    parts = []
+    for nmse, op, fig in worst:
+        types = [t for t, sub in fig.get("by_src0_type", {}).items() if sub["worst_nmse"] > bar]
+        parts.append(f"{op} {nmse:.1e}" + (f" ({', '.join(types)})" if types else ""))
+    return ", ".join(parts)
 
 
 def replay_row(peer: Peer, ws: Workspace, model: str, against: str) -> Cell:
-    """``ggml-rpc replay`` of the recorded upstream session against the reference server or upstream: 0 mismatches."""
+    """``ggml-rpc replay`` of the recorded upstream session against the reference server or upstream: 0 mismatches;
+    for a zoo model, every computed read within :data:`REPLAY_NMSE_BAR` of upstream's (the standard models' rows
+    report where they stand against it)."""
     from ggml_rpc.conformance.harness import parse_address
     from ggml_rpc.conformance.sessions.replay import replay
 
@@ -263,10 +324,17 @@ def replay_row(peer: Peer, ws: Workspace, model: str, against: str) -> Cell:
         with UpstreamServer(peer, cache=True) as server:
             report = replay([pcap], *parse_address(server.address))
     figures = {"requests": report.requests, "compared": report.compared, "worst_nmse": report.worst_nmse,
-               "mismatches": len(report.mismatches)}
+               "mismatches": len(report.mismatches), "nmse_bar": REPLAY_NMSE_BAR, "nmse_by_op": report.nmse_by_op}
     if report.mismatches:
         return Cell(FAIL, f"{len(report.mismatches)} mismatches, first: {report.mismatches[0]}", figures)
-    return Cell(PASS, f"{report.requests} requests, 0 mismatches (worst NMSE {report.worst_nmse:.1e})", figures)
+    above = _above_bar(report.nmse_by_op, REPLAY_NMSE_BAR) if report.worst_nmse > REPLAY_NMSE_BAR else ""
+    figures["bar_met"] = not above
+    if above and model in ws.zoo:
+        return Cell(FAIL, f"{report.requests} requests, 0 mismatches, but worst NMSE {report.worst_nmse:.1e} is above "
+                          f"{REPLAY_NMSE_BAR:.0e}: {above}", figures)
+    where = f"above the {REPLAY_NMSE_BAR:.0e} bar: {above}" if above else f"within the {REPLAY_NMSE_BAR:.0e} bar"
+    return Cell(PASS, f"{report.requests} requests, 0 mismatches (worst NMSE {report.worst_nmse:.1e}, {where})",
+                figures)
 
 
 def cross_version_row(client: Peer, server: Peer, ws: Workspace, model: str) -> Cell:
@@ -336,7 +404,7 @@ def rows(versions: list[str], ws: Workspace, models: list[str], *, backend_ops: 
         client = "llama-completion" if peer.kind == "sdist" else "client (wheel, Llama)"
         yield Row(f"CHECK-{v}", f"ggml-rpc check --spawn upstream {v} rpc server with a cache directory", version,
                   lambda p=peer: check_row(p, ws))
-        for model in models:
+        for model in [*models, *ws.zoo]:
             yield Row(f"GEN-{v}-REF-{model}", f"upstream {v} {client} -> reference {v}, {model}", version,
                       lambda p=peer, m=model: completion_reference_row(p, ws, m))
             yield Row(f"GEN-{v}-PROXY-{model}", f"upstream {v} client -> proxy --check -> upstream {v}, {model}",

@@ -152,21 +152,37 @@ def _store(writer: Any, name: str, data: np.ndarray, kind: str, info: ModelInfo)
     info.tensor_types[name] = kind
 
 
+#: Architectures :func:`write_model` writes besides llama, each as upstream's loader reads it: qwen2 (biases on
+#: the query, key and value projections), qwen3 (RMS norms of each query and key head), gemma (GELU feed-forward,
+#: embeddings scaled by sqrt(n_embd), output tied to token_embd). llama itself also takes ``n_expert``: a mixture of
+#: experts, as Mixtral's files are. (phi3 is not among them: upstream's loader refuses the SentencePiece vocabulary
+#: the kit's models carry for it, looking up a special token that vocabulary does not have.)
+ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma")
+
+
 def write_model(path: Path, *, ftype: str, vocab_path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 2,
                 n_head: int = 2, n_head_kv: int = 2, n_ff: int = 128, n_ctx_train: int = 256,
-                token_embd_ftype: str | None = None) -> ModelInfo:
-    """Write a random-weight llama model to ``path``; the same arguments give the same bytes.
+                token_embd_ftype: str | None = None, arch: str = "llama", n_expert: int = 0,
+                n_expert_used: int = 0) -> ModelInfo:
+    """Write a random-weight model of ``arch`` (:data:`ARCHITECTURES`) to ``path``; the same arguments give the
+    same bytes.
 
-    Norms are F32 and all ones; every matrix takes ``ftype``, except token_embd (``token_embd_ftype`` when given)
-    and, in a Q4_0 model, output.weight, which is Q8_0: llama-quantize picks Q6_K for it, which falls back to Q8_0
-    when rows are not a multiple of 256 (as here), and gguf cannot write Q6_K anyway. The weights drawn do not depend
-    on the type, so the quantised models approximate the F32 one of the same seed and shape.
+    Norms are F32 and all ones, biases F32 and small; every matrix takes ``ftype``, except token_embd
+    (``token_embd_ftype`` when given) and, in a Q4_0 model, output.weight, which is Q8_0: llama-quantize picks Q6_K
+    for it, which falls back to Q8_0 when rows are not a multiple of 256 (as here), and gguf cannot write Q6_K
+    anyway. The weights drawn do not depend on the type, so the quantised models approximate the F32 one of the same
+    seed and shape. With ``n_expert`` (llama only), each layer's feed-forward is ``n_expert`` experts of which the
+    router picks ``n_expert_used`` per token.
     """
     from gguf import GGUFWriter
 
     for kind in (ftype, token_embd_ftype or ftype):
         if kind not in FILE_TYPES:
             raise ValueError(f"unsupported ftype {kind!r} (choose from {', '.join(FILE_TYPES)})")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unsupported architecture {arch!r} (choose from {', '.join(ARCHITECTURES)})")
+    if n_expert and (arch != "llama" or not 0 < n_expert_used <= n_expert):
+        raise ValueError("experts need the llama architecture and 0 < n_expert_used <= n_expert")
     if n_embd % n_head or n_head % n_head_kv:
         raise ValueError("n_embd must be a multiple of n_head, and n_head of n_head_kv")
     if ftype in ("Q4_0", "Q8_0") and (n_embd % 32 or n_ff % 32):
@@ -174,8 +190,8 @@ def write_model(path: Path, *, ftype: str, vocab_path: Path, seed: int = 0, n_em
 
     rng = np.random.default_rng(seed)
     head_dim = n_embd // n_head
-    writer = GGUFWriter(str(path), "llama")
-    writer.add_name(f"ggml-rpc-kit tiny llama {ftype} seed {seed}")
+    writer = GGUFWriter(str(path), arch)
+    writer.add_name(f"ggml-rpc-kit tiny {arch} {ftype} seed {seed}")
     writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(n_embd)
     writer.add_block_count(n_layer)
@@ -187,6 +203,9 @@ def write_model(path: Path, *, ftype: str, vocab_path: Path, seed: int = 0, n_em
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(FILE_TYPES[ftype])
+    if n_expert:
+        writer.add_expert_count(n_expert)
+        writer.add_expert_used_count(n_expert_used)
     if ftype in ("Q4_0", "Q8_0"):
         writer.add_quantization_version(2)  # GGML_QNT_VERSION, as llama-quantize writes it
     n_vocab = _copy_vocab(writer, vocab_path)
@@ -199,18 +218,34 @@ def write_model(path: Path, *, ftype: str, vocab_path: Path, seed: int = 0, n_em
     ones = np.ones(n_embd, np.float32)
     info = ModelInfo(Path(path), ftype)
     _store(writer, "token_embd.weight", weights(n_vocab, n_embd), token_embd_ftype or ftype, info)
+    q_rows, kv_rows = n_head * head_dim, n_head_kv * head_dim
     for i in range(n_layer):
-        _store(writer, f"blk.{i}.attn_norm.weight", ones, "F32", info)
-        _store(writer, f"blk.{i}.attn_q.weight", weights(n_head * head_dim, n_embd), ftype, info)
-        _store(writer, f"blk.{i}.attn_k.weight", weights(n_head_kv * head_dim, n_embd), ftype, info)
-        _store(writer, f"blk.{i}.attn_v.weight", weights(n_head_kv * head_dim, n_embd), ftype, info)
-        _store(writer, f"blk.{i}.attn_output.weight", weights(n_embd, n_head * head_dim), ftype, info)
-        _store(writer, f"blk.{i}.ffn_norm.weight", ones, "F32", info)
-        _store(writer, f"blk.{i}.ffn_gate.weight", weights(n_ff, n_embd), ftype, info)
-        _store(writer, f"blk.{i}.ffn_up.weight", weights(n_ff, n_embd), ftype, info)
-        _store(writer, f"blk.{i}.ffn_down.weight", weights(n_embd, n_ff), ftype, info)
+        blk = f"blk.{i}"
+        _store(writer, f"{blk}.attn_norm.weight", ones, "F32", info)
+        _store(writer, f"{blk}.attn_q.weight", weights(q_rows, n_embd), ftype, info)
+        _store(writer, f"{blk}.attn_k.weight", weights(kv_rows, n_embd), ftype, info)
+        _store(writer, f"{blk}.attn_v.weight", weights(kv_rows, n_embd), ftype, info)
+        if arch == "qwen2":
+            for name, rows in (("q", q_rows), ("k", kv_rows), ("v", kv_rows)):
+                _store(writer, f"{blk}.attn_{name}.bias", weights(1, rows)[0], "F32", info)
+        if arch == "qwen3":
+            _store(writer, f"{blk}.attn_q_norm.weight", np.ones(head_dim, np.float32), "F32", info)
+            _store(writer, f"{blk}.attn_k_norm.weight", np.ones(head_dim, np.float32), "F32", info)
+        _store(writer, f"{blk}.attn_output.weight", weights(n_embd, q_rows), ftype, info)
+        _store(writer, f"{blk}.ffn_norm.weight", ones, "F32", info)
+        if n_expert:
+            _store(writer, f"{blk}.ffn_gate_inp.weight", weights(n_expert, n_embd), "F32", info)
+            experts = rng.standard_normal((3, n_expert, n_ff, n_embd), dtype=np.float32) * np.float32(0.02)
+            _store(writer, f"{blk}.ffn_gate_exps.weight", experts[0], ftype, info)
+            _store(writer, f"{blk}.ffn_up_exps.weight", experts[1], ftype, info)
+            _store(writer, f"{blk}.ffn_down_exps.weight", experts[2].transpose(0, 2, 1).copy(), ftype, info)
+        else:
+            _store(writer, f"{blk}.ffn_gate.weight", weights(n_ff, n_embd), ftype, info)
+            _store(writer, f"{blk}.ffn_up.weight", weights(n_ff, n_embd), ftype, info)
+            _store(writer, f"{blk}.ffn_down.weight", weights(n_embd, n_ff), ftype, info)
     _store(writer, "output_norm.weight", ones, "F32", info)
-    _store(writer, "output.weight", weights(n_vocab, n_embd), "Q8_0" if ftype == "Q4_0" else ftype, info)
+    if arch != "gemma":  # gemma's output is its token embedding
+        _store(writer, "output.weight", weights(n_vocab, n_embd), "Q8_0" if ftype == "Q4_0" else ftype, info)
     _finish(writer)
     return info
 

@@ -18,9 +18,10 @@ from pathlib import Path
 
 from .peers import LOOPBACK, Peer
 
-#: The generation every completion row runs: greedy, seeded, short.
+#: The generation every completion row runs: greedy, seeded, 32 tokens (enough decode steps for a drift in one
+#: op's rounding to reach the text).
 PROMPT = "Hello world"
-N_PREDICT = 16
+N_PREDICT = 32
 
 
 @dataclass
@@ -100,7 +101,8 @@ def completion(peer: Peer, model: Path, rpc: str | None, timeout: float = 300.0)
     wheel peer, the kit's ``generate`` entry point on the wheel's libraries. Either prints the prompt and the
     generated text on stdout (see :func:`generated_text`)."""
     with tempfile.TemporaryDirectory(prefix="ggml-rpc-llama-cache-") as cache:
-        argv = peer.generate_argv(model, rpc) if peer.kind == "wheel" else completion_argv(peer, model, rpc)
+        argv = peer.generate_argv(model, rpc, n_predict=N_PREDICT) if peer.kind == "wheel" \
+            else completion_argv(peer, model, rpc)
         return run(argv, env=peer.env({"LLAMA_CACHE": cache}), timeout=timeout)
 
 
@@ -113,7 +115,7 @@ def split_completion(peer: Peer, model: Path, rpc: Sequence[str], split: str = "
         raise ValueError(f"unknown split {split!r} (layer or tensor)")
     with tempfile.TemporaryDirectory(prefix="ggml-rpc-llama-cache-") as cache:
         if peer.kind == "wheel":
-            argv = peer.generate_argv(model, list(rpc), split=split)
+            argv = peer.generate_argv(model, list(rpc), split=split, n_predict=N_PREDICT)
         else:
             argv = [*completion_argv(peer, model, ",".join(rpc)), "-sm", split]
         return run(argv, env=peer.env({"LLAMA_CACHE": cache}), timeout=timeout)
