@@ -77,8 +77,13 @@ class Replayer:
         timeout: float = 120.0,
         until_compute: bool = False,
         rewrite_fields: Callable[[Command, dict[str, Any]], dict[str, Any]] | None = None,
+        graph_hook: Callable[[RpcClient, Command, dict[str, Any], Request], bool] | None = None,
     ) -> None:
         self.captures = list(captures)
+        #: Called with the connection before each GRAPH_COMPUTE/RECOMPUTE is sent (its fields relocated for the
+        #: target); the divergence finder (:mod:`.divergence`) computes its own graphs there.  Returning False stops
+        #: replaying that connection.
+        self.graph_hook = graph_hook
         #: A fleet replay readdresses COMM_INIT (:mod:`.fleet`): applied to every relocated request.
         self.rewrite_fields = rewrite_fields
         self.until_compute = until_compute
@@ -223,6 +228,9 @@ class Replayer:
                 if leaving:
                     client.cork()  # this request's last bytes leave with the FIN, as a client that does not wait
                 self._last = (path, dc.conn.index, req.index, cmd.name)
+                if self.graph_hook is not None and cmd in (Command.GRAPH_COMPUTE, Command.GRAPH_RECOMPUTE) \
+                        and not self.graph_hook(client, cmd, fields, req):
+                    return
                 try:
                     self.report.bytes_sent += send_request(client, self.target, cmd, fields, data)
                     if cmd in (Command.GRAPH_COMPUTE, Command.GRAPH_RECOMPUTE):

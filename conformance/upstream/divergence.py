@@ -1,0 +1,297 @@
+"""Which node of a recorded graph first computes differently on the reference server and on upstream's.
+
+A replay compares only what the client read back (the logits), so a session whose logits drift names no culprit.
+This finder replays the capture against both servers up to one graph computation, then sends that graph once more
+with every node given memory of its own (a fresh buffer: the client's allocator had nodes share memory, so most
+intermediate results are overwritten before the graph ends), reads every node back from both servers, and lists the
+nodes in execution order with the NMSE between the two results.  The first node above the bar is where the
+reference stops computing as upstream does; its op, types and shapes say which kernel to look at.
+
+The graph chosen by default is the one before the first read a replay finds above the bar.  Usage::
+
+    python -m ggml_rpc.conformance.upstream.divergence SESSION.pcap [--at CONN:INDEX] [--bar 1e-9] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ggml_rpc.spec import TYPES, Command, GgmlOp, Request, type_name
+from ggml_rpc.spec.facts import tensor_nbytes
+
+from ..client import RpcClient
+from ..sessions.replay import Replayer, load_captures
+from .runs import UpstreamServer, reference_server
+
+#: Graph uid of the finder's own graph on a version with a graph cache (8.0.0): far from any client's.
+_OWN_UID = (1 << 62) + 7
+_F32, _F16, _BF16 = 0, 1, 30
+
+
+@dataclass
+class NodeResult:
+    """One node's result on one server."""
+
+    position: int
+    id: int
+    name: str
+    op: str
+    type: str
+    ne: list[int]
+    sources: list[str]
+    source_ids: list[int]
+    data: bytes
+
+
+@dataclass
+class NodeDiff:
+    position: int
+    id: int
+    name: str
+    op: str
+    type: str
+    ne: list[int]
+    sources: list[str]
+    source_ids: list[int]
+    nmse: float | None  # None: not a float type, compared byte for byte
+    equal_bytes: bool
+
+
+def _values(type_id: int, data: bytes) -> np.ndarray | None:
+    if type_id == _F32:
+        return np.frombuffer(data, np.float32).astype(np.float64)
+    if type_id == _F16:
+        return np.frombuffer(data, np.float16).astype(np.float64)
+    if type_id == _BF16:
+        return (np.frombuffer(data, np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return None
+
+
+def nmse(ref: np.ndarray, got: np.ndarray) -> float:
+    """sum((got - ref)^2) / sum(ref^2), 0 for equal arrays, inf when ref is all zeros and got is not."""
+    err = float(np.sum((got - ref) ** 2))
+    if err == 0.0:
+        return 0.0
+    den = float(np.sum(ref**2))
+    return err / den if den else float("inf")
+
+
+def _op_name(op: int) -> str:
+    try:
+        return GgmlOp(op).name
+    except ValueError:
+        return f"op {op}"
+
+
+def _nbytes(t: np.void) -> int:
+    return int(tensor_nbytes({"type": int(t["type"]), "ne": [int(n) for n in t["ne"]],
+                              "nb": [int(n) for n in t["nb"]]}))
+
+
+def _describe(t: np.void) -> str:
+    return f"{t['name'].decode(errors='replace')} ({type_name(int(t['type']))} {list(int(n) for n in t['ne'])})"
+
+
+def node_results(client: RpcClient, fields: dict[str, Any]) -> list[NodeResult]:
+    """Compute the graph ``fields`` (a relocated GRAPH_COMPUTE) once more with every node in memory of its own, and
+    read every node back."""
+    tensors = np.array(fields["tensors"], copy=True)
+    nodes = [int(n) for n in fields["nodes"]]
+    device = int(fields.get("device", 0))
+    index = {int(t["id"]): i for i, t in enumerate(tensors)}
+    align = max(int(client.get_alignment(device)), 1)
+    own: dict[int, int] = {}  # node id -> offset in the new buffer
+    total = 0
+    for nid in nodes:
+        t = tensors[index[nid]]
+        if int(t["view_src"]) == 0 and int(t["data"]) != 0:
+            own[nid] = total
+            total += -(-_nbytes(t) // align) * align
+    if not own:
+        return []
+    handle, size = client.alloc_buffer(device, total)
+    if not handle or size < total:
+        raise RuntimeError(f"the server could not allocate {total} bytes for the graph's {len(own)} nodes")
+    try:
+        base = client.buffer_get_base(handle)
+        for nid, offset in own.items():
+            t = tensors[index[nid]]
+            t["buffer"], t["data"] = int(handle), int(base) + offset
+        # Views of a node follow it into the new buffer (a view names its base tensor, never another view).
+        for t in tensors:
+            src = int(t["view_src"])
+            if src in own:
+                t["buffer"], t["data"] = int(handle), int(base) + own[src] + int(t["view_offs"])
+        # 8.0.0 keeps graphs by uid: the finder's own one never replaces a graph of the client's.
+        client.graph_compute(device, np.asarray(fields["nodes"]), tensors, uid=_OWN_UID if "uid" in fields else None)
+        out = []
+        for position, nid in enumerate(nodes):
+            t = tensors[index[nid]]
+            if int(t["data"]) == 0 or int(t["buffer"]) != handle:
+                continue  # a view of a weight or of the KV cache: what it wrote is read through its own node
+            row = {name: t[name] for name in tensors.dtype.names}
+            data = bytes(client.get_tensor(row, 0, _nbytes(t)))
+            ids = [int(s) for s in t["src"] if int(s) and int(s) in index]
+            sources = [_describe(tensors[index[i]]) for i in ids]
+            # A view's source is also what it was cut from: a consumer of the view sees the base's difference.
+            if int(t["view_src"]) in index:
+                ids.append(int(t["view_src"]))
+            out.append(NodeResult(position, nid, t["name"].decode(errors="replace"), _op_name(int(t["op"])),
+                                  type_name(int(t["type"])), [int(n) for n in t["ne"]], sources, ids, data))
+        return out
+    finally:
+        client.free_buffer(handle)
+
+
+class _Stop:
+    """The replay hook: remembers the last graph sent, and at the chosen computation reads every node."""
+
+    def __init__(self, conn: int, index: int) -> None:
+        self.conn, self.index = conn, index
+        self.graph: dict[str, Any] | None = None
+        self.results: list[NodeResult] | None = None
+        self.conn_of: dict[int, int] = {}
+
+    def __call__(self, client: RpcClient, cmd: Command, fields: dict[str, Any], req: Request) -> bool:
+        if cmd is Command.GRAPH_COMPUTE:
+            self.graph = fields
+        if req.index != self.index or self.results is not None or self.graph is None:
+            return True
+        self.results = node_results(client, self.graph)
+        return False
+
+
+def graph_nodes(pcap: Path, address: str, conn: int, index: int) -> list[NodeResult]:
+    """Replay ``pcap`` against ``address`` up to message ``index`` of connection ``conn`` (a graph computation) and
+    return every node of that graph as the server computes it (:func:`node_results`)."""
+    host, port = address.rsplit(":", 1)
+    captures = load_captures([pcap])
+    # Only the chosen connection's graph is wanted: the others are replayed as recorded (they set up the state).
+    hook = _Stop(conn, index)
+
+    def only_conn(client: RpcClient, cmd: Command, fields: dict[str, Any], req: Request) -> bool:
+        return hook(client, cmd, fields, req) if current[0] == conn else True
+
+    current = [0]
+    replayer = Replayer(captures, host, int(port), graph_hook=only_conn)
+    original = replayer._connection
+
+    def play(path: str, dc: Any) -> None:
+        current[0] = dc.conn.index
+        original(path, dc)
+
+    replayer._connection = play  # type: ignore[method-assign]
+    replayer.run(check_alive=False)
+    if hook.results is None:
+        raise RuntimeError(f"connection {conn} of {pcap} has no graph computation at message {index}")
+    return hook.results
+
+
+def first_drift(pcap: Path, address: str, bar: float) -> tuple[int, int] | None:
+    """(connection, message index) of the graph computation before the first read above ``bar``; None if none."""
+    from ..sessions.replay import replay
+
+    report = replay([pcap], *address.rsplit(":", 1)[:1], int(address.rsplit(":", 1)[1]), nmse_tolerance=bar)
+    drift = [m for m in report.mismatches if m.kind == "computed"]
+    if not drift:
+        return None
+    first = drift[0]
+    for cap in load_captures([pcap]):
+        for dc in cap.connections:
+            if dc.conn.index != first.connection:
+                continue
+            computes = [r.index for r in dc.requests if r.index < first.index
+                        and r.command in (Command.GRAPH_COMPUTE, Command.GRAPH_RECOMPUTE)]
+            if computes:
+                return first.connection, computes[-1]
+    return None
+
+
+def compare(reference: list[NodeResult], upstream: list[NodeResult]) -> list[NodeDiff]:
+    by_pos = {r.position: r for r in upstream}
+    out = []
+    for mine in reference:
+        theirs = by_pos.get(mine.position)
+        if theirs is None:
+            continue
+        type_id = next(t.id for t in TYPES.values() if t.name == mine.type)
+        a, b = _values(type_id, theirs.data), _values(type_id, mine.data)
+        err = None if a is None or b is None or a.shape != b.shape else nmse(a, b)
+        out.append(NodeDiff(mine.position, mine.id, mine.name, mine.op, mine.type, mine.ne, mine.sources,
+                            mine.source_ids, err, mine.data == theirs.data))
+    return out
+
+
+def differing(diffs: list[NodeDiff], bar: float) -> list[NodeDiff]:
+    """The nodes above ``bar`` whose difference reaches the graph's last node (its result), in order.
+
+    A difference nothing downstream sees is not where a drift starts: upstream fuses some ops (RMS_NORM into the
+    MUL after it), writes only the fused result and leaves the first op's own memory as it was, and an input the
+    graph does not use this step holds whatever the buffer held.  (A key or value written into the cache reaches
+    the result only at the next step: there, attention over the cache is the first node to differ.)"""
+    def off(d: NodeDiff) -> bool:
+        return (d.nmse is not None and d.nmse > bar) or (d.nmse is None and not d.equal_bytes)
+
+    consumers: dict[int, list[NodeDiff]] = {}
+    for d in diffs:
+        for src in d.source_ids:
+            consumers.setdefault(src, []).append(d)
+    reaches: dict[int, bool] = {}
+    for d in reversed(diffs):
+        later = [c for c in consumers.get(d.id, []) if c.position > d.position]
+        reaches[d.position] = off(d) and (d is diffs[-1] or any(reaches.get(c.position, False) for c in later))
+    return [d for d in diffs if reaches[d.position]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ggml_rpc.conformance.upstream.divergence",
+                                description="Find the first node of a recorded graph that the reference computes "
+                                "differently from upstream.")
+    p.add_argument("pcap", type=Path)
+    p.add_argument("--proto", type=int, default=7, help="the upstream peer's major version (default 7)")
+    p.add_argument("--at", metavar="CONN:INDEX", help="the GRAPH_COMPUTE/RECOMPUTE to examine (default: the one "
+                   "before the first read above the bar)")
+    p.add_argument("--bar", type=float, default=1e-9, help="NMSE above which a node differs (default 1e-9)")
+    p.add_argument("--json", metavar="FILE", help="write every node's comparison here")
+    args = p.parse_args(argv)
+    from .peers import peer_for
+
+    if not args.pcap.is_file():
+        print(f"divergence: {args.pcap}: no such file", file=sys.stderr)
+        return 2
+    peer = peer_for(args.proto)
+    with tempfile.TemporaryDirectory() as cache, reference_server(peer.major, Path(cache)) as ref:
+        if args.at:
+            conn_text, _, index_text = args.at.partition(":")
+            at: tuple[int, int] | None = (int(conn_text), int(index_text))
+        else:
+            at = first_drift(args.pcap, ref, args.bar)
+        if at is None:
+            print(f"every read of {args.pcap} is within NMSE {args.bar:g} on the reference server")
+            return 0
+        mine = graph_nodes(args.pcap, ref, *at)
+    with UpstreamServer(peer, cache=False) as up:
+        theirs = graph_nodes(args.pcap, up.address, *at)
+    diffs = compare(mine, theirs)
+    above = differing(diffs, args.bar)
+    print(f"{args.pcap.name}: connection {at[0]}, message {at[1]}: {len(diffs)} nodes, {len(above)} differ")
+    for d in diffs:
+        mark = "*" if d in above[:1] else " "
+        err = "bytes equal" if d.equal_bytes else ("bytes differ" if d.nmse is None else f"NMSE {d.nmse:.1e}")
+        print(f"{mark}{d.position:4d} {d.op:<16} {d.type:<5} {d.ne!s:<22} {err:<14} {d.name}  <- "
+              f"{', '.join(d.sources)}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"pcap": str(args.pcap), "at": list(at), "bar": args.bar,
+                                               "nodes": [asdict(d) for d in diffs]}, indent=1) + "\n")
+    return 1 if above else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
