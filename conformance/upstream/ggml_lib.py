@@ -17,6 +17,9 @@ from ggml_rpc.spec import TYPES
 BASE_LIBRARY, CPU_LIBRARY = "libggml-base.so", "libggml-cpu.so"
 
 _CONV = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+# ggml_vec_dot_t: (n, float * s, size_t bs, const void * x, size_t bx, const void * y, size_t by, int nrc)
+_DOT = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t, ctypes.c_void_p,
+                        ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 
 
 class _Traits(ctypes.Structure):
@@ -74,6 +77,17 @@ class GgmlLibrary:
         out = np.zeros(x.size // info.blck * info.size, dtype=np.uint8)
         _CONV(self._cpu_traits(type_id).from_float)(x.ctypes.data, out.ctypes.data, x.size)
         return out.reshape(-1, info.size)
+
+    def vec_dot(self, type_id: int, x_blocks: np.ndarray, y_blocks: np.ndarray) -> float:
+        """The CPU backend's dot product of one row of ``type_id`` blocks with one row of its vec-dot type's blocks
+        (``ggml_vec_dot_*``, the kernel a one-token MUL_MAT runs)."""
+        traits = self._cpu_traits(type_id)
+        x = np.ascontiguousarray(x_blocks, dtype=np.uint8)
+        y = np.ascontiguousarray(y_blocks, dtype=np.uint8)
+        n = x.size // TYPES[type_id].size * TYPES[type_id].blck
+        out = ctypes.c_float()
+        _DOT(traits.vec_dot)(n, ctypes.byref(out), 0, x.ctypes.data, 0, y.ctypes.data, 0, 1)
+        return float(out.value)
 
     def vec_dot_type(self, type_id: int) -> int:
         return int(self._cpu_traits(type_id).vec_dot_type)

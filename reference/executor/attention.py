@@ -76,12 +76,17 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
     if online and (rh > 1 or rs > 1):  # the online recurrence indexes V per head: one matrix per query head
         v = np.repeat(np.repeat(v, rh, axis=1), rs, axis=0)
     k_t_view = k.swapaxes(-1, -2)
+    # One query at a time against an F16 K, ggml scores with ggml_vec_dot_f16: its order, not BLAS's.
+    exact_dot = not tiled and k_t.type == F16
     out = np.empty((n_seq, n_head, n_q, dv), dtype=np.float32)
     # Query rows in chunks, so the score block stays small however long the context is.
     step = max(1, _CHUNK_SCORES // max(1, n_seq * n_head * n_kv))
     for lo in range(0, n_q, step):
         hi = min(n_q, lo + step)
-        scores = broadcast_matmul(q[:, :, lo:hi], k_t_view, rh, rs) * scale  # (n_seq, n_head, rows, n_kv)
+        if exact_dot:
+            scores = dot_f16_rows(q[:, :, lo:hi], k, rh, rs) * scale  # (n_seq, n_head, rows, n_kv)
+        else:
+            scores = broadcast_matmul(q[:, :, lo:hi], k_t_view, rh, rs) * scale
         if softcap != 0:
             scores = softcap * np.tanh(scores)
         if mask is not None:
@@ -93,6 +98,44 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
             out[:, :, lo:hi] = _softmax_v(scores, v, sinks, rh, rs)
     # Result layout is [dv, head, query, seq]: swap head and query.
     write(mem, node, out.swapaxes(1, 2))
+
+
+#: ggml_vec_dot_f16 on AVX2: 32 elements a step, four accumulators of eight float32 lanes.
+_F16_STEP, _F16_LANES = 32, 8
+
+
+def dot_f16_rows(q: np.ndarray, k: np.ndarray, rh: int, rs: int) -> np.ndarray:
+    """Every query row of ``q`` (seq, head, rows, d) dotted with every key of ``k`` (kseq, khead, n_kv, d), both
+    holding F16 values, as ggml_vec_dot_f16 computes each dot: per 32 elements, four accumulators of eight lanes
+    updated by fused multiply-adds; then accumulators 0+2 and 1+3, their sum, its lanes i + i+4, then pairwise; the
+    elements past the last whole 32 added one product (float32) at a time in float64.  Query head h reads key head
+    h // rh, sequence s key sequence s // rs."""
+    n_seq, n_head, rows, d = q.shape
+    n_kv = k.shape[2]
+    whole = d - d % _F16_STEP
+    kk = np.repeat(np.repeat(k, rh, axis=1), rs, axis=0)  # (n_seq, n_head, n_kv, d)
+    out = np.empty((n_seq, n_head, rows, n_kv), dtype=np.float32)
+    # Keys in slices, so the float64 lane block stays near 32 MiB whatever the context.
+    per = max(1, (4 << 20) // max(1, n_seq * n_head * rows * _F16_STEP))
+    for k0 in range(0, n_kv, per):
+        kc = kk[:, :, None, k0 : k0 + per, :]  # (seq, head, 1, c, d)
+        qc = q[:, :, :, None, :]  # (seq, head, rows, 1, d)
+        acc = np.zeros((n_seq, n_head, rows, kc.shape[3], 4, _F16_LANES), dtype=np.float32)
+        for i in range(0, whole, _F16_STEP):
+            x = kc[..., i : i + _F16_STEP].reshape(*kc.shape[:-1], 4, _F16_LANES).astype(np.float64)
+            y = qc[..., i : i + _F16_STEP].reshape(*qc.shape[:-1], 4, _F16_LANES)
+            acc = (x * y + acc).astype(np.float32)
+        lanes = (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])
+        t0 = lanes[..., :4] + lanes[..., 4:]
+        total = ((t0[..., 0] + t0[..., 1]) + (t0[..., 2] + t0[..., 3])).astype(np.float64)
+        for i in range(whole, d):
+            total = total + (kc[..., i] * qc[..., i]).astype(np.float32)
+        out[..., k0 : k0 + per] = total.astype(np.float32)
+    return out
+
+
+def _expf(x: np.ndarray) -> np.ndarray:
+    return np.exp(np.asarray(x, dtype=np.float64)).astype(np.float32)
 
 
 def _softmax_v(scores: np.ndarray, v: np.ndarray, sinks: np.ndarray | None, rh: int, rs: int) -> np.ndarray:
@@ -128,10 +171,11 @@ def _online_f16(scores: np.ndarray, v: np.ndarray, sinks: np.ndarray | None) -> 
     out = acc.astype(np.float32)
     if sinks is not None:
         sink_max = sinks > big_m
-        ms = np.where(sink_max, np.exp(big_m - sinks), np.float32(1))
-        vs = np.where(sink_max, np.float32(1), np.exp(sinks - big_m))
+        with np.errstate(invalid="ignore", over="ignore"):
+            ms = np.where(sink_max, _expf(big_m - sinks), np.float32(1)).astype(np.float32)
+            vs = np.where(sink_max, np.float32(1), _expf(sinks - big_m)).astype(np.float32)
         out = out * ms[..., None]
-        total = total * ms + vs
+        total = (total.astype(np.float64) * ms + vs).astype(np.float32)  # fused, as in the loop
     inv = np.divide(np.float32(1), total, out=np.zeros_like(total), where=total != 0)
     return (out * inv[..., None]).astype(np.float32)
 
@@ -146,8 +190,9 @@ def _online_steps(scores: np.ndarray, v: np.ndarray, live: np.ndarray,
     before = np.concatenate([np.full((1, *lead), -np.inf, dtype=np.float32), running[:-1]])
     new_max = use & (s > before)
     with np.errstate(invalid="ignore", over="ignore"):
-        ms = np.where(new_max, np.exp(before - s), np.float32(1)).astype(np.float32)
-        vs = np.where(new_max | ~use, np.float32(1), np.exp(s - before)).astype(np.float32)
+        # expf as glibc computes it (correctly rounded: float64 exp rounded once); numpy's float32 exp is not always.
+        ms = np.where(new_max, _expf(before - s), np.float32(1)).astype(np.float32)
+        vs = np.where(new_max | ~use, np.float32(1), _expf(s - before)).astype(np.float32)
     vs = np.where(use, vs, np.float32(0))
     rescale = new_max.any(axis=tuple(range(1, new_max.ndim))).tolist()
     dv = v.shape[-1]
@@ -159,10 +204,13 @@ def _online_steps(scores: np.ndarray, v: np.ndarray, live: np.ndarray,
     chunk = max(1, _CHUNK_SCORES // max(1, n_rows * dv))
     for lo in range(0, len(keep), chunk):
         hi = min(len(keep), lo + chunk)
-        # Every step's weighted V row, (chunk, *lead, dv); a row not used at a step adds an exact zero.
+        # Every step's weighted V row, (chunk, *lead, dv), in float64: the product of an F16 value and a float32
+        # weight is exact there, so adding it to the accumulator and rounding once to float32 is the fused
+        # multiply-add of ggml_vec_mad_f16; a row not used at a step adds an exact zero.
         v_pos = np.moveaxis(v[..., keep[lo:hi], :], -2, 0)[:, :, :, None, :]  # (chunk, seq, head, 1, dv)
         with np.errstate(invalid="ignore"):
-            weighted = np.where(use[lo:hi, ..., None], v_pos * vs[lo:hi, ..., None], np.float32(0))
+            weighted = np.where(use[lo:hi, ..., None], v_pos.astype(np.float64) * vs[lo:hi, ..., None],
+                                np.float64(0))
         weighted = weighted.reshape(hi - lo, n_rows * dv)
         ms_wide = np.repeat(ms_flat[lo:hi], dv, axis=1)  # each row's factor over its dv values, every step at once
         for i in range(lo, hi):
@@ -170,8 +218,8 @@ def _online_steps(scores: np.ndarray, v: np.ndarray, live: np.ndarray,
                 # Rows without a new maximum have ms == 1, which leaves their F16 values exactly as they are, so
                 # one multiply (in float32, rounded to F16 on the way out) rescales just the rows that need it.
                 np.multiply(acc, ms_wide[i - lo], out=acc, casting="unsafe")
-            # Added in float32 and rounded once to F16 on the way out, as ggml's F16 multiply-add does.
-            np.add(acc, weighted[i - lo], out=acc, casting="unsafe")
+            # Fused: added in float64, rounded to float32 (the FMA's result), then to F16 on the way out.
+            acc[...] = (acc + weighted[i - lo]).astype(np.float32)
     return acc.reshape(*lead, dv), _denominators(ms_flat, vs_flat, rescale).reshape(lead), running[-1]
 
 
@@ -187,7 +235,8 @@ def _denominators(ms: np.ndarray, vs: np.ndarray, rescale: list[bool]) -> np.nda
         starts.insert(0, 0)
     for a, b in zip(starts, [*starts[1:], len(rescale)], strict=True):
         stretch = np.empty((b - a, ms.shape[1]), dtype=np.float32)
-        stretch[0] = total * ms[a] + vs[a]
+        # S = S * ms + vs, which the compiler fuses into one multiply-add: rounded once.
+        stretch[0] = (total.astype(np.float64) * ms[a] + vs[a]).astype(np.float32)
         stretch[1:] = vs[a + 1 : b]
         total = np.add.accumulate(stretch, axis=0)[-1]
     return total

@@ -32,6 +32,7 @@ from .core import (
     write,
 )
 from .memory import F32, Memory, node_error
+from .simd_math import silu_rows
 from .types import round_away
 
 _SQRT_2_OVER_PI = np.float32(0.7978845608028654)
@@ -252,6 +253,9 @@ def _unary(node: GraphTensor, mem: Memory) -> None:
     if sub == UnaryOp.XIELU:
         write(mem, node, _xielu(read(mem, a_t), node))
         return
+    if sub == UnaryOp.SILU and a_t.type == F32 and node.type == F32:
+        write(mem, node, silu_rows(read(mem, a_t)))  # ggml_vec_silu_f32's order, row by row
+        return
     fn = _UNARY.get(sub)
     if fn is None:
         raise node_error(node, f"UNARY sub-op {sub} is not supported")
@@ -331,4 +335,6 @@ def _glu(node: GraphTensor, mem: Memory) -> None:
     fn = _GLU.get(sub)
     if fn is None:
         raise node_error(node, f"GLU sub-op {sub} is not supported")
+    if sub == GluOp.SWIGLU and a_t.type == F32 and node.type == F32 and (b_t is None or b_t.type == F32):
+        fn = silu_rows  # ggml_vec_swiglu_f32's own order (its vector exp, then libm for the row's tail)
     write(mem, node, fn(a) * b)

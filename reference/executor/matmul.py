@@ -16,6 +16,7 @@ from ggml_rpc.spec import TYPES, GgmlOp, type_name
 from ..graph import GraphTensor
 from .core import FLOATS, READABLE, convert, kernel, need_types, prepared, read, read_index, src, write
 from .memory import F32, Memory, node_error
+from .q8dot import EXACT_TYPES, pack_weights, products
 from .types import Q8_1, VEC_DOT_TYPE, q8_1_sum_error, through_type
 
 
@@ -43,10 +44,30 @@ def _operands(node: GraphTensor) -> tuple[GraphTensor, GraphTensor, int, int, in
     return a_t, b_t, k, m, n, ne02, ne03, ne12, ne13
 
 
-@kernel(GgmlOp.MUL_MAT, src=READABLE, dst=(F32,), note="src1 F32/F16/BF16; broadcast over dims 2 and 3")
+def _exact_weights(mem: Memory, a_t: GraphTensor) -> np.ndarray:
+    """The weights of a :data:`~.q8dot.EXACT_TYPES` tensor as :func:`~.q8dot.pack_weights` gives them, kept between
+    graphs like the float32 conversions."""
+    return mem.converted(a_t, lambda raw: pack_weights(a_t.type, raw[0, 0]), kind="q8dot")
+
+
+def _exact(a_t: GraphTensor, k: int, ne02: int, ne03: int) -> bool:
+    """Whether this product goes through :func:`~.q8dot.products` (one weight matrix, whole blocks)."""
+    return a_t.type in EXACT_TYPES and ne02 == 1 and ne03 == 1 and k % 32 == 0
+
+
+@kernel(GgmlOp.MUL_MAT, src=READABLE, dst=(F32,), note="src1 F32/F16/BF16; broadcast over dims 2 and 3; Q4_0, "
+        "Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL in the order of upstream's AVX2 kernels")
 def _mul_mat(node: GraphTensor, mem: Memory) -> None:
     # dst[i0, i1, i2, i3] = sum_k src0[k, i0, i2 / r2, i3 / r3] * src1[k, i1, i2, i3]
-    a_t, b_t, _k, _m, n, ne02, ne03, ne12, ne13 = _operands(node)
+    a_t, b_t, k, _m, n, ne02, ne03, ne12, ne13 = _operands(node)
+    if _exact(a_t, k, ne02, ne03):
+        out = mem.raw(node)
+        if out.size:
+            rows = np.ascontiguousarray(read(mem, b_t), dtype=np.float32).reshape(-1, k)
+            # Upstream runs its batch kernel per (i12, i13) slice of n rows, its one-token kernel for n == 1.
+            res = products(a_t.type, _exact_weights(mem, a_t), rows, batch=n > 1)
+            np.copyto(out, res.reshape(out.shape))
+        return
     # Weights converted to float32 once and reused by later runs while their buffer is not written (the per-token
     # logits matmul of a Q8_0 model otherwise dequantises 8 MB every token).
     a = read(mem, a_t) if a_t.type == F32 else mem.converted(a_t, partial(convert, a_t.type))  # (ne03, ne02, m, k)
@@ -157,6 +178,13 @@ def _prepare_mul_mat(node: GraphTensor, mem: Memory) -> tuple[Callable[[], objec
     vt = VEC_DOT_TYPE.get(a_t.type)
     if vt is None or (vt != F32 and k % TYPES[vt].blck):
         return None  # the kernel refuses it, with its own message
+    if _exact(a_t, k, ne02, ne03):
+        rows = b.reshape(1, k)
+
+        def exact() -> None:
+            np.copyto(out.reshape(1, -1), products(a_t.type, _exact_weights(mem, a_t), rows, batch=False))
+
+        return exact, ()
     conv = partial(convert, a_t.type)
 
     raw = mem.raw(a_t)

@@ -90,7 +90,7 @@ def buffer_key(buffer: object) -> int:
 #: Bytes of float32 copies of weights the process keeps (see :meth:`Memory.converted`).
 CONVERTED_BUDGET = 512 << 20
 
-_ConversionKey = tuple[int, int, int, tuple[int, ...], tuple[int, ...]]
+_ConversionKey = tuple[int, int, int, tuple[int, ...], tuple[int, ...], str]
 
 
 class Conversions:
@@ -111,8 +111,8 @@ class Conversions:
         self._lock = threading.RLock()
 
     @staticmethod
-    def key(owner: object, t: GraphTensor) -> _ConversionKey:
-        return (id(owner), int(t.type), int(t.offset), tuple(t.ne), tuple(t.nb))
+    def key(owner: object, t: GraphTensor, kind: str = "") -> _ConversionKey:
+        return (id(owner), int(t.type), int(t.offset), tuple(t.ne), tuple(t.nb), kind)
 
     def get(self, key: _ConversionKey, epoch: int) -> np.ndarray | None:
         with self._lock:
@@ -181,9 +181,10 @@ class Memory:
         #: :func:`buffer_key` of the buffers the graph's nodes write (their contents change during a run).
         self.written: frozenset[int] = frozenset()
 
-    def converted(self, t: GraphTensor, convert: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    def converted(self, t: GraphTensor, convert: Callable[[np.ndarray], np.ndarray], kind: str = "") -> np.ndarray:
         """``t``'s values as float32, ``convert(self.raw(t))``, kept in :data:`CONVERSIONS` and reused while ``t``'s
-        buffer is not written (see the class).  ``convert`` must give exactly that: the float32 values of ``t``."""
+        buffer is not written (see the class).  ``convert`` must give exactly that: the float32 values of ``t``; or,
+        under its own ``kind``, another form of them that depends on ``t``'s bytes alone."""
         raw = self.raw(t)
         epochs = self.epochs
         owner = getattr(t.buffer, "obj", t.buffer)
@@ -191,7 +192,7 @@ class Memory:
         epoch = epochs.get(key) if epochs is not None and key not in self.written else None
         if epoch is None:
             return convert(raw)
-        name = Conversions.key(owner, t)
+        name = Conversions.key(owner, t, kind)
         kept = CONVERSIONS.get(name, epoch)
         if kept is not None:
             return kept

@@ -2,7 +2,10 @@
 
 The loop below is the recurrence as ggml's CPU backend runs it for one query row: walk the KV positions in order,
 skip masked (-inf) ones, on a new maximum rescale the F16 accumulator (rounded to F16) and restart the weight at 1,
-otherwise weight the row by exp(s - max); add the weighted V row in float32 and round to F16 after every step.
+otherwise weight the row by exp(s - max); add the weighted V row with a fused multiply-add (rounded once to
+float32) and round to F16 after every step; the denominator S = S * ms + vs fused too; exp correctly rounded (glibc's
+expf).  Those are the roundings upstream's build makes (its compiler fuses the multiply-adds), measured against its
+FLASH_ATTN_EXT results.
 """
 
 from __future__ import annotations
@@ -10,6 +13,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from ggml_rpc.reference.executor.attention import _online_f16
+
+
+def _expf(x: np.float32) -> np.float32:
+    return np.float32(np.exp(np.float64(x)))
+
+
+def _fma(a: np.float32, b: np.float32, c: np.float32) -> np.float32:
+    return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
 
 
 def _one_row(s: np.ndarray, v: np.ndarray, sink: float | None) -> np.ndarray:
@@ -20,18 +31,18 @@ def _one_row(s: np.ndarray, v: np.ndarray, sink: float | None) -> np.ndarray:
             continue
         ms, vs = np.float32(1), np.float32(1)
         if s[ic] > m:
-            ms = np.exp(m - s[ic]).astype(np.float32)
+            ms = _expf(np.float32(m - s[ic]))
             m = s[ic]
             acc = (acc.astype(np.float32) * ms).astype(np.float16)
         else:
-            vs = np.exp(s[ic] - m).astype(np.float32)
-        acc = (acc.astype(np.float32) + v[ic] * vs).astype(np.float16)
-        total = np.float32(total * ms + vs)
+            vs = _expf(np.float32(s[ic] - m))
+        acc = (acc.astype(np.float64) + v[ic].astype(np.float64) * np.float64(vs)).astype(np.float32).astype(np.float16)
+        total = _fma(total, ms, vs)
     out = acc.astype(np.float32)
     if sink is not None:
         sink = np.float32(sink)
-        ms, vs = (np.exp(m - sink), np.float32(1)) if sink > m else (np.float32(1), np.exp(sink - m))
-        out, total = out * np.float32(ms), np.float32(total * ms + vs)
+        ms, vs = (_expf(np.float32(m - sink)), np.float32(1)) if sink > m else (np.float32(1), _expf(sink - m))
+        out, total = out * np.float32(ms), _fma(total, ms, vs)
     return (out * (np.float32(1) / total if total != 0 else np.float32(0))).astype(np.float32)
 
 

@@ -1,0 +1,86 @@
+"""MUL_MAT of the types dotted with 8-bit activations, in upstream's own arithmetic: bit for bit against ggml's
+``ggml_vec_dot_*`` called in the installed build (the one-token kernel), and the batch form (tinyBLAS's: one
+accumulator for IQ4_NL too) against a plain loop of the same arithmetic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ggml_rpc.conformance.upstream.ggml_lib import GgmlLibrary
+from ggml_rpc.reference.executor import q8dot
+from ggml_rpc.reference.executor.types import IQ4_NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, VEC_DOT_TYPE
+from ggml_rpc.spec import TYPES
+
+F = np.float32
+TYPES_DOTTED = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL)
+
+
+@pytest.fixture(scope="module")
+def lib(upstream_peer) -> GgmlLibrary:
+    return GgmlLibrary(upstream_peer.test_backend_ops.parent)
+
+
+def _loop(type_id: int, packed: np.ndarray, x: np.ndarray, two: bool) -> np.ndarray:
+    """One output at a time: lanes of four products, FMAs block by block (into two accumulators alternately when
+    ``two``), the pairwise lane sum, the odd block and the Q8_1 sum term in float32."""
+    wc, wd, wm = q8dot._unpack(type_id, packed)
+    ac, ad, as_ = q8dot.activation_codes(x, q8dot.EXACT_TYPES[type_id])
+    m, nb = wd.shape
+    out = np.zeros((x.shape[0], m), F)
+    for r in range(x.shape[0]):
+        for c in range(m):
+            accs = [np.zeros(8, F), np.zeros(8, F)]
+            last = nb - nb % 2 if two else nb
+            for b in range(last):
+                lanes = (wc[c, b * 8 : b * 8 + 8] * ac[r, b * 8 : b * 8 + 8]).sum(axis=1)
+                d = F(wd[c, b] * ad[r, b])
+                acc = accs[b % 2 if two else 0]
+                acc[:] = (np.float64(d) * lanes + acc).astype(F)
+            v = accs[0] + accs[1] if two else accs[0]
+            t = v[4:] + v[:4]
+            total = F((t[0] + t[2]) + (t[1] + t[3]))
+            for b in range(last, nb):  # fused: sumf += d * isum
+                isum = (wc[c, b * 8 : b * 8 + 8] * ac[r, b * 8 : b * 8 + 8]).sum()
+                total = F(np.float64(F(wd[c, b] * ad[r, b])) * np.float64(isum) + np.float64(total))
+            if as_ is not None:
+                summs = F(0)
+                for b in range(nb):
+                    summs = F(summs + F(wm[c, b] * as_[r, b]))
+                total = F(total + summs)
+            out[r, c] = total
+    return out
+
+
+def _weights(lib: GgmlLibrary | None, type_id: int, m: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    from ggml_rpc.reference.executor.types import quantize
+
+    w = (rng.standard_normal((m, k)) * rng.choice([0.02, 1.0, 30.0])).astype(F)
+    blocks = lib.from_float(type_id, w) if lib is not None else quantize(type_id, w.reshape(-1, k))
+    return np.asarray(blocks, dtype=np.uint8).reshape(m, k // 32, TYPES[type_id].size)
+
+
+@pytest.mark.parametrize("type_id", TYPES_DOTTED)
+@pytest.mark.parametrize("k", [32, 96, 256, 288])
+def test_batch_and_token_forms_are_the_loop(type_id: int, k: int) -> None:
+    rng = np.random.default_rng(k + type_id)
+    blocks = _weights(None, type_id, 5, k, rng)
+    packed = q8dot.pack_weights(type_id, blocks)
+    x = (rng.standard_normal((3, k)) * 4).astype(F)
+    assert q8dot.products(type_id, packed, x, batch=True).tobytes() == _loop(type_id, packed, x, False).tobytes()
+    one = q8dot.products(type_id, packed, x[:1], batch=False)
+    assert one.tobytes() == _loop(type_id, packed, x[:1], type_id == IQ4_NL).tobytes()
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("type_id", TYPES_DOTTED)
+def test_one_token_product_is_ggmls_vec_dot_bit_for_bit(lib: GgmlLibrary, type_id: int) -> None:
+    rng = np.random.default_rng(type_id)
+    vt = VEC_DOT_TYPE[type_id]
+    assert lib.vec_dot_type(type_id) == vt
+    for k in (32, 64, 96, 256, 288, 4096):
+        blocks = _weights(lib, type_id, 16, k, rng)
+        x = (rng.standard_normal((1, k)) * rng.choice([0.01, 1.0, 50.0])).astype(F)
+        got = q8dot.products(type_id, q8dot.pack_weights(type_id, blocks), x, batch=False)[0]
+        act = lib.from_float(vt, x)
+        want = np.array([lib.vec_dot(type_id, blocks[i], act) for i in range(16)], dtype=F)
+        assert got.tobytes() == want.tobytes(), (TYPES[type_id].name, k, np.abs(got - want).max())
