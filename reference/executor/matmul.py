@@ -14,7 +14,9 @@ import numpy as np
 from ggml_rpc.spec import TYPES, GgmlOp, type_name
 
 from ..graph import GraphTensor
+from . import kdot
 from .core import FLOATS, READABLE, convert, kernel, need_types, prepared, read, read_index, src, write
+from .kdot import K_TYPES
 from .memory import F32, Memory, node_error
 from .q8dot import EXACT_TYPES, pack_weights, products
 from .types import Q8_1, VEC_DOT_TYPE, q8_1_sum_error, through_type
@@ -44,19 +46,25 @@ def _operands(node: GraphTensor) -> tuple[GraphTensor, GraphTensor, int, int, in
     return a_t, b_t, k, m, n, ne02, ne03, ne12, ne13
 
 
-def _exact_weights(mem: Memory, a_t: GraphTensor) -> np.ndarray:
-    """The weights of a :data:`~.q8dot.EXACT_TYPES` tensor as :func:`~.q8dot.pack_weights` gives them, kept between
-    graphs like the float32 conversions."""
-    return mem.converted(a_t, lambda raw: pack_weights(a_t.type, raw[0, 0]), kind="q8dot")
+def _exact_product(mem: Memory, a_t: GraphTensor, rows: np.ndarray, batch: bool) -> np.ndarray:
+    """``rows @ w^T`` in upstream's arithmetic (:mod:`.q8dot`, :mod:`.kdot`), the weights in their packed form kept
+    between graphs like the float32 conversions."""
+    if a_t.type in K_TYPES:
+        packed = mem.converted(a_t, lambda raw: kdot.pack_weights(a_t.type, raw[0, 0]), kind="kdot")
+        return kdot.products(a_t.type, packed, rows)
+    packed = mem.converted(a_t, lambda raw: pack_weights(a_t.type, raw[0, 0]), kind="q8dot")
+    return products(a_t.type, packed, rows, batch=batch)
 
 
 def _exact(a_t: GraphTensor, k: int, ne02: int, ne03: int) -> bool:
-    """Whether this product goes through :func:`~.q8dot.products` (one weight matrix, whole blocks)."""
-    return a_t.type in EXACT_TYPES and ne02 == 1 and ne03 == 1 and k % 32 == 0
+    """Whether this product goes through :func:`_exact_product` (one weight matrix, whole blocks)."""
+    if ne02 != 1 or ne03 != 1:
+        return False
+    return (a_t.type in EXACT_TYPES and k % 32 == 0) or (a_t.type in K_TYPES and k % 256 == 0)
 
 
 @kernel(GgmlOp.MUL_MAT, src=READABLE, dst=(F32,), note="src1 F32/F16/BF16; broadcast over dims 2 and 3; Q4_0, "
-        "Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL in the order of upstream's AVX2 kernels")
+        "Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q5_K and Q6_K in the order of upstream's AVX2 kernels")
 def _mul_mat(node: GraphTensor, mem: Memory) -> None:
     # dst[i0, i1, i2, i3] = sum_k src0[k, i0, i2 / r2, i3 / r3] * src1[k, i1, i2, i3]
     a_t, b_t, k, _m, n, ne02, ne03, ne12, ne13 = _operands(node)
@@ -65,7 +73,7 @@ def _mul_mat(node: GraphTensor, mem: Memory) -> None:
         if out.size:
             rows = np.ascontiguousarray(read(mem, b_t), dtype=np.float32).reshape(-1, k)
             # Upstream runs its batch kernel per (i12, i13) slice of n rows, its one-token kernel for n == 1.
-            res = products(a_t.type, _exact_weights(mem, a_t), rows, batch=n > 1)
+            res = _exact_product(mem, a_t, rows, batch=n > 1)
             np.copyto(out, res.reshape(out.shape))
         return
     # Weights converted to float32 once and reused by later runs while their buffer is not written (the per-token
@@ -182,7 +190,7 @@ def _prepare_mul_mat(node: GraphTensor, mem: Memory) -> tuple[Callable[[], objec
         rows = b.reshape(1, k)
 
         def exact() -> None:
-            np.copyto(out.reshape(1, -1), products(a_t.type, _exact_weights(mem, a_t), rows, batch=False))
+            np.copyto(out.reshape(1, -1), _exact_product(mem, a_t, rows, batch=False))
 
         return exact, ()
     conv = partial(convert, a_t.type)
