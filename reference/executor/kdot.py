@@ -1,24 +1,36 @@
-"""MUL_MAT of Q4_K, Q5_K and Q6_K weights in the arithmetic of upstream's AVX2 ``ggml_vec_dot_q{4,5,6}_K_q8_K``.
+"""MUL_MAT of the K-quants (Q2_K ... Q6_K) in the arithmetic of upstream's AVX2 ``ggml_vec_dot_q*_K_q8_K``.
 
 Per super-block of 256, the kernels sum integer products into eight int32 lanes (lane i takes elements 4i..4i+3 of
 every 32, each times its sub-block's scale; Q6_K then subtracts 32 x scale x the Q8_K block sums of elements
 32i..32i+31 from lane i), convert the lanes to float32 and fold them into eight float32 accumulators with a fused
-multiply-add by ``y.d * fp16(x.d)``.  The mins of Q4_K go through a second, four-lane accumulator (fused too), those
-of Q5_K through a float32 running sum; the result is the pairwise lane sum plus that.  Integer lanes are computed
-exactly in float64; each fused multiply-add is one float64 operation rounded once to float32.
+multiply-add by ``y.d * fp16(x.d)``.  The mins of Q2_K go into the same accumulators first (lane i: the mins of
+groups 2i and 2i+1 times their block sums, by ``-y.d * fp16(x.dmin)``), those of Q4_K through a second, four-lane
+accumulator, those of Q5_K through a float32 running sum; the result is the pairwise lane sum plus that.  Integer
+lanes are computed exactly in float64; each fused multiply-add is one float64 operation rounded once to float32.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .dequant import _Q6_HBYTE, _Q6_HSHIFT, _Q6_LBYTE, _Q6_LSHIFT, _k_scales_6bit, _nibble_chunks
-from .formats import LAYOUT, Q4_K, Q5_K, Q6_K, half_field
+from .dequant import (
+    _Q3_HBIT,
+    _Q3_HBYTE,
+    _Q6_HBYTE,
+    _Q6_HSHIFT,
+    _Q6_LBYTE,
+    _Q6_LSHIFT,
+    _Q23_BYTE,
+    _Q23_SHIFT,
+    _k_scales_6bit,
+    _nibble_chunks,
+)
+from .formats import LAYOUT, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, half_field
 from .quant import signed_absmax
 
 F = np.float32
 F64 = np.float64
-K_TYPES: tuple[int, ...] = (Q4_K, Q5_K, Q6_K)
+K_TYPES: tuple[int, ...] = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
 #: Lane products are computed in chunks of at most this many (lanes x rows x columns) float64 values.
 _CHUNK = 2 << 20
 
@@ -32,7 +44,21 @@ def pack_weights(type_id: int, blocks: np.ndarray) -> np.ndarray:
     b = np.ascontiguousarray(blocks).reshape(m * nsb, size)
     f = LAYOUT[type_id]
     out = np.zeros((m * nsb, 256 + 16 + 3), dtype=F64)
-    if type_id == Q6_K:
+    if type_id in (Q2_K, Q3_K):
+        q = ((b[:, f["qs"]][:, _Q23_BYTE] >> _Q23_SHIFT) & 3).astype(F64)
+        sc = b[:, f["scales"]]
+        if type_id == Q2_K:
+            out[:, :256] = q * np.repeat((sc & 0x0F).astype(F64), 16, axis=1)
+            out[:, 256:272] = (sc >> 4).astype(F64)
+            out[:, 273] = half_field(b, f["dmin"])[:, 0]
+        else:
+            k = np.arange(16)
+            low = np.where(k < 8, sc[:, k % 8] & 0x0F, sc[:, k % 8] >> 4)
+            high = (sc[:, 8 + k % 4] >> (2 * (k // 4)).astype(np.uint8)) & 3
+            scales = (low | (high << 4)).astype(F64) - 32
+            hbit = (b[:, f["hmask"]][:, _Q3_HBYTE] >> _Q3_HBIT) & 1
+            out[:, :256] = (q - np.where(hbit == 0, 4.0, 0.0)) * np.repeat(scales, 16, axis=1)
+    elif type_id == Q6_K:
         low = (b[:, f["ql"]][:, _Q6_LBYTE] >> _Q6_LSHIFT) & 0x0F
         high = (b[:, f["qh"]][:, _Q6_HBYTE] >> _Q6_HSHIFT) & 3
         q = (low | (high << 4)).astype(F64)
@@ -50,7 +76,7 @@ def pack_weights(type_id: int, blocks: np.ndarray) -> np.ndarray:
         out[:, 256:272] = np.repeat(mn.astype(F64), 2, axis=1)
         out[:, 273] = half_field(b, f["dmin"])[:, 0]
     out[:, 272] = half_field(b, f["d"])[:, 0]
-    out[:, 274] = 1.0 if type_id == Q5_K else 0.0
+    out[:, 274] = float(type_id)
     return out.reshape(m, nsb, -1)
 
 
@@ -81,6 +107,8 @@ def products(type_id: int, packed: np.ndarray, x: np.ndarray) -> np.ndarray:
     wsum = packed[:, :, 256:272]
     xd, xdmin = packed[:, :, 272].astype(F), packed[:, :, 273].astype(F)
     q6 = type_id == Q6_K
+    # Q2_K: lane i of the same accumulators first takes min[2i] * bsum[2i] + min[2i+1] * bsum[2i+1] by dmin.
+    pre = type_id == Q2_K
     # (nsb, lane, m, 32) weights and (nsb, lane, 32, n) codes: lane i takes elements 4i..4i+3 of every 32.
     w_l = weff.reshape(m, nsb, 8, 8, 4).transpose(1, 3, 0, 2, 4).reshape(nsb, 8, m, 32)
     a_l = codes.reshape(n, nsb, 8, 8, 4).transpose(1, 3, 2, 4, 0).reshape(nsb, 8, 32, n)
@@ -95,11 +123,16 @@ def products(type_id: int, packed: np.ndarray, x: np.ndarray) -> np.ndarray:
             lanes = lanes - corr
         d = (yd.T[:, None, :] * xd[c0:c1].T[:, :, None]).astype(F)  # (nsb, c, n): y.d * fp16(x.d)
         acc = np.zeros((8, c1 - c0, n), dtype=F)
+        if pre:
+            mins_l = np.einsum("mslg,nslg->slmn", wsum[c0:c1].reshape(-1, nsb, 8, 2), bsums.reshape(n, nsb, 8, 2))
+            dmin2 = (-yd.T[:, None, :] * xdmin[c0:c1].T[:, :, None]).astype(F)
         for s in range(nsb):
+            if pre:
+                acc = _fma(dmin2[s], mins_l[s].astype(F), acc)
             acc = _fma(d[s], lanes[s].astype(F), acc)
         r = acc[4:] + acc[:4]
         total = (r[0] + r[2]) + (r[1] + r[3])
-        if not q6:
+        if type_id in (Q4_K, Q5_K):
             # q8s[j] = bsum[2j] + bsum[2j+1]; prod[k] = min[2k] q8s[2k] + min[2k+1] q8s[2k+1]
             q8s = bsums.reshape(n, nsb, 8, 2).sum(axis=3)  # (n, nsb, 8)
             mins = wsum[c0:c1, :, ::2]  # (c, nsb, 8)

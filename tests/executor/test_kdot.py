@@ -1,5 +1,5 @@
-"""MUL_MAT of Q4_K, Q5_K and Q6_K weights in upstream's own arithmetic: bit for bit against ggml's
-``ggml_vec_dot_q{4,5,6}_K_q8_K`` called in the installed build (one token and a batch run the same kernel)."""
+"""MUL_MAT of the K-quants in upstream's own arithmetic: bit for bit against ggml's
+``ggml_vec_dot_q*_K_q8_K`` called in the installed build (one token and a batch run the same kernel)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from ggml_rpc.conformance.upstream.ggml_lib import GgmlLibrary
 from ggml_rpc.reference.executor import kdot
-from ggml_rpc.reference.executor.types import Q4_K, Q5_K, Q6_K, Q8_K, dequantize, quantize
+from ggml_rpc.reference.executor.types import Q8_K, dequantize, quantize
 from ggml_rpc.spec import TYPES
 
 F = np.float32
@@ -31,7 +31,7 @@ def test_products_are_close_to_the_dequantised_product(type_id: int) -> None:
 
 
 @pytest.mark.upstream
-@pytest.mark.parametrize("type_id", (Q4_K, Q5_K, Q6_K))
+@pytest.mark.parametrize("type_id", kdot.K_TYPES)
 def test_products_are_ggmls_vec_dot_bit_for_bit(lib: GgmlLibrary, type_id: int) -> None:
     rng = np.random.default_rng(type_id)
     assert lib.vec_dot_type(type_id) == Q8_K
