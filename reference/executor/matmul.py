@@ -14,10 +14,10 @@ import numpy as np
 from ggml_rpc.spec import TYPES, GgmlOp, type_name
 
 from ..graph import GraphTensor
-from . import kdot
+from . import fdot, kdot
 from .core import FLOATS, READABLE, convert, kernel, need_types, prepared, read, read_index, src, write
 from .kdot import K_TYPES
-from .memory import F32, Memory, node_error
+from .memory import F16, F32, Memory, node_error
 from .q8dot import EXACT_TYPES, pack_weights, products
 from .types import Q8_1, VEC_DOT_TYPE, q8_1_sum_error, through_type
 
@@ -49,6 +49,9 @@ def _operands(node: GraphTensor) -> tuple[GraphTensor, GraphTensor, int, int, in
 def _exact_product(mem: Memory, a_t: GraphTensor, rows: np.ndarray, batch: bool) -> np.ndarray:
     """``rows @ w^T`` in upstream's arithmetic (:mod:`.q8dot`, :mod:`.kdot`), the weights in their packed form kept
     between graphs like the float32 conversions."""
+    if a_t.type in (F32, F16):
+        w = read(mem, a_t) if a_t.type == F32 else mem.converted(a_t, partial(convert, a_t.type))
+        return fdot.products(w[0, 0], rows, half=a_t.type == F16, batch=batch)
     if a_t.type in K_TYPES:
         packed = mem.converted(a_t, lambda raw: kdot.pack_weights(a_t.type, raw[0, 0]), kind="kdot")
         return kdot.products(a_t.type, packed, rows)
@@ -56,19 +59,33 @@ def _exact_product(mem: Memory, a_t: GraphTensor, rows: np.ndarray, batch: bool)
     return products(a_t.type, packed, rows, batch=batch)
 
 
-def _exact(a_t: GraphTensor, k: int, ne02: int, ne03: int) -> bool:
-    """Whether this product goes through :func:`_exact_product` (one weight matrix, whole blocks)."""
+#: ggml's tensor flag of a graph output (the client reads it).
+_FLAG_OUTPUT = 2
+#: F32/F16 products up to this many weights (m x k) are computed in upstream's order; larger ones with BLAS.
+_FLOAT_EXACT_MAX = 1 << 22
+
+
+def _exact(node: GraphTensor, a_t: GraphTensor, b_t: GraphTensor, k: int, ne02: int, ne03: int) -> bool:
+    """Whether this product goes through :func:`_exact_product` (one weight matrix, whole blocks).
+
+    F32 and F16 weights go there only for a product the graph goes on with (not a graph output: the logits' last
+    bits end there, NMSE about 1e-14, and reach no rounding point), of at most :data:`_FLOAT_EXACT_MAX` weights:
+    their emulation costs about a hundred times BLAS's time, which a small model's layers afford and a large one's
+    do not.  F32 weights also need a contiguous F32 src1 (upstream's order otherwise is the vector dot's, kept)."""
     if ne02 != 1 or ne03 != 1:
         return False
+    if a_t.type in (F32, F16):
+        return (not node.flags & _FLAG_OUTPUT and b_t.type == F32 and int(a_t.ne[1]) * k <= _FLOAT_EXACT_MAX)
     return (a_t.type in EXACT_TYPES and k % 32 == 0) or (a_t.type in K_TYPES and k % 256 == 0)
 
 
-@kernel(GgmlOp.MUL_MAT, src=READABLE, dst=(F32,), note="src1 F32/F16/BF16; broadcast over dims 2 and 3; Q4_0, "
-        "Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and Q2_K-Q6_K in the order of upstream's AVX2 kernels")
+@kernel(GgmlOp.MUL_MAT, src=READABLE, dst=(F32,), note="src1 F32/F16/BF16; broadcast over dims 2 and 3; F32, F16 "
+        "(up to 4M weights, graph outputs aside), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and Q2_K-Q6_K in the order of "
+        "upstream's AVX2 kernels")
 def _mul_mat(node: GraphTensor, mem: Memory) -> None:
     # dst[i0, i1, i2, i3] = sum_k src0[k, i0, i2 / r2, i3 / r3] * src1[k, i1, i2, i3]
     a_t, b_t, k, _m, n, ne02, ne03, ne12, ne13 = _operands(node)
-    if _exact(a_t, k, ne02, ne03):
+    if _exact(node, a_t, b_t, k, ne02, ne03):
         out = mem.raw(node)
         if out.size:
             rows = np.ascontiguousarray(read(mem, b_t), dtype=np.float32).reshape(-1, k)
@@ -178,21 +195,21 @@ def _prepare_mul_mat(node: GraphTensor, mem: Memory) -> tuple[Callable[[], objec
     out, b = mem.raw(node), mem.raw(b_t)
     if not out.flags.c_contiguous or out.size == 0:
         return None
-    if a_t.type == F32:
-        a = mem.raw(a_t)
-        if _short_rows(a, b, out):
-            return partial(np.einsum, "mk,k->m", a[0, 0], b[0, 0, 0], out=out.reshape(-1)), ()
-        return partial(np.matmul, b, a.swapaxes(-1, -2), out=out), ()
     vt = VEC_DOT_TYPE.get(a_t.type)
     if vt is None or (vt != F32 and k % TYPES[vt].blck):
         return None  # the kernel refuses it, with its own message
-    if _exact(a_t, k, ne02, ne03):
+    if _exact(node, a_t, b_t, k, ne02, ne03):
         rows = b.reshape(1, k)
 
         def exact() -> None:
             np.copyto(out.reshape(1, -1), _exact_product(mem, a_t, rows, batch=False))
 
         return exact, ()
+    if a_t.type == F32:
+        a = mem.raw(a_t)
+        if _short_rows(a, b, out):
+            return partial(np.einsum, "mk,k->m", a[0, 0], b[0, 0, 0], out=out.reshape(-1)), ()
+        return partial(np.matmul, b, a.swapaxes(-1, -2), out=out), ()
     conv = partial(convert, a_t.type)
 
     raw = mem.raw(a_t)

@@ -1,0 +1,87 @@
+"""MUL_MAT of F32 and F16 weights in the arithmetic of upstream's AVX2 build.
+
+One token (or a product llamafile's tinyBLAS does not take) goes through ``ggml_vec_dot_f32``/``_f16``: per 32
+elements, four accumulators of eight float32 lanes updated by fused multiply-adds; then accumulators 0+2 and 1+3,
+their sum, its lanes i + i+4, then pairwise; the elements past the last whole 32 added one product at a time (F32:
+a float32 product into a float32 sum; F16: each float32 product added to a float64 sum).  A batch (two rows or
+more, weights of a multiple of 4 rows) goes through tinyBLAS: one accumulator of eight lanes per output, updated by
+a fused multiply-add every 8 elements (the last partial 8 padded with zeros), then the same pairwise lane sum.  An F16
+product first rounds the activations to F16, as ggml converts them.
+
+Each fused multiply-add is computed in float64 (a float32 or F16 product is exact there) and rounded once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+F = np.float32
+F64 = np.float64
+#: Lane blocks are computed in chunks of at most this many float64 values (32 MiB).
+_CHUNK = 4 << 20
+
+
+def _pairwise8(acc: np.ndarray) -> np.ndarray:
+    """Eight lanes on the last axis: (i + i+4), then (0 + 1) + (2 + 3); float32."""
+    t = acc[..., :4] + acc[..., 4:]
+    return (t[..., 0] + t[..., 1]) + (t[..., 2] + t[..., 3])
+
+
+def vec_dot(w: np.ndarray, x: np.ndarray, half: bool) -> np.ndarray:
+    """``x @ w^T`` as ``ggml_vec_dot_f16`` (``half``) or ``_f32`` computes each dot: w ``(m, k)``, x ``(n, k)``, both
+    float32 holding the operands' values.  Returns float32 ``(n, m)``."""
+    m, k = w.shape
+    n = x.shape[0]
+    whole = k - k % 32
+    out = np.empty((n, m), dtype=F)
+    cols = max(1, min(m, _CHUNK // max(1, n * 32)))
+    for c0 in range(0, m, cols):
+        wc = w[c0 : c0 + cols]
+        acc = np.zeros((n, wc.shape[0], 4, 8), dtype=F)
+        for i in range(0, whole, 32):
+            a = wc[None, :, i : i + 32].reshape(1, -1, 4, 8).astype(F64)
+            b = x[:, None, i : i + 32].reshape(n, 1, 4, 8)
+            acc = (a * b + acc).astype(F)
+        lanes = (acc[:, :, 0] + acc[:, :, 2]) + (acc[:, :, 1] + acc[:, :, 3])
+        total = _pairwise8(lanes)
+        if half:
+            wide = total.astype(F64)
+            for i in range(whole, k):
+                wide = wide + (wc[None, :, i] * x[:, None, i]).astype(F)
+            total = wide.astype(F)
+        else:
+            for i in range(whole, k):  # sumf += x[i] * y[i] in float32, product and sum each rounded (measured)
+                total = total + wc[None, :, i] * x[:, None, i]
+        out[:, c0 : c0 + cols] = total
+    return out
+
+
+def tinyblas(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``x @ w^T`` as llamafile's tinyBLAS computes each output (one 8-lane accumulator, a fused multiply-add per 8
+    elements, the tail padded with zeros).  Returns float32 ``(n, m)``."""
+    m, k = w.shape
+    n = x.shape[0]
+    out = np.empty((n, m), dtype=F)
+    cols = max(1, min(m, _CHUNK // max(1, n * 8)))
+    for c0 in range(0, m, cols):
+        wc = w[c0 : c0 + cols]
+        acc = np.zeros((n, wc.shape[0], 8), dtype=F)
+        for i in range(0, k, 8):
+            j = min(k, i + 8)
+            a = np.zeros((1, wc.shape[0], 8), dtype=F64)
+            b = np.zeros((n, 1, 8), dtype=F64)
+            a[0, :, : j - i] = wc[:, i:j]
+            b[:, 0, : j - i] = x[:, i:j]
+            acc = (a * b + acc).astype(F)
+        out[:, c0 : c0 + cols] = _pairwise8(acc)
+    return out
+
+
+def products(w: np.ndarray, x: np.ndarray, *, half: bool, batch: bool) -> np.ndarray:
+    """The product upstream runs for these shapes: tinyBLAS for a batch of weights with a multiple of 4 rows, the
+    vector dot otherwise.  ``half``: F16 weights (the activations are rounded to F16 first)."""
+    if half:
+        x = x.astype(np.float16).astype(F)
+    if batch and w.shape[0] % 4 == 0:
+        return tinyblas(w, x)
+    return vec_dot(w, x, half)

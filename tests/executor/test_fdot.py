@@ -1,0 +1,50 @@
+"""MUL_MAT of F32 and F16 weights in upstream's arithmetic: the one-token form bit for bit against ggml's
+``ggml_vec_dot_f32``/``_f16`` called in the installed build; the batch form (tinyBLAS) against a plain loop."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ggml_rpc.conformance.upstream.ggml_lib import GgmlLibrary
+from ggml_rpc.reference.executor import fdot
+
+F = np.float32
+F32_ID, F16_ID = 0, 1
+
+
+@pytest.fixture(scope="module")
+def lib(upstream_peer) -> GgmlLibrary:
+    return GgmlLibrary(upstream_peer.test_backend_ops.parent)
+
+
+def test_tinyblas_is_its_loop() -> None:
+    rng = np.random.default_rng(1)
+    for k in (8, 13, 64, 100):
+        w, x = rng.standard_normal((4, k)).astype(F), rng.standard_normal((3, k)).astype(F)
+        got = fdot.tinyblas(w, x)
+        for r in range(3):
+            for c in range(4):
+                acc = np.zeros(8, F)
+                for i in range(0, k, 8):
+                    a, b = np.zeros(8), np.zeros(8)
+                    a[: min(8, k - i)], b[: min(8, k - i)] = w[c, i : i + 8], x[r, i : i + 8]
+                    acc = (a * b + acc).astype(F)
+                t = acc[:4] + acc[4:]
+                assert got[r, c] == F((t[0] + t[1]) + (t[2] + t[3]))
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("half", [False, True])
+def test_one_token_product_is_ggmls_vec_dot_bit_for_bit(lib: GgmlLibrary, half: bool) -> None:
+    rng = np.random.default_rng(int(half))
+    for k in (8, 32, 48, 100, 256, 4096):
+        w = (rng.standard_normal((16, k)) * rng.choice([0.02, 1.0, 30.0])).astype(F)
+        x = (rng.standard_normal((1, k)) * rng.choice([0.01, 1.0, 50.0])).astype(F)
+        if half:
+            w = w.astype(np.float16).astype(F)
+        got = fdot.products(w, x, half=half, batch=False)[0]
+        dtype = np.float16 if half else F
+        xb = x[0].astype(dtype).view(np.uint8)
+        want = np.array([lib.vec_dot(F16_ID if half else F32_ID, w[i].astype(dtype).view(np.uint8), xb)
+                         for i in range(16)], dtype=F)
+        assert got.tobytes() == want.tobytes(), (half, k, np.abs(got - want).max())
