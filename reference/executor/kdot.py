@@ -1,11 +1,14 @@
-"""MUL_MAT of the K-quants (Q2_K ... Q6_K) in the arithmetic of upstream's AVX2 ``ggml_vec_dot_q*_K_q8_K``.
+"""MUL_MAT of the K-quants (Q2_K ... Q6_K), IQ4_XS and TQ2_0 in the arithmetic of upstream's AVX2 dot products
+with Q8_K activations (``ggml_vec_dot_*_q8_K``).
 
 Per super-block of 256, the kernels sum integer products into eight int32 lanes (lane i takes elements 4i..4i+3 of
 every 32, each times its sub-block's scale; Q6_K then subtracts 32 x scale x the Q8_K block sums of elements
 32i..32i+31 from lane i), convert the lanes to float32 and fold them into eight float32 accumulators with a fused
 multiply-add by ``y.d * fp16(x.d)``.  The mins of Q2_K go into the same accumulators first (lane i: the mins of
 groups 2i and 2i+1 times their block sums, by ``-y.d * fp16(x.dmin)``), those of Q4_K through a second, four-lane
-accumulator, those of Q5_K through a float32 running sum; the result is the pairwise lane sum plus that.  Integer
+accumulator, those of Q5_K through a float32 running sum; the result is the pairwise lane sum plus that.  IQ4_XS is
+Q4_K's main part with its lookup values and no mins; TQ2_0 subtracts each block sum once (its codes are q - 1) and
+adds ``lanes * d`` (written as a multiply and an add, which the compiler fuses).  Integer
 lanes are computed exactly in float64; each fused multiply-add is one float64 operation rounded once to float32.
 """
 
@@ -22,15 +25,18 @@ from .dequant import (
     _Q6_LSHIFT,
     _Q23_BYTE,
     _Q23_SHIFT,
+    _iq4_xs_scales,
     _k_scales_6bit,
     _nibble_chunks,
 )
-from .formats import LAYOUT, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, half_field
+from .formats import IQ4_XS, IQ4NL_LEVELS, LAYOUT, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, SHIFT2, TQ2_0, half_field, low_high
 from .quant import signed_absmax
 
 F = np.float32
 F64 = np.float64
-K_TYPES: tuple[int, ...] = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)
+K_TYPES: tuple[int, ...] = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, TQ2_0)
+#: Types whose lanes subtract block sums (Q6_K: 32 x scale per 16; TQ2_0: each once, its codes being q - 1).
+_CORRECTED = (Q6_K, TQ2_0)
 #: Lane products are computed in chunks of at most this many (lanes x rows x columns) float64 values.
 _CHUNK = 2 << 20
 
@@ -44,7 +50,14 @@ def pack_weights(type_id: int, blocks: np.ndarray) -> np.ndarray:
     b = np.ascontiguousarray(blocks).reshape(m * nsb, size)
     f = LAYOUT[type_id]
     out = np.zeros((m * nsb, 256 + 16 + 3), dtype=F64)
-    if type_id in (Q2_K, Q3_K):
+    if type_id == IQ4_XS:
+        q = IQ4NL_LEVELS[low_high(np.ascontiguousarray(b[:, f["qs"]]).reshape(-1, 16))].reshape(-1, 8, 32)
+        out[:, :256] = (q.astype(F64) * _iq4_xs_scales(b).astype(F64)[:, :, None]).reshape(-1, 256)
+    elif type_id == TQ2_0:
+        q = (b[:, f["qs"]].reshape(-1, 2, 1, 32) >> SHIFT2[None, None, :, None]) & 3
+        out[:, :256] = q.reshape(-1, 256).astype(F64)
+        out[:, 256:272] = 1.0
+    elif type_id in (Q2_K, Q3_K):
         q = ((b[:, f["qs"]][:, _Q23_BYTE] >> _Q23_SHIFT) & 3).astype(F64)
         sc = b[:, f["scales"]]
         if type_id == Q2_K:
@@ -106,7 +119,7 @@ def products(type_id: int, packed: np.ndarray, x: np.ndarray) -> np.ndarray:
     weff = packed[:, :, :256]
     wsum = packed[:, :, 256:272]
     xd, xdmin = packed[:, :, 272].astype(F), packed[:, :, 273].astype(F)
-    q6 = type_id == Q6_K
+    q6 = type_id in _CORRECTED
     # Q2_K: lane i of the same accumulators first takes min[2i] * bsum[2i] + min[2i+1] * bsum[2i+1] by dmin.
     pre = type_id == Q2_K
     # (nsb, lane, m, 32) weights and (nsb, lane, 32, n) codes: lane i takes elements 4i..4i+3 of every 32.
