@@ -14,6 +14,7 @@ from ggml_rpc.spec import GgmlOp
 
 from ..graph import GraphTensor
 from .core import READABLE, convert, kernel, need_types, params_f32, read, src, write
+from .libm import expf
 from .matmul import broadcast_matmul
 from .memory import F16, F32, Memory, node_error
 from .softmax import alibi_slopes, broadcast_mask
@@ -135,7 +136,7 @@ def dot_f16_rows(q: np.ndarray, k: np.ndarray, rh: int, rs: int) -> np.ndarray:
 
 
 def _expf(x: np.ndarray) -> np.ndarray:
-    return np.exp(np.asarray(x, dtype=np.float64)).astype(np.float32)
+    return expf(np.asarray(x, dtype=np.float32))
 
 
 def _softmax_v(scores: np.ndarray, v: np.ndarray, sinks: np.ndarray | None, rh: int, rs: int) -> np.ndarray:
@@ -190,7 +191,7 @@ def _online_steps(scores: np.ndarray, v: np.ndarray, live: np.ndarray,
     before = np.concatenate([np.full((1, *lead), -np.inf, dtype=np.float32), running[:-1]])
     new_max = use & (s > before)
     with np.errstate(invalid="ignore", over="ignore"):
-        # expf as glibc computes it (correctly rounded: float64 exp rounded once); numpy's float32 exp is not always.
+        # expf as the C library computes it (numpy's float32 exp differs from it now and then).
         ms = np.where(new_max, _expf(before - s), np.float32(1)).astype(np.float32)
         vs = np.where(new_max | ~use, np.float32(1), _expf(s - before)).astype(np.float32)
     vs = np.where(use, vs, np.float32(0))

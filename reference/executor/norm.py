@@ -21,7 +21,10 @@ def _input(node: GraphTensor, mem: Memory) -> np.ndarray:
 def _rms_norm(node: GraphTensor, mem: Memory) -> None:
     x = _input(node, mem)
     eps = params_f32(node)[0]
-    mean = np.square(x, dtype=np.float64).sum(axis=-1, keepdims=True) / max(x.shape[-1], 1)
+    # ggml: sum += (ggml_float)(x * x), the product in float32, the sum in double, element after element.
+    sq = np.square(x, dtype=np.float32)
+    total = np.cumsum(sq, axis=-1, dtype=np.float64)[..., -1:] if x.shape[-1] else np.zeros((*x.shape[:-1], 1))
+    mean = total / max(x.shape[-1], 1)
     scale = (np.float32(1) / np.sqrt(mean.astype(np.float32) + eps)).astype(np.float32)
     write(mem, node, x * scale)
 

@@ -12,6 +12,7 @@ from ggml_rpc.spec import GgmlOp
 
 from ..graph import GraphTensor
 from .core import FLOATS, kernel, need_types, params_f32, params_i32, read, same_shape, src, write
+from .libm import cosf, powf, sinf
 from .memory import F32, I32, Memory, node_error
 
 MODE_NEOX = 2
@@ -52,8 +53,7 @@ def _thetas(node: GraphTensor, pos: np.ndarray, ne0: int, n_dims: int, mode: int
     stream at its section's first pair)."""
     half = ne0 // 2
     freq_base = F(params_f32(node)[5])
-    # powf, correctly rounded as glibc's is (numpy's own float32 power is not always).
-    theta_scale = F(np.float64(freq_base) ** np.float64(F(-2.0) / F(n_dims)))
+    theta_scale = powf(freq_base, F(-2.0) / F(n_dims))  # the C library's powf, as ggml calls it
     if not mode & MODE_MROPE:
         # The recurrence as one running product along the pairs: accumulate multiplies in order, so every angle is
         # rounded exactly as the step-by-step float32 loop rounds it.
@@ -116,10 +116,10 @@ def _angles(node: GraphTensor, pos: np.ndarray, ne0: int, n_dims: int, mode: int
         mscale = F(mscale * (F(1) + F(0.1) * np.log(F(1) / freq_scale)))
     else:
         theta = theta_interp
-    # cosf and sinf as glibc computes them (correctly rounded: the float64 result rounded once), then the float32
-    # product with mscale; numpy's float32 cos and sin are a unit in the last place off now and then.
-    wide = np.asarray(theta, dtype=np.float64)
-    return np.cos(wide).astype(F) * F(mscale), np.sin(wide).astype(F) * F(mscale)
+    # cosf and sinf as the C library computes them (numpy's float32 cos and sin, and the correctly rounded values,
+    # differ from them now and then), then the float32 product with mscale.
+    theta = np.asarray(theta, dtype=F)
+    return cosf(theta) * F(mscale), sinf(theta) * F(mscale)
 
 
 def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:

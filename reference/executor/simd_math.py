@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .libm import expf
+
 F = np.float32
 _LANES = 8
 
@@ -65,10 +67,10 @@ def v_silu(x: np.ndarray) -> np.ndarray:
 
 
 def silu_libm(x: np.ndarray) -> np.ndarray:
-    """ggml_silu_f32: x / (1 + expf(-x)), expf correctly rounded as glibc's."""
+    """ggml_silu_f32: x / (1 + expf(-x)), with the C library's expf."""
     x = np.asarray(x, dtype=F)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        return x / (F(1) + np.exp(np.float64(-x)).astype(F))
+        return x / (F(1) + expf(-x))
 
 
 def silu_rows(x: np.ndarray) -> np.ndarray:

@@ -3,20 +3,26 @@
 The loop below is the recurrence as ggml's CPU backend runs it for one query row: walk the KV positions in order,
 skip masked (-inf) ones, on a new maximum rescale the F16 accumulator (rounded to F16) and restart the weight at 1,
 otherwise weight the row by exp(s - max); add the weighted V row with a fused multiply-add (rounded once to
-float32) and round to F16 after every step; the denominator S = S * ms + vs fused too; exp correctly rounded (glibc's
-expf).  Those are the roundings upstream's build makes (its compiler fuses the multiply-adds), measured against its
+float32) and round to F16 after every step; the denominator S = S * ms + vs fused too; exp the C library's expf.
+Those are the roundings upstream's build makes (its compiler fuses the multiply-adds), measured against its
 FLASH_ATTN_EXT results.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+
 import numpy as np
 import pytest
 from ggml_rpc.reference.executor.attention import _online_f16
 
+_LIBM = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+_LIBM.expf.restype, _LIBM.expf.argtypes = ctypes.c_float, [ctypes.c_float]
+
 
 def _expf(x: np.float32) -> np.float32:
-    return np.float32(np.exp(np.float64(x)))
+    return np.float32(_LIBM.expf(float(x)))
 
 
 def _fma(a: np.float32, b: np.float32, c: np.float32) -> np.float32:
