@@ -14,9 +14,10 @@ import numpy as np
 from ggml_rpc.spec import TYPES, GgmlOp, type_name
 
 from ..graph import GraphTensor
-from . import fdot, kdot
+from . import fdot, kdot, lowbit_dot
 from .core import FLOATS, READABLE, convert, kernel, need_types, prepared, read, read_index, src, write
 from .kdot import K_TYPES
+from .lowbit_dot import LOWBIT_TYPES
 from .memory import F16, F32, Memory, node_error
 from .q8dot import EXACT_TYPES, pack_weights, products
 from .types import Q8_1, VEC_DOT_TYPE, q8_1_sum_error, through_type
@@ -55,6 +56,9 @@ def _exact_product(mem: Memory, a_t: GraphTensor, rows: np.ndarray, batch: bool)
     if a_t.type in K_TYPES:
         packed = mem.converted(a_t, lambda raw: kdot.pack_weights(a_t.type, raw[0, 0]), kind="kdot")
         return kdot.products(a_t.type, packed, rows)
+    if a_t.type in LOWBIT_TYPES:
+        packed = mem.converted(a_t, lambda raw: lowbit_dot.pack_weights(a_t.type, raw[0, 0]), kind="lowbit")
+        return lowbit_dot.products(a_t.type, packed, rows)
     packed = mem.converted(a_t, lambda raw: pack_weights(a_t.type, raw[0, 0]), kind="q8dot")
     return products(a_t.type, packed, rows, batch=batch)
 
@@ -76,12 +80,14 @@ def _exact(node: GraphTensor, a_t: GraphTensor, b_t: GraphTensor, k: int, ne02: 
         return False
     if a_t.type in (F32, F16):
         return (not node.flags & _FLAG_OUTPUT and b_t.type == F32 and int(a_t.ne[1]) * k <= _FLOAT_EXACT_MAX)
+    if a_t.type in LOWBIT_TYPES:
+        return k % LOWBIT_TYPES[a_t.type] == 0
     return (a_t.type in EXACT_TYPES and k % 32 == 0) or (a_t.type in K_TYPES and k % 256 == 0)
 
 
 @kernel(GgmlOp.MUL_MAT, src=READABLE, dst=(F32,), note="src1 F32/F16/BF16; broadcast over dims 2 and 3; F32, F16 "
-        "(up to 4M weights, graph outputs aside), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K-Q6_K, IQ4_XS and TQ2_0 "
-        "in the order of upstream's AVX2 kernels")
+        "(up to 4M weights, graph outputs aside), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q1_0, Q2_0, Q2_K-Q6_K, IQ4_XS "
+        "and TQ2_0 in the order of upstream's AVX2 kernels")
 def _mul_mat(node: GraphTensor, mem: Memory) -> None:
     # dst[i0, i1, i2, i3] = sum_k src0[k, i0, i2 / r2, i3 / r3] * src1[k, i1, i2, i3]
     a_t, b_t, k, _m, n, ne02, ne03, ne12, ne13 = _operands(node)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from ggml_rpc.conformance.upstream.ggml_lib import GgmlLibrary
-from ggml_rpc.reference.executor import q8dot
+from ggml_rpc.reference.executor import lowbit_dot, q8dot
+from ggml_rpc.reference.executor.lowbit_dot import LOWBIT_TYPES
 from ggml_rpc.reference.executor.types import IQ4_NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, VEC_DOT_TYPE
 from ggml_rpc.spec import TYPES
 
@@ -82,5 +83,20 @@ def test_one_token_product_is_ggmls_vec_dot_bit_for_bit(lib: GgmlLibrary, type_i
         x = (rng.standard_normal((1, k)) * rng.choice([0.01, 1.0, 50.0])).astype(F)
         got = q8dot.products(type_id, q8dot.pack_weights(type_id, blocks), x, batch=False)[0]
         act = lib.from_float(vt, x)
+        want = np.array([lib.vec_dot(type_id, blocks[i], act) for i in range(16)], dtype=F)
+        assert got.tobytes() == want.tobytes(), (TYPES[type_id].name, k, np.abs(got - want).max())
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("type_id", sorted(LOWBIT_TYPES))
+def test_low_bit_products_are_ggmls_vec_dot_bit_for_bit(lib: GgmlLibrary, type_id: int) -> None:
+    rng = np.random.default_rng(type_id)
+    assert lib.vec_dot_type(type_id) == Q8_0
+    for k in (128, 256, 640, 4096):
+        w = (rng.standard_normal((16, k)) * rng.choice([0.02, 1.0, 30.0])).astype(F)
+        blocks = lib.from_float(type_id, w).reshape(16, k // TYPES[type_id].blck, TYPES[type_id].size)
+        x = (rng.standard_normal((1, k)) * rng.choice([0.01, 1.0, 50.0])).astype(F)
+        got = lowbit_dot.products(type_id, lowbit_dot.pack_weights(type_id, blocks), x)[0]
+        act = lib.from_float(Q8_0, x)
         want = np.array([lib.vec_dot(type_id, blocks[i], act) for i in range(16)], dtype=F)
         assert got.tobytes() == want.tobytes(), (TYPES[type_id].name, k, np.abs(got - want).max())

@@ -1,0 +1,71 @@
+"""MUL_MAT of Q1_0 and Q2_0 weights (their activations Q8_0) in the arithmetic of upstream's x86 build.
+
+Q1_0 (AVX2): per 128-weight block, eight float32 lanes (lane i: the signed sum of activation codes 4i..4i+3 of each
+32) multiplied by the first activation block's scale, the next three folded in with fused multiply-adds by theirs,
+then the block folded into the accumulators with a fused multiply-add by the weight scale; the pairwise lane sum.
+Q2_0 has no vector kernel on x86: the generic loop sums each 32's integer products, ``sumi += d1 * isum`` and
+``sumf += d0 * sumi`` in float32, each a fused multiply-add as the compiler builds it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .dequant import _bits_lsb_first, _crumbs_lsb_first
+from .formats import LAYOUT, Q1_0, Q2_0, half_field
+from .q8dot import _pairwise, activation_codes
+
+F = np.float32
+F64 = np.float64
+LOWBIT_TYPES: dict[int, int] = {Q1_0: 128, Q2_0: 64}
+
+
+def pack_weights(type_id: int, blocks: np.ndarray) -> np.ndarray:
+    """Blocks ``(m, nb, size)`` to float32 ``(m, nb * blck + nb)``: the signed codes (+-1 or -1..2), the scales."""
+    m, nb, size = blocks.shape
+    b = np.ascontiguousarray(blocks).reshape(m * nb, size)
+    f = LAYOUT[type_id]
+    if type_id == Q1_0:
+        codes = np.where(_bits_lsb_first(b[:, f["qs"]]) != 0, 1.0, -1.0)
+    else:
+        codes = _crumbs_lsb_first(b[:, f["qs"]]).astype(F) - 1
+    d = half_field(b, f["d"])
+    return np.concatenate([codes.astype(F).reshape(m, -1), d.reshape(m, nb)], axis=1)
+
+
+def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    return (a.astype(F64) * b + c).astype(F)
+
+
+def products(type_id: int, packed: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``x @ w^T`` as upstream computes it: weights as :func:`pack_weights` gives them, activations ``(n, k)``."""
+    blck = LOWBIT_TYPES[type_id]
+    n, k = x.shape
+    m = packed.shape[0]
+    nb = k // blck
+    codes, wd = packed[:, :k], packed[:, k:]
+    ac, ad, _ = activation_codes(x, False)  # (n, k / 4, 4), (n, k / 32)
+    # Lane sums of four: (k / 4, n, m), exact in float32.
+    lanes = np.matmul(ac.transpose(1, 0, 2), codes.reshape(m, k // 4, 4).transpose(1, 2, 0))
+    sub = blck // 32
+    out = np.empty((n, m), dtype=F)
+    if type_id == Q1_0:
+        acc = np.zeros((8, n, m), dtype=F)
+        for b in range(nb):
+            first = b * sub
+            blk = lanes[first * 8 : first * 8 + 8] * ad[None, :, first, None]  # a multiply, rounded
+            for j in range(1, sub):
+                blk = _fma(ad[None, :, first + j, None], lanes[(first + j) * 8 : (first + j) * 8 + 8], blk)
+            acc = _fma(wd[None, None, :, b], blk, acc)
+        out[...] = _pairwise(np.moveaxis(acc, 0, -1))
+        return out
+    sumf = np.zeros((n, m), dtype=F)
+    for b in range(nb):
+        sumi = np.zeros((n, m), dtype=F)
+        for j in range(sub):
+            q = b * sub + j
+            isum = lanes[q * 8 : q * 8 + 8].sum(axis=0)  # the 32 products' integer sum
+            sumi = _fma(ad[:, q, None], isum.astype(F), sumi)
+        sumf = _fma(wd[None, :, b], sumi, sumf)
+    out[...] = sumf
+    return out
