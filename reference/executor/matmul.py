@@ -80,9 +80,16 @@ def _exact(node: GraphTensor, a_t: GraphTensor, b_t: GraphTensor, k: int, ne02: 
         return False
     if a_t.type in (F32, F16):
         return (not node.flags & _FLAG_OUTPUT and b_t.type == F32 and int(a_t.ne[1]) * k <= _FLOAT_EXACT_MAX)
-    if a_t.type in LOWBIT_TYPES:
-        return k % LOWBIT_TYPES[a_t.type] == 0
-    return (a_t.type in EXACT_TYPES and k % 32 == 0) or (a_t.type in K_TYPES and k % 256 == 0)
+    return _exact_type(a_t.type, k)
+
+
+def _exact_type(type_id: int, k: int) -> bool:
+    """Whether the executor computes a product of ``type_id`` weights with rows of ``k`` in upstream's order."""
+    if type_id in (F32, F16):
+        return True
+    if type_id in LOWBIT_TYPES:
+        return k % LOWBIT_TYPES[type_id] == 0
+    return (type_id in EXACT_TYPES and k % 32 == 0) or (type_id in K_TYPES and k % 256 == 0)
 
 
 @kernel(GgmlOp.MUL_MAT, src=READABLE, dst=(F32,), note="src1 F32/F16/BF16; broadcast over dims 2 and 3; F32, F16 "
@@ -245,7 +252,8 @@ def broadcast_matmul(b: np.ndarray, a_t: np.ndarray, r2: int, r3: int) -> np.nda
     return res.reshape(n13, n12, n, m)
 
 
-@kernel(GgmlOp.MUL_MAT_ID, src=READABLE, dst=(F32,), note="expert ids I32, range-checked")
+@kernel(GgmlOp.MUL_MAT_ID, src=READABLE, dst=(F32,), note="expert ids I32, range-checked; each expert's product "
+        "in upstream's one-token order for the types MUL_MAT has it for")
 def _mul_mat_id(node: GraphTensor, mem: Memory) -> None:
     # dst[:, e, t] = as[:, :, ids[e, t]] @ b[:, e % ne11, t]
     as_t, b_t, ids_t = src(node, 0), src(node, 1), src(node, 2)
@@ -264,9 +272,15 @@ def _mul_mat_id(node: GraphTensor, mem: Memory) -> None:
         b = _as_vec_dot(node, as_t.type, b)
     summed = VEC_DOT_TYPE.get(as_t.type) == Q8_1
     out = np.zeros((n_tok, n_used, m), dtype=np.float32)
+    # Upstream dots every (expert row, token) pair with the one-token kernel: exact where the executor has it.
+    exact = _exact_type(as_t.type, k) and (as_t.type not in (F32, F16) or m * k <= _FLOAT_EXACT_MAX)
     for e in np.unique(ids):
         t_idx, u_idx = np.nonzero(ids == e)
         expert = _expert(as_t, int(e))
+        if exact:
+            rows = np.ascontiguousarray(b_f32[t_idx, u_idx % ne11], dtype=np.float32)
+            out[t_idx, u_idx] = _exact_product(mem, expert, rows, batch=False)
+            continue
         w = read(mem, expert)[0, 0]  # only the experts in use are read
         out[t_idx, u_idx] = b[t_idx, u_idx % ne11] @ w.T
         if summed:
