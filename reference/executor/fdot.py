@@ -1,4 +1,4 @@
-"""MUL_MAT of F32 and F16 weights in the arithmetic of upstream's AVX2 build.
+"""MUL_MAT of F32, F16 and BF16 weights in the arithmetic of upstream's AVX2 build (BF16: :func:`vec_dot_bf16`).
 
 One token (or a product llamafile's tinyBLAS does not take) goes through ``ggml_vec_dot_f32``/``_f16``: per 32
 elements, four accumulators of eight float32 lanes updated by fused multiply-adds; then accumulators 0+2 and 1+3,
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .formats import bf16_to_f32, f32_to_bf16
+
 F = np.float32
 F64 = np.float64
 #: Lane blocks are computed in chunks of at most this many float64 values (32 MiB).
@@ -25,6 +27,31 @@ def _pairwise8(acc: np.ndarray) -> np.ndarray:
     """Eight lanes on the last axis: (i + i+4), then (0 + 1) + (2 + 3); float32."""
     t = acc[..., :4] + acc[..., 4:]
     return (t[..., 0] + t[..., 1]) + (t[..., 2] + t[..., 3])
+
+
+def vec_dot_bf16(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``x @ w^T`` as ``ggml_vec_dot_bf16`` (AVX2) computes each dot: per 32 elements, four accumulators of eight
+    lanes, each updated by a multiply and an add the compiler fuses; then (0 + 2) + (1 + 3), the lanes i + i+4, then
+    (0 + 2) + (1 + 3) again; the elements past the last whole 32 added in double.  w and x hold BF16 values."""
+    m, k = w.shape
+    n = x.shape[0]
+    whole = k - k % 32
+    out = np.empty((n, m), dtype=F)
+    cols = max(1, min(m, _CHUNK // max(1, n * 32)))
+    for c0 in range(0, m, cols):
+        wc = w[c0 : c0 + cols]
+        acc = np.zeros((n, wc.shape[0], 4, 8), dtype=F)
+        for i in range(0, whole, 32):
+            a = wc[None, :, i : i + 32].reshape(1, -1, 4, 8).astype(F64)
+            b = x[:, None, i : i + 32].reshape(n, 1, 4, 8)
+            acc = (a * b + acc).astype(F)
+        c = (acc[:, :, 0] + acc[:, :, 2]) + (acc[:, :, 1] + acc[:, :, 3])
+        g = c[..., 4:] + c[..., :4]
+        total = ((g[..., 0] + g[..., 2]) + (g[..., 1] + g[..., 3])).astype(F64)
+        for i in range(whole, k):
+            total = total + (wc[None, :, i] * x[:, None, i]).astype(F)
+        out[:, c0 : c0 + cols] = total.astype(F)
+    return out
 
 
 def vec_dot(w: np.ndarray, x: np.ndarray, half: bool) -> np.ndarray:
@@ -77,11 +104,14 @@ def tinyblas(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return out
 
 
-def products(w: np.ndarray, x: np.ndarray, *, half: bool, batch: bool) -> np.ndarray:
+def products(w: np.ndarray, x: np.ndarray, *, half: bool, batch: bool, brain: bool = False) -> np.ndarray:
     """The product upstream runs for these shapes: tinyBLAS for a batch of weights with a multiple of 4 rows, the
-    vector dot otherwise.  ``half``: F16 weights (the activations are rounded to F16 first)."""
+    vector dot otherwise.  ``half``: F16 weights, ``brain``: BF16 weights (the activations are rounded to the
+    weights' type first, as ggml converts them)."""
     if half:
         x = x.astype(np.float16).astype(F)
+    if brain:
+        x = bf16_to_f32(f32_to_bf16(np.ascontiguousarray(x, dtype=F)))
     if batch and w.shape[0] % 4 == 0:
         return tinyblas(w, x)
-    return vec_dot(w, x, half)
+    return vec_dot_bf16(w, x) if brain else vec_dot(w, x, half)

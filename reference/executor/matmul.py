@@ -18,7 +18,7 @@ from . import fdot, kdot, lowbit_dot
 from .core import FLOATS, READABLE, convert, kernel, need_types, prepared, read, read_index, src, write
 from .kdot import K_TYPES
 from .lowbit_dot import LOWBIT_TYPES
-from .memory import F16, F32, Memory, node_error
+from .memory import BF16, F16, F32, Memory, node_error
 from .q8dot import EXACT_TYPES, pack_weights, products
 from .types import Q8_1, VEC_DOT_TYPE, q8_1_sum_error, through_type
 
@@ -50,9 +50,9 @@ def _operands(node: GraphTensor) -> tuple[GraphTensor, GraphTensor, int, int, in
 def _exact_product(mem: Memory, a_t: GraphTensor, rows: np.ndarray, batch: bool) -> np.ndarray:
     """``rows @ w^T`` in upstream's arithmetic (:mod:`.q8dot`, :mod:`.kdot`), the weights in their packed form kept
     between graphs like the float32 conversions."""
-    if a_t.type in (F32, F16):
+    if a_t.type in (F32, F16, BF16):
         w = read(mem, a_t) if a_t.type == F32 else mem.converted(a_t, partial(convert, a_t.type))
-        return fdot.products(w[0, 0], rows, half=a_t.type == F16, batch=batch)
+        return fdot.products(w[0, 0], rows, half=a_t.type == F16, batch=batch, brain=a_t.type == BF16)
     if a_t.type in K_TYPES:
         packed = mem.converted(a_t, lambda raw: kdot.pack_weights(a_t.type, raw[0, 0]), kind="kdot")
         return kdot.products(a_t.type, packed, rows)
@@ -78,21 +78,21 @@ def _exact(node: GraphTensor, a_t: GraphTensor, b_t: GraphTensor, k: int, ne02: 
     do not.  F32 weights also need a contiguous F32 src1 (upstream's order otherwise is the vector dot's, kept)."""
     if ne02 != 1 or ne03 != 1:
         return False
-    if a_t.type in (F32, F16):
+    if a_t.type in (F32, F16, BF16):
         return (not node.flags & _FLAG_OUTPUT and b_t.type == F32 and int(a_t.ne[1]) * k <= _FLOAT_EXACT_MAX)
     return _exact_type(a_t.type, k)
 
 
 def _exact_type(type_id: int, k: int) -> bool:
     """Whether the executor computes a product of ``type_id`` weights with rows of ``k`` in upstream's order."""
-    if type_id in (F32, F16):
+    if type_id in (F32, F16, BF16):
         return True
     if type_id in LOWBIT_TYPES:
         return k % LOWBIT_TYPES[type_id] == 0
     return (type_id in EXACT_TYPES and k % 32 == 0) or (type_id in K_TYPES and k % 256 == 0)
 
 
-@kernel(GgmlOp.MUL_MAT, src=READABLE, dst=(F32,), note="src1 F32/F16/BF16; broadcast over dims 2 and 3; F32, F16 "
+@kernel(GgmlOp.MUL_MAT, src=READABLE, dst=(F32,), note="src1 F32/F16/BF16; broadcast over dims 2 and 3; F32, F16, BF16 "
         "(up to 4M weights, graph outputs aside), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q1_0, Q2_0, Q2_K-Q6_K, IQ4_XS "
         "and TQ2_0 in the order of upstream's AVX2 kernels")
 def _mul_mat(node: GraphTensor, mem: Memory) -> None:
@@ -273,7 +273,7 @@ def _mul_mat_id(node: GraphTensor, mem: Memory) -> None:
     summed = VEC_DOT_TYPE.get(as_t.type) == Q8_1
     out = np.zeros((n_tok, n_used, m), dtype=np.float32)
     # Upstream dots every (expert row, token) pair with the one-token kernel: exact where the executor has it.
-    exact = _exact_type(as_t.type, k) and (as_t.type not in (F32, F16) or m * k <= _FLOAT_EXACT_MAX)
+    exact = _exact_type(as_t.type, k) and (as_t.type not in (F32, F16, BF16) or m * k <= _FLOAT_EXACT_MAX)
     for e in np.unique(ids):
         t_idx, u_idx = np.nonzero(ids == e)
         expert = _expert(as_t, int(e))

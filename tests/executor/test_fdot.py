@@ -48,3 +48,17 @@ def test_one_token_product_is_ggmls_vec_dot_bit_for_bit(lib: GgmlLibrary, half: 
         want = np.array([lib.vec_dot(F16_ID if half else F32_ID, w[i].astype(dtype).view(np.uint8), xb)
                          for i in range(16)], dtype=F)
         assert got.tobytes() == want.tobytes(), (half, k, np.abs(got - want).max())
+
+
+@pytest.mark.upstream
+def test_bf16_product_is_ggmls_vec_dot_bit_for_bit(lib: GgmlLibrary) -> None:
+    from ggml_rpc.reference.executor.formats import bf16_to_f32, f32_to_bf16
+
+    rng = np.random.default_rng(30)
+    for k in (8, 32, 48, 100, 256, 4096):
+        w = bf16_to_f32(f32_to_bf16((rng.standard_normal((16, k)) * rng.choice([0.02, 1.0, 30.0])).astype(F)))
+        x = (rng.standard_normal((1, k)) * rng.choice([0.01, 1.0, 50.0])).astype(F)
+        got = fdot.products(w, x, half=False, batch=False, brain=True)[0]
+        xb = f32_to_bf16(x[0]).view(np.uint8)
+        want = np.array([lib.vec_dot(30, f32_to_bf16(w[i]).view(np.uint8), xb) for i in range(16)], dtype=F)
+        assert got.tobytes() == want.tobytes(), (k, np.abs(got - want).max())
