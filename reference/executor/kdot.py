@@ -30,7 +30,21 @@ from .dequant import (
     _nibble_chunks,
     dequantize,
 )
-from .formats import IQ4_XS, IQ4NL_LEVELS, LAYOUT, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, SHIFT2, TQ2_0, half_field, low_high
+from .formats import (
+    IQ4_XS,
+    IQ4NL_LEVELS,
+    LAYOUT,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    SHIFT2,
+    TQ1_0,
+    TQ2_0,
+    half_field,
+    low_high,
+)
 from .grids import IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS
 from .quant import signed_absmax
 
@@ -40,9 +54,9 @@ F64 = np.float64
 #: the end: the integer per element is the type's dequantised value with d = 1 times this factor, the final
 #: multiplier its inverse (0.125f, 0.25f, 1).
 GRID_FACTORS: dict[int, int] = {IQ2_XXS: 8, IQ2_XS: 8, IQ2_S: 8, IQ3_XXS: 4, IQ3_S: 1}
-K_TYPES: tuple[int, ...] = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, TQ2_0, *GRID_FACTORS)
-#: Types whose lanes subtract block sums (Q6_K: 32 x scale per 16; TQ2_0: each once, its codes being q - 1).
-_CORRECTED = (Q6_K, TQ2_0)
+K_TYPES: tuple[int, ...] = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, TQ1_0, TQ2_0, *GRID_FACTORS)
+#: Types whose lanes subtract block sums (Q6_K: 32 x scale per 16; TQ1_0/TQ2_0: each once, their codes being q - 1).
+_CORRECTED = (Q6_K, TQ1_0, TQ2_0)
 #: Lane products are computed in chunks of at most this many (lanes x rows x columns) float64 values.
 _CHUNK = 2 << 20
 
@@ -56,11 +70,15 @@ def pack_weights(type_id: int, blocks: np.ndarray) -> np.ndarray:
     b = np.ascontiguousarray(blocks).reshape(m * nsb, size)
     f = LAYOUT[type_id]
     out = np.zeros((m * nsb, 256 + 16 + 3), dtype=F64)
-    if type_id in GRID_FACTORS:
+    if type_id in GRID_FACTORS or type_id == TQ1_0:
         unit = b.copy()
         unit[:, f["d"]] = np.frombuffer(np.float16(1).tobytes(), np.uint8)  # d = 1: the integer part alone
         values = dequantize(type_id, unit.reshape(m, nsb, size)).reshape(-1, 256).astype(F64)
-        out[:, :256] = np.rint(values * GRID_FACTORS[type_id])
+        if type_id == TQ1_0:  # the trits 0..2 the kernel multiplies (it subtracts the block sums for the - 1)
+            out[:, :256] = np.rint(values) + 1
+            out[:, 256:272] = 1.0
+        else:
+            out[:, :256] = np.rint(values * GRID_FACTORS[type_id])
     elif type_id == IQ4_XS:
         q = IQ4NL_LEVELS[low_high(np.ascontiguousarray(b[:, f["qs"]]).reshape(-1, 16))].reshape(-1, 8, 32)
         out[:, :256] = (q.astype(F64) * _iq4_xs_scales(b).astype(F64)[:, :, None]).reshape(-1, 256)
