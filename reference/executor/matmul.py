@@ -93,7 +93,8 @@ def _exact_type(type_id: int, k: int) -> bool:
 
 
 @kernel(GgmlOp.MUL_MAT, src=READABLE, dst=(F32,), note="src1 F32/F16/BF16; broadcast over dims 2 and 3; F32, F16, BF16 "
-        "(up to 4M weights, graph outputs aside), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q1_0, Q2_0, Q2_K-Q6_K, IQ4_XS, "
+        "(up to 4M weights, graph outputs aside), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, Q1_0, Q2_0, Q2_K-Q6_K, "
+        "IQ4_XS, "
         "TQ1_0, TQ2_0, IQ2_XXS/XS/S and IQ3_XXS/S in the order of upstream's AVX2 kernels")
 def _mul_mat(node: GraphTensor, mem: Memory) -> None:
     # dst[i0, i1, i2, i3] = sum_k src0[k, i0, i2 / r2, i3 / r3] * src1[k, i1, i2, i3]

@@ -1,5 +1,5 @@
 """MUL_MAT of the weight types ggml's x86 CPU backend dots with 8-bit activations (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-IQ4_NL), in upstream's own arithmetic, so that a result agrees with upstream's bit for bit.
+IQ4_NL, MXFP4), in upstream's own arithmetic, so that a result agrees with upstream's bit for bit.
 
 Upstream's AVX2 kernels (``ggml_vec_dot_*_q8_0``/``_q8_1`` for one token, llamafile's ``tinyBLAS_Q0_AVX`` for a
 batch) all compute one output the same way: per 32-element block, eight int32 lanes each summing the products of
@@ -7,7 +7,7 @@ four consecutive elements (exact), a block scale ``fp16(d_w) * fp16(d_a)`` round
 accumulators updated with a fused multiply-add block after block; then the eight lanes are added pairwise (lane i
 and i + 4, then 0+2 and 1+3, then the two).  Q4_1/Q5_1 add ``sum of fp16(min) * fp16(s)`` over the blocks, in
 float32, after that sum.  For one token, IQ4_NL alternates its blocks between two accumulators, added lane by lane
-before the pairwise sum (a batch goes through tinyBLAS: one accumulator).
+before the pairwise sum (a batch goes through tinyBLAS: one accumulator); MXFP4 always does.
 
 A product of float32 BLAS on dequantised weights adds in another order: its results differ in the last bits, which
 is enough, in a model, to move one of the next matmul's 8-bit activation codes by one and the logits by NMSE 1e-5.
@@ -20,12 +20,26 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dequant import _q5_values
-from .formats import IQ4_NL, IQ4NL_LEVELS, LAYOUT, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, half_field, low_high
+from .dequant import _q5_values, e8m0_half
+from .formats import (
+    E2M1_DOUBLED,
+    IQ4_NL,
+    IQ4NL_LEVELS,
+    LAYOUT,
+    MXFP4,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    half_field,
+    low_high,
+)
 from .quant import _q8_scale
 
 #: Weight types computed here, and whether their activations carry the Q8_1 block sum.
-EXACT_TYPES: dict[int, bool] = {Q4_0: False, Q5_0: False, Q8_0: False, IQ4_NL: False, Q4_1: True, Q5_1: True}
+EXACT_TYPES: dict[int, bool] = {Q4_0: False, Q5_0: False, Q8_0: False, IQ4_NL: False, MXFP4: False, Q4_1: True,
+                                 Q5_1: True}
 
 #: Lane sums are computed in chunks of at most this many (lanes x rows x columns): 16 MiB of float32.
 _CHUNK = 4 << 20
@@ -45,6 +59,8 @@ def weight_codes(type_id: int, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarr
         q = flat[:, f["qs"]].view(np.int8)
     elif type_id == IQ4_NL:
         q = IQ4NL_LEVELS[low_high(flat[:, f["qs"]])]
+    elif type_id == MXFP4:
+        q = E2M1_DOUBLED[low_high(flat[:, f["qs"]])]
     elif type_id == Q4_1:
         q = low_high(flat[:, f["qs"]])
     elif type_id == Q5_1:
@@ -52,7 +68,8 @@ def weight_codes(type_id: int, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarr
     else:
         raise ValueError(f"type {type_id} is not dotted with 8-bit activations")
     codes = q.astype(np.float32).reshape(m, nb * 8, 4)
-    d = half_field(flat, f["d"]).reshape(m, nb)
+    # MXFP4's scale is an E8M0 exponent, halved to pair with the doubled E2M1 codes (as ggml's table holds them).
+    d = (e8m0_half(flat[:, f["e"]]) if type_id == MXFP4 else half_field(flat, f["d"])).reshape(m, nb)
     mins = half_field(flat, f["m"]).reshape(m, nb) if "m" in f else None
     return codes, d, mins
 
@@ -110,7 +127,8 @@ def products(type_id: int, packed: np.ndarray, x: np.ndarray, *, batch: bool) ->
     ac, ad, as_ = activation_codes(x, summed)
     m, n, nb = wc.shape[0], ac.shape[0], wd.shape[1]
     out = np.empty((n, m), dtype=np.float32)
-    two = type_id == IQ4_NL and not batch
+    # IQ4_NL and MXFP4 alternate their blocks between two accumulators (IQ4_NL's batch goes through tinyBLAS: one).
+    two = type_id == MXFP4 or (type_id == IQ4_NL and not batch)
     rows = max(1, min(n, _CHUNK // max(1, nb * 8 * m)))
     cols = m if rows > 1 or nb * 8 * m <= _CHUNK else max(1, _CHUNK // (nb * 8))
     wt = wc.transpose(1, 2, 0)  # (P, 4, m)
