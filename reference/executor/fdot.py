@@ -5,8 +5,8 @@ elements, four accumulators of eight float32 lanes updated by fused multiply-add
 their sum, its lanes i + i+4, then pairwise; the elements past the last whole 32 added one product at a time (F32:
 a float32 product into a float32 sum; F16: each float32 product added to a float64 sum).  A batch (two rows or
 more, weights of a multiple of 4 rows) goes through tinyBLAS: one accumulator of eight lanes per output, updated by
-a fused multiply-add every 8 elements (the last partial 8 padded with zeros), then the same pairwise lane sum.  An F16
-product first rounds the activations to F16, as ggml converts them.
+a fused multiply-add every 8 elements (the last partial 8 padded with zeros), then its own lane sum (the halves
+added, then lanes 0 + 2 and 1 + 3).  An F16 product first rounds the activations to F16, as ggml converts them.
 
 Each fused multiply-add is computed in float64 (a float32 or F16 product is exact there) and rounded once.
 """
@@ -100,7 +100,8 @@ def tinyblas(w: np.ndarray, x: np.ndarray) -> np.ndarray:
             a[0, :, : j - i] = wc[:, i:j]
             b[:, 0, : j - i] = x[:, i:j]
             acc = (a * b + acc).astype(F)
-        out[:, c0 : c0 + cols] = _pairwise8(acc)
+        t = acc[..., 4:] + acc[..., :4]  # tinyBLAS's hsum: the halves, then (0 + 2) + (1 + 3)
+        out[:, c0 : c0 + cols] = (t[..., 0] + t[..., 2]) + (t[..., 1] + t[..., 3])
     return out
 
 

@@ -29,8 +29,8 @@ def test_tinyblas_is_its_loop() -> None:
                     a, b = np.zeros(8), np.zeros(8)
                     a[: min(8, k - i)], b[: min(8, k - i)] = w[c, i : i + 8], x[r, i : i + 8]
                     acc = (a * b + acc).astype(F)
-                t = acc[:4] + acc[4:]
-                assert got[r, c] == F((t[0] + t[1]) + (t[2] + t[3]))
+                t = acc[4:] + acc[:4]  # tinyBLAS's hsum: the halves, then (0 + 2) + (1 + 3)
+                assert got[r, c] == F((t[0] + t[2]) + (t[1] + t[3]))
 
 
 @pytest.mark.upstream
