@@ -9,20 +9,16 @@ Server-assigned values (buffer handles, bases) are relocated to the target's and
 (set, as the v7 client does, only on the SET_TENSOR that follows a hash miss); graph uids are added or dropped
 (:mod:`.rewrite`, which also refuses what has no sound equivalent).
 
-A client that closed before reading its replies (its FIN precedes them in the capture) is replayed the same way: its
-requests are sent and the connection closed without reading (a server must outlive that; a server that dies of SIGPIPE
-shows as the next connection being refused).
+A client that closed before reading its replies is replayed so: requests sent, the connection closed unread (a server
+that dies of SIGPIPE shows as the next connection refused).  A cache hit the target cannot have gets the data instead,
+from any SET_TENSOR of the loaded captures with that hash (or a report that no capture holds it).
 
-When a capture needs a cache hit the target cannot have, the replayer says so and sends the data instead, taken from
-any SET_TENSOR of the loaded captures with that hash, or reports that no capture holds it.
-
-A capture that ends inside a message (:mod:`.truncation`) is replayed up to it on that connection, reported as a cut
-(the run fails), never as the target's mismatch: the recording stopped there, not the recorded server.
+A capture that ends inside a message (:mod:`.truncation`) is replayed up to it, reported as a cut (the run fails),
+never as the target's mismatch.
 
 A target that stops accepting connections during the replay (a refused connect after the first connection), or that no
 longer answers HELLO once the replay is done, died of what was sent: a mismatch of kind ``death`` naming the last
-message sent (file, connection, index, command), never "0 mismatches" nor a target that could not be reached.  A
-spawned target is restarted after each death (:mod:`.replay_spawn`).
+message sent, never "0 mismatches".  A spawned target is restarted after each death (:mod:`.replay_spawn`).
 """
 
 from __future__ import annotations
@@ -62,7 +58,6 @@ class _TargetStopped(Exception):
 DEATH = "death"
 
 
-
 class Replayer:
     """Replays decoded captures against one server at ``host:port``."""
 
@@ -80,9 +75,8 @@ class Replayer:
         graph_hook: Callable[[RpcClient, Command, dict[str, Any], Request], bool] | None = None,
     ) -> None:
         self.captures = list(captures)
-        #: Called with the connection before each GRAPH_COMPUTE/RECOMPUTE is sent (its fields relocated for the
-        #: target); the divergence finder (:mod:`.divergence`) computes its own graphs there.  Returning False stops
-        #: replaying that connection.
+        #: Called before each GRAPH_COMPUTE/RECOMPUTE with its relocated fields (the divergence finder's own graphs
+        #: go there); False stops replaying that connection.
         self.graph_hook = graph_hook
         #: A fleet replay readdresses COMM_INIT (:mod:`.fleet`): applied to every relocated request.
         self.rewrite_fields = rewrite_fields
@@ -147,8 +141,7 @@ class Replayer:
         return self.report
 
     def _play(self, path: str, dc: DecodedConnection) -> None:
-        """Replay one connection (:mod:`.replay_spawn` restarts a spawned target around it)."""
-        self._connection(path, dc)
+        self._connection(path, dc)  # :mod:`.replay_spawn` restarts a spawned target around it
 
     def _not_answering(self) -> str | None:
         """None when the target accepts a connection and answers HELLO; otherwise what happened."""

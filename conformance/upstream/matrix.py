@@ -14,10 +14,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .cells import FAIL, PASS, UNSUPPORTED, Cell, Row, RowResult
+from .cells import FAIL, PASS, Cell, Row, RowResult
 from .gguf_tensors import tensor_infos
 from .models import ensure_models
 from .peers import PEERS, Peer
+from .replay_rows import replay_row
 from .runs import UpstreamServer, completion, completion_argv, generated_text, kit, reason_line, reference_server
 from .split_rows import split_rows
 from .zoo import ensure_zoo
@@ -88,12 +89,9 @@ class Workspace:
 
 
     def upstream_text(self, peer: Peer, model: str) -> str:
-        """What upstream's client prints with every layer on upstream's own server (no proxy between them): what
-        a server that computes as upstream's does must print.
-
-        It is not always the CPU-only text: upstream's CPU backend runs some quantised types through repacked
-        kernels of its own (their rounding differs from the plain kernels a server's buffers get), and with random
-        weights a token whose two best logits are close can flip."""
+        """What upstream's client prints with every layer on upstream's own server (no proxy): what a server that
+        computes as upstream's must print.  Not always the CPU-only text: upstream's CPU backend runs some quantised
+        types through repacked kernels of its own, and a token whose two best logits are close can flip."""
         key = (peer.version, model)
         if key not in self._upstream_text:
             with UpstreamServer(peer, cache=False) as server:
@@ -105,19 +103,16 @@ class Workspace:
 
     def expected_text(self, peer: Peer, model: str) -> tuple[str, bool]:
         """(upstream's own RPC text, whether the CPU-only run printed the same)."""
-        text = self.upstream_text(peer, model)
-        return text, text == self.baseline(peer, model)
+        return self.upstream_text(peer, model), self.upstream_text(peer, model) == self.baseline(peer, model)
 
 
 def _same_text_detail(same_as_cpu: bool) -> str:
-    return "same text as upstream's own server" + (
-        " and as CPU-only" if same_as_cpu else " (upstream's CPU-only run prints another: its CPU backend computes "
-        "this model with its own repacked kernels)")
+    return "same text as upstream's own server" + (" and as CPU-only" if same_as_cpu else " (upstream's CPU-only run "
+                                                   "prints another: its CPU backend repacks this model's weights)")
 
 
 def _cache_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.endswith(".tmp")) if folder.is_dir() \
-        else []
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix != ".tmp") if folder.is_dir() else []
 
 
 def hashed_tensors(model: Path) -> list[str]:
@@ -288,53 +283,6 @@ def proxy_upstream_row(peer: Peer, ws: Workspace, model: str) -> Cell:
     return Cell(PASS, f"0 violations, the text it gives without the proxy"
                       f"{'' if same_as_cpu else ' (not the CPU-only one)'}; recorded {pcap.name} "
                       f"({pcap.stat().st_size:,} bytes)", figures)
-
-
-#: The closeness a replay row asks of every computed read: upstream's results reproduced to NMSE 1e-9, where
-#: replay's own tolerance (test-backend-ops') only separates a right result from a wrong one.
-REPLAY_NMSE_BAR = 1e-9
-
-
-def _above_bar(by_op: dict[str, dict[str, Any]], bar: float) -> str:
-    """The ops whose reads were above ``bar``, worst first, with the source 0 types that were."""
-    worst = sorted(((fig["worst_nmse"], op, fig) for op, fig in by_op.items() if fig["worst_nmse"] > bar),
-                   reverse=True)
-    parts = []
-    for nmse, op, fig in worst:
-        types = [t for t, sub in fig.get("by_src0_type", {}).items() if sub["worst_nmse"] > bar]
-        parts.append(f"{op} {nmse:.1e}" + (f" ({', '.join(types)})" if types else ""))
-    return ", ".join(parts)
-
-
-def replay_row(peer: Peer, ws: Workspace, model: str, against: str) -> Cell:
-    """``ggml-rpc replay`` of the recorded upstream session against the reference server or upstream: 0 mismatches;
-    for a zoo model, every computed read within :data:`REPLAY_NMSE_BAR` of upstream's (the standard models' rows
-    report where they stand against it)."""
-    from ggml_rpc.conformance.harness import parse_address
-    from ggml_rpc.conformance.sessions.replay import replay
-
-    pcap = ws.recorded.get((peer.version, model))
-    if pcap is None:
-        return Cell(UNSUPPORTED, "no recorded session (its proxy row did not pass)")
-    if against == "reference":
-        with tempfile.TemporaryDirectory(dir=ws.root, prefix="ref-cache-") as cache, \
-                reference_server(peer.major, Path(cache)) as address:
-            report = replay([pcap], *parse_address(address))
-    else:
-        with UpstreamServer(peer, cache=True) as server:
-            report = replay([pcap], *parse_address(server.address))
-    figures = {"requests": report.requests, "compared": report.compared, "worst_nmse": report.worst_nmse,
-               "mismatches": len(report.mismatches), "nmse_bar": REPLAY_NMSE_BAR, "nmse_by_op": report.nmse_by_op}
-    if report.mismatches:
-        return Cell(FAIL, f"{len(report.mismatches)} mismatches, first: {report.mismatches[0]}", figures)
-    above = _above_bar(report.nmse_by_op, REPLAY_NMSE_BAR) if report.worst_nmse > REPLAY_NMSE_BAR else ""
-    figures["bar_met"] = not above
-    if above and model in ws.zoo:
-        return Cell(FAIL, f"{report.requests} requests, 0 mismatches, but worst NMSE {report.worst_nmse:.1e} is above "
-                          f"{REPLAY_NMSE_BAR:.0e}: {above}", figures)
-    where = f"above the {REPLAY_NMSE_BAR:.0e} bar: {above}" if above else f"within the {REPLAY_NMSE_BAR:.0e} bar"
-    return Cell(PASS, f"{report.requests} requests, 0 mismatches (worst NMSE {report.worst_nmse:.1e}, {where})",
-                figures)
 
 
 def cross_version_row(client: Peer, server: Peer, ws: Workspace, model: str) -> Cell:

@@ -72,7 +72,8 @@ def test_a_replay_reports_the_worst_nmse_of_each_op(tmp_path: Path) -> None:
     by_op = report["nmse_by_op"]
     assert by_op, "no read was attributed to an op"
     assert sum(f["reads"] for f in by_op.values()) <= report["compared"]["computed"]
-    assert max(f["worst_nmse"] for f in by_op.values()) == report["worst_nmse"] or report["worst_nmse"] == 0.0
+    # Reads of an address no node of the graph names count in the worst, not in an op's.
+    assert max(f["worst_nmse"] for f in by_op.values()) <= report["worst_nmse"]
     assert all(name.isupper() for name in by_op)
     for fig in by_op.values():
         assert sum(sub["reads"] for sub in fig["by_src0_type"].values()) == fig["reads"]

@@ -7,8 +7,8 @@ counts and a PASS.  Now the cases upstream's server passes must each pass throug
 from __future__ import annotations
 
 from ggml_rpc.conformance.upstream.backend_ops_rows import compare_cases, judge
+from ggml_rpc.conformance.upstream.cells import FAIL, PASS, UNSUPPORTED
 from ggml_rpc.conformance.upstream.interpose import BackendOpsResult, parse_backend_ops
-from ggml_rpc.conformance.upstream.matrix import FAIL, PASS, UNSUPPORTED
 
 A = "ADD(type=f32,ne=[1,1,8,1],nr=[1,1,1,1],nf=1)"
 B = "ADD(type=f32,ne=[16,10,1,1],nr=[1,1,1,1],nf=1)"
