@@ -13,6 +13,7 @@ import numpy as np
 from ggml_rpc.spec import GgmlOp
 
 from ..graph import GraphTensor
+from . import fdot
 from .core import READABLE, convert, kernel, need_types, params_f32, read, src, write
 from .libm import expf
 from .matmul import broadcast_matmul
@@ -101,37 +102,14 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
     write(mem, node, out.swapaxes(1, 2))
 
 
-#: ggml_vec_dot_f16 on AVX2: 32 elements a step, four accumulators of eight float32 lanes.
-_F16_STEP, _F16_LANES = 32, 8
-
-
 def dot_f16_rows(q: np.ndarray, k: np.ndarray, rh: int, rs: int) -> np.ndarray:
     """Every query row of ``q`` (seq, head, rows, d) dotted with every key of ``k`` (kseq, khead, n_kv, d), both
-    holding F16 values, as ggml_vec_dot_f16 computes each dot: per 32 elements, four accumulators of eight lanes
-    updated by fused multiply-adds; then accumulators 0+2 and 1+3, their sum, its lanes i + i+4, then pairwise; the
-    elements past the last whole 32 added one product (float32) at a time in float64.  Query head h reads key head
-    h // rh, sequence s key sequence s // rs."""
-    n_seq, n_head, rows, d = q.shape
-    n_kv = k.shape[2]
-    whole = d - d % _F16_STEP
-    kk = np.repeat(np.repeat(k, rh, axis=1), rs, axis=0)  # (n_seq, n_head, n_kv, d)
-    out = np.empty((n_seq, n_head, rows, n_kv), dtype=np.float32)
-    # Keys in slices, so the float64 lane block stays near 32 MiB whatever the context.
-    per = max(1, (4 << 20) // max(1, n_seq * n_head * rows * _F16_STEP))
-    for k0 in range(0, n_kv, per):
-        kc = kk[:, :, None, k0 : k0 + per, :]  # (seq, head, 1, c, d)
-        qc = q[:, :, :, None, :]  # (seq, head, rows, 1, d)
-        acc = np.zeros((n_seq, n_head, rows, kc.shape[3], 4, _F16_LANES), dtype=np.float32)
-        for i in range(0, whole, _F16_STEP):
-            x = kc[..., i : i + _F16_STEP].reshape(*kc.shape[:-1], 4, _F16_LANES).astype(np.float64)
-            y = qc[..., i : i + _F16_STEP].reshape(*qc.shape[:-1], 4, _F16_LANES)
-            acc = (x * y + acc).astype(np.float32)
-        lanes = (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])
-        t0 = lanes[..., :4] + lanes[..., 4:]
-        total = ((t0[..., 0] + t0[..., 1]) + (t0[..., 2] + t0[..., 3])).astype(np.float64)
-        for i in range(whole, d):
-            total = total + (kc[..., i] * qc[..., i]).astype(np.float32)
-        out[..., k0 : k0 + per] = total.astype(np.float32)
+    holding F16 values, as ``ggml_vec_dot_f16`` computes each dot (:func:`.fdot.vec_dot`).  Query head h reads key
+    head h // rh, sequence s key sequence s // rs."""
+    n_seq, n_head, rows, _ = q.shape
+    out = np.empty((n_seq, n_head, rows, k.shape[2]), dtype=np.float32)
+    for s, h in np.ndindex(n_seq, n_head):
+        out[s, h] = fdot.vec_dot(k[s // rs, h // rh], q[s, h], "f16")
     return out
 
 

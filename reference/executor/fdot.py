@@ -1,4 +1,4 @@
-"""MUL_MAT of F32, F16 and BF16 weights in the arithmetic of upstream's AVX2 build (BF16: :func:`vec_dot_bf16`).
+"""MUL_MAT of F32, F16 and BF16 weights in the arithmetic of upstream's AVX2 build.
 
 One token (or a product llamafile's tinyBLAS does not take) goes through ``ggml_vec_dot_f32``/``_f16``: per 32
 elements, four accumulators of eight float32 lanes updated by fused multiply-adds; then accumulators 0+2 and 1+3,
@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .formats import bf16_to_f32, f32_to_bf16
+from .simd_sums import four_accumulators, hadd_sum8, hsum8
 
 F = np.float32
 F64 = np.float64
@@ -23,16 +24,12 @@ F64 = np.float64
 _CHUNK = 4 << 20
 
 
-def _pairwise8(acc: np.ndarray) -> np.ndarray:
-    """Eight lanes on the last axis: (i + i+4), then (0 + 1) + (2 + 3); float32."""
-    t = acc[..., :4] + acc[..., 4:]
-    return (t[..., 0] + t[..., 1]) + (t[..., 2] + t[..., 3])
-
-
-def vec_dot_bf16(w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """``x @ w^T`` as ``ggml_vec_dot_bf16`` (AVX2) computes each dot: per 32 elements, four accumulators of eight
-    lanes, each updated by a multiply and an add the compiler fuses; then (0 + 2) + (1 + 3), the lanes i + i+4, then
-    (0 + 2) + (1 + 3) again; the elements past the last whole 32 added in double.  w and x hold BF16 values."""
+def vec_dot(w: np.ndarray, x: np.ndarray, kind: str) -> np.ndarray:
+    """``x @ w^T`` as ``ggml_vec_dot_f32``, ``_f16`` or ``_bf16`` (``kind``) computes each dot: w ``(m, k)``, x
+    ``(n, k)``, both float32 holding the operands' values.  The three share the four-accumulator loop (BF16's is a
+    multiply and an add, which the compiler fuses); F32 and F16 fold the lanes with horizontal adds, BF16 as
+    hsum_float_8; the elements past the last whole 32 are added one product at a time (F32: into a float32 sum;
+    F16/BF16: each float32 product into a double).  Returns float32 ``(n, m)``."""
     m, k = w.shape
     n = x.shape[0]
     whole = k - k % 32
@@ -40,45 +37,16 @@ def vec_dot_bf16(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     cols = max(1, min(m, _CHUNK // max(1, n * 32)))
     for c0 in range(0, m, cols):
         wc = w[c0 : c0 + cols]
-        acc = np.zeros((n, wc.shape[0], 4, 8), dtype=F)
-        for i in range(0, whole, 32):
-            a = wc[None, :, i : i + 32].reshape(1, -1, 4, 8).astype(F64)
-            b = x[:, None, i : i + 32].reshape(n, 1, 4, 8)
-            acc = (a * b + acc).astype(F)
-        c = (acc[:, :, 0] + acc[:, :, 2]) + (acc[:, :, 1] + acc[:, :, 3])
-        g = c[..., 4:] + c[..., :4]
-        total = ((g[..., 0] + g[..., 2]) + (g[..., 1] + g[..., 3])).astype(F64)
-        for i in range(whole, k):
-            total = total + (wc[None, :, i] * x[:, None, i]).astype(F)
-        out[:, c0 : c0 + cols] = total.astype(F)
-    return out
-
-
-def vec_dot(w: np.ndarray, x: np.ndarray, half: bool) -> np.ndarray:
-    """``x @ w^T`` as ``ggml_vec_dot_f16`` (``half``) or ``_f32`` computes each dot: w ``(m, k)``, x ``(n, k)``, both
-    float32 holding the operands' values.  Returns float32 ``(n, m)``."""
-    m, k = w.shape
-    n = x.shape[0]
-    whole = k - k % 32
-    out = np.empty((n, m), dtype=F)
-    cols = max(1, min(m, _CHUNK // max(1, n * 32)))
-    for c0 in range(0, m, cols):
-        wc = w[c0 : c0 + cols]
-        acc = np.zeros((n, wc.shape[0], 4, 8), dtype=F)
-        for i in range(0, whole, 32):
-            a = wc[None, :, i : i + 32].reshape(1, -1, 4, 8).astype(F64)
-            b = x[:, None, i : i + 32].reshape(n, 1, 4, 8)
-            acc = (a * b + acc).astype(F)
-        lanes = (acc[:, :, 0] + acc[:, :, 2]) + (acc[:, :, 1] + acc[:, :, 3])
-        total = _pairwise8(lanes)
-        if half:
+        lanes = four_accumulators(wc, x, whole)
+        total = hsum8(lanes) if kind == "bf16" else hadd_sum8(lanes)
+        if kind == "f32":
+            for i in range(whole, k):  # sumf += x[i] * y[i] in float32, product and sum each rounded (measured)
+                total = total + wc[None, :, i] * x[:, None, i]
+        else:
             wide = total.astype(F64)
             for i in range(whole, k):
                 wide = wide + (wc[None, :, i] * x[:, None, i]).astype(F)
             total = wide.astype(F)
-        else:
-            for i in range(whole, k):  # sumf += x[i] * y[i] in float32, product and sum each rounded (measured)
-                total = total + wc[None, :, i] * x[:, None, i]
         out[:, c0 : c0 + cols] = total
     return out
 
@@ -100,8 +68,7 @@ def tinyblas(w: np.ndarray, x: np.ndarray) -> np.ndarray:
             a[0, :, : j - i] = wc[:, i:j]
             b[:, 0, : j - i] = x[:, i:j]
             acc = (a * b + acc).astype(F)
-        t = acc[..., 4:] + acc[..., :4]  # tinyBLAS's hsum: the halves, then (0 + 2) + (1 + 3)
-        out[:, c0 : c0 + cols] = (t[..., 0] + t[..., 2]) + (t[..., 1] + t[..., 3])
+        out[:, c0 : c0 + cols] = hsum8(acc)  # tinyBLAS's hsum is hsum_float_8's order
     return out
 
 
@@ -115,4 +82,4 @@ def products(w: np.ndarray, x: np.ndarray, *, half: bool, batch: bool, brain: bo
         x = bf16_to_f32(f32_to_bf16(np.ascontiguousarray(x, dtype=F)))
     if batch and w.shape[0] % 4 == 0:
         return tinyblas(w, x)
-    return vec_dot_bf16(w, x) if brain else vec_dot(w, x, half)
+    return vec_dot(w, x, "bf16" if brain else "f16" if half else "f32")

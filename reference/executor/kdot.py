@@ -47,6 +47,7 @@ from .formats import (
 )
 from .grids import IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS
 from .quant import signed_absmax
+from .simd_sums import fma32, hsum8
 
 F = np.float32
 F64 = np.float64
@@ -135,10 +136,6 @@ def q8k_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return codes, d.reshape(n, k // 256), codes.reshape(n, k // 256, 16, 16).sum(axis=3)
 
 
-def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    return (a.astype(F64) * b + c).astype(F)
-
-
 def products(type_id: int, packed: np.ndarray, x: np.ndarray) -> np.ndarray:
     """``x @ w^T`` as upstream's kernel computes it: weights as :func:`pack_weights` gives them, activations
     ``(n, k)`` float32.  Returns float32 ``(n, m)``."""
@@ -170,10 +167,9 @@ def products(type_id: int, packed: np.ndarray, x: np.ndarray) -> np.ndarray:
             dmin2 = (-yd.T[:, None, :] * xdmin[c0:c1].T[:, :, None]).astype(F)
         for s in range(nsb):
             if pre:
-                acc = _fma(dmin2[s], mins_l[s].astype(F), acc)
-            acc = _fma(d[s], lanes[s].astype(F), acc)
-        r = acc[4:] + acc[:4]
-        total = (r[0] + r[2]) + (r[1] + r[3])
+                acc = fma32(dmin2[s], mins_l[s].astype(F), acc)
+            acc = fma32(d[s], lanes[s].astype(F), acc)
+        total = hsum8(np.moveaxis(acc, 0, -1))
         if type_id in (Q4_K, Q5_K):
             # q8s[j] = bsum[2j] + bsum[2j+1]; prod[k] = min[2k] q8s[2k] + min[2k+1] q8s[2k+1]
             q8s = bsums.reshape(n, nsb, 8, 2).sum(axis=3)  # (n, nsb, 8)
@@ -183,12 +179,12 @@ def products(type_id: int, packed: np.ndarray, x: np.ndarray) -> np.ndarray:
             if type_id == Q5_K:
                 summs = np.zeros((c1 - c0, n), dtype=F)
                 for s in range(nsb):  # summs += dmin * (integer sum of the four lanes), fused by the compiler
-                    summs = _fma(dmin[s], prod[s].sum(axis=-1).astype(F), summs)
+                    summs = fma32(dmin[s], prod[s].sum(axis=-1).astype(F), summs)
                 total = total + summs
             else:
                 acc_m = np.zeros((4, c1 - c0, n), dtype=F)
                 for s in range(nsb):
-                    acc_m = _fma(dmin[s], np.moveaxis(prod[s], -1, 0).astype(F), acc_m)
+                    acc_m = fma32(dmin[s], np.moveaxis(prod[s], -1, 0).astype(F), acc_m)
                 total = total + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
         if type_id in GRID_FACTORS:
             total = total * F(1 / GRID_FACTORS[type_id])  # *s = 0.125f * hsum, a float32 multiply

@@ -13,7 +13,8 @@ import numpy as np
 
 from .dequant import _bits_lsb_first, _crumbs_lsb_first
 from .formats import LAYOUT, Q1_0, Q2_0, half_field
-from .q8dot import _pairwise, activation_codes
+from .q8dot import activation_codes
+from .simd_sums import fma32, hsum8
 
 F = np.float32
 F64 = np.float64
@@ -31,10 +32,6 @@ def pack_weights(type_id: int, blocks: np.ndarray) -> np.ndarray:
         codes = _crumbs_lsb_first(b[:, f["qs"]]).astype(F) - 1
     d = half_field(b, f["d"])
     return np.concatenate([codes.astype(F).reshape(m, -1), d.reshape(m, nb)], axis=1)
-
-
-def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    return (a.astype(F64) * b + c).astype(F)
 
 
 def products(type_id: int, packed: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -55,9 +52,9 @@ def products(type_id: int, packed: np.ndarray, x: np.ndarray) -> np.ndarray:
             first = b * sub
             blk = lanes[first * 8 : first * 8 + 8] * ad[None, :, first, None]  # a multiply, rounded
             for j in range(1, sub):
-                blk = _fma(ad[None, :, first + j, None], lanes[(first + j) * 8 : (first + j) * 8 + 8], blk)
-            acc = _fma(wd[None, None, :, b], blk, acc)
-        out[...] = _pairwise(np.moveaxis(acc, 0, -1))
+                blk = fma32(ad[None, :, first + j, None], lanes[(first + j) * 8 : (first + j) * 8 + 8], blk)
+            acc = fma32(wd[None, None, :, b], blk, acc)
+        out[...] = hsum8(np.moveaxis(acc, 0, -1))
         return out
     sumf = np.zeros((n, m), dtype=F)
     for b in range(nb):
@@ -65,7 +62,7 @@ def products(type_id: int, packed: np.ndarray, x: np.ndarray) -> np.ndarray:
         for j in range(sub):
             q = b * sub + j
             isum = lanes[q * 8 : q * 8 + 8].sum(axis=0)  # the 32 products' integer sum
-            sumi = _fma(ad[:, q, None], isum.astype(F), sumi)
-        sumf = _fma(wd[None, :, b], sumi, sumf)
+            sumi = fma32(ad[:, q, None], isum.astype(F), sumi)
+        sumf = fma32(wd[None, :, b], sumi, sumf)
     out[...] = sumf
     return out

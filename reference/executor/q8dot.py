@@ -36,6 +36,7 @@ from .formats import (
     low_high,
 )
 from .quant import _q8_scale
+from .simd_sums import hsum8
 
 #: Weight types computed here, and whether their activations carry the Q8_1 block sum.
 EXACT_TYPES: dict[int, bool] = {Q4_0: False, Q5_0: False, Q8_0: False, IQ4_NL: False, MXFP4: False, Q4_1: True,
@@ -105,12 +106,6 @@ def activation_codes(x: np.ndarray, summed: bool) -> tuple[np.ndarray, np.ndarra
     return codes, d16, s
 
 
-def _pairwise(acc: np.ndarray) -> np.ndarray:
-    """hsum_float_8: (lane i + lane i+4), then (0 + 2) and (1 + 3), then their sum; float32 throughout."""
-    r = acc[..., 4:] + acc[..., :4]
-    return (r[..., 0] + r[..., 2]) + (r[..., 1] + r[..., 3])
-
-
 def _accumulate(lanes: np.ndarray, scale: np.ndarray, acc: np.ndarray, blocks: range) -> None:
     """acc = fma(scale[b], lanes[b], acc) for the blocks ``blocks`` in order; lanes ``(nb, 8, n, m)``,
     scale ``(nb, n, m)`` float32, acc ``(8, n, m)`` float32, updated in place."""
@@ -144,12 +139,12 @@ def products(type_id: int, packed: np.ndarray, x: np.ndarray, *, batch: bool) ->
                 pairs = nb - nb % 2
                 _accumulate(lanes, scale, acc, range(0, pairs, 2))
                 _accumulate(lanes, scale, odd, range(1, pairs, 2))
-                total = _pairwise(np.moveaxis(acc + odd, 0, -1))
+                total = hsum8(np.moveaxis(acc + odd, 0, -1))
                 for b in range(pairs, nb):  # the odd block left: sumf += d * isum, which the compiler fuses
                     total = (scale[b].astype(np.float64) * lanes[b].sum(axis=0) + total).astype(np.float32)
             else:
                 _accumulate(lanes, scale, acc, range(nb))
-                total = _pairwise(np.moveaxis(acc, 0, -1))
+                total = hsum8(np.moveaxis(acc, 0, -1))
             if summed:
                 assert wm is not None and as_ is not None
                 summs = np.zeros_like(total)

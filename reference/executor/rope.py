@@ -14,6 +14,7 @@ from ..graph import GraphTensor
 from .core import FLOATS, kernel, need_types, params_f32, params_i32, read, same_shape, src, write
 from .libm import cosf, powf, sinf
 from .memory import F32, I32, Memory, node_error
+from .simd_sums import fma32
 
 MODE_NEOX = 2
 MODE_MROPE = 8
@@ -122,16 +123,10 @@ def _angles(node: GraphTensor, pos: np.ndarray, ne0: int, n_dims: int, mode: int
     return cosf(theta) * F(mscale), sinf(theta) * F(mscale)
 
 
-def _fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """a * b + c rounded once to float32, as the fused multiply-add the compiler makes of upstream's rotation (the
-    float32 product is exact in float64; the sum is rounded twice only a few units in 2^29 of the time)."""
-    return (a.astype(np.float64) * b + c).astype(F)
-
-
 def _rotate(x0: np.ndarray, x1: np.ndarray, c: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """ggml's rotate_pairs as its build computes it: ``x0*cos - x1*sin`` and ``x0*sin + x1*cos``, each with the
     first product fused into the addition (measured against upstream's ROPE results)."""
-    return _fma(x0, c, -(x1 * s)), _fma(x0, s, x1 * c)
+    return fma32(x0, c, -(x1 * s)), fma32(x0, s, x1 * c)
 
 
 def _rope(node: GraphTensor, mem: Memory, sin_sign: float) -> None:

@@ -12,13 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from .libm import expf
+from .simd_sums import fma32
 
 F = np.float32
 _LANES = 8
-
-
-def _fma(a: np.ndarray | float, b: np.ndarray | float, c: np.ndarray | float) -> np.ndarray:
-    return (np.float64(a) * np.float64(b) + np.float64(c)).astype(F)
 
 
 def _bits(x: np.ndarray) -> np.ndarray:
@@ -41,22 +38,22 @@ def v_expf(x: np.ndarray) -> np.ndarray:
     """ggml_v_expf (AVX2 + FMA) lane by lane, float32 in and out."""
     x = np.asarray(x, dtype=F)
     with np.errstate(over="ignore", invalid="ignore"):
-        z = _fma(x, _LOG2E, _R)
+        z = fma32(x, _LOG2E, _R)
         n = z - _R
-        b = _fma(-n, _LN2_LO, _fma(-n, _LN2_HI, x))
+        b = fma32(-n, _LN2_LO, fma32(-n, _LN2_HI, x))
         e = _bits(z) << np.uint32(23)
         k = _float(e + _ONE_BITS)
         c = np.abs(n) > F(126)
         u = b * b
-        j = _fma(_fma(_fma(_P[0], b, _P[1]), u, _fma(_P[2], b, _P[3])), u, _P[4] * b)
-        plain = _fma(j, k, k)
+        j = fma32(fma32(fma32(_P[0], b, _P[1]), u, fma32(_P[2], b, _P[3])), u, _P[4] * b)
+        plain = fma32(j, k, k)
         if not c.any():
             return plain
         g = np.where(n <= F(0), np.uint32(0x82000000), np.uint32(0))
         s1 = _float(g + np.uint32(0x7F000000))
         s2 = _float(e - g)
         d = np.abs(n) > F(192)
-        return np.where(d, s1 * s1, np.where(c, _fma(s2, j, s2) * s1, plain)).astype(F)
+        return np.where(d, s1 * s1, np.where(c, fma32(s2, j, s2) * s1, plain)).astype(F)
 
 
 def v_silu(x: np.ndarray) -> np.ndarray:
