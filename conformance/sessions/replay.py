@@ -72,11 +72,11 @@ class Replayer:
         timeout: float = 120.0,
         until_compute: bool = False,
         rewrite_fields: Callable[[Command, dict[str, Any]], dict[str, Any]] | None = None,
-        graph_hook: Callable[[RpcClient, Command, dict[str, Any], Request], bool] | None = None,
+        graph_hook: Callable[[RpcClient, Command, dict[str, Any], Request, int], bool] | None = None,
     ) -> None:
         self.captures = list(captures)
-        #: Called before each GRAPH_COMPUTE/RECOMPUTE with its relocated fields (the divergence finder's own graphs
-        #: go there); False stops replaying that connection.
+        #: Called before each GRAPH_COMPUTE/RECOMPUTE with its relocated fields and connection index (the divergence
+        #: finder's own graphs go there); False stops replaying that connection.
         self.graph_hook = graph_hook
         #: A fleet replay readdresses COMM_INIT (:mod:`.fleet`): applied to every relocated request.
         self.rewrite_fields = rewrite_fields
@@ -222,7 +222,7 @@ class Replayer:
                     client.cork()  # this request's last bytes leave with the FIN, as a client that does not wait
                 self._last = (path, dc.conn.index, req.index, cmd.name)
                 if self.graph_hook is not None and cmd in (Command.GRAPH_COMPUTE, Command.GRAPH_RECOMPUTE) \
-                        and not self.graph_hook(client, cmd, fields, req):
+                        and not self.graph_hook(client, cmd, fields, req, dc.conn.index):
                     return
                 try:
                     self.report.bytes_sent += send_request(client, self.target, cmd, fields, data)

@@ -19,68 +19,56 @@ import json
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from ggml_rpc.spec import TYPES, Command, GgmlOp, Request, type_name
+from ggml_rpc.spec import Command, GgmlOp, Request, type_name
 from ggml_rpc.spec.facts import tensor_nbytes
 
 from ..client import RpcClient
+from ..harness import parse_address
+from ..nmse import nmse
+from ..sessions.compare import FLOAT_TYPES, float_values
 from ..sessions.replay import Replayer, load_captures
 from .runs import UpstreamServer, reference_server
 
 #: Graph uid of the finder's own graph on a version with a graph cache (8.0.0): far from any client's.
 _OWN_UID = (1 << 62) + 7
-_F32, _F16, _BF16 = 0, 1, 30
 
 
 @dataclass
-class NodeResult:
+class _Node:
+    """A node of the examined graph: where it runs, what it computes and from what."""
+
+    position: int
+    id: int
+    name: str
+    op: str
+    type_id: int
+    ne: list[int]
+    sources: list[str]
+    source_ids: list[int]
+
+    @property
+    def type(self) -> str:
+        return type_name(self.type_id)
+
+
+@dataclass
+class NodeResult(_Node):
     """One node's result on one server."""
 
-    position: int
-    id: int
-    name: str
-    op: str
-    type: str
-    ne: list[int]
-    sources: list[str]
-    source_ids: list[int]
-    data: bytes
+    data: bytes = b""
 
 
 @dataclass
-class NodeDiff:
-    position: int
-    id: int
-    name: str
-    op: str
-    type: str
-    ne: list[int]
-    sources: list[str]
-    source_ids: list[int]
-    nmse: float | None  # None: not a float type, compared byte for byte
-    equal_bytes: bool
+class NodeDiff(_Node):
+    """One node compared across the two servers."""
 
-
-def _values(type_id: int, data: bytes) -> np.ndarray | None:
-    if type_id == _F32:
-        return np.frombuffer(data, np.float32).astype(np.float64)
-    if type_id == _F16:
-        return np.frombuffer(data, np.float16).astype(np.float64)
-    if type_id == _BF16:
-        return (np.frombuffer(data, np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    return None
-
-
-def nmse(ref: np.ndarray, got: np.ndarray) -> float:
-    """sum((got - ref)^2) / sum(ref^2), 0 for equal arrays, inf when ref is all zeros and got is not."""
-    err = float(np.sum((got - ref) ** 2))
-    if err == 0.0:
-        return 0.0
-    den = float(np.sum(ref**2))
-    return err / den if den else float("inf")
+    nmse: float | None = None  # None: not a float type, compared byte for byte
+    equal_bytes: bool = False
 
 
 def _op_name(op: int) -> str:
@@ -144,22 +132,24 @@ def node_results(client: RpcClient, fields: dict[str, Any]) -> list[NodeResult]:
             if int(t["view_src"]) in index:
                 ids.append(int(t["view_src"]))
             out.append(NodeResult(position, nid, t["name"].decode(errors="replace"), _op_name(int(t["op"])),
-                                  type_name(int(t["type"])), [int(n) for n in t["ne"]], sources, ids, data))
+                                  int(t["type"]), [int(n) for n in t["ne"]], sources, ids, data))
         return out
     finally:
         client.free_buffer(handle)
 
 
 class _Stop:
-    """The replay hook: remembers the last graph sent, and at the chosen computation reads every node."""
+    """The replay hook: remembers the chosen connection's last graph, and at the chosen computation reads every node
+    (and ends that connection's replay)."""
 
     def __init__(self, conn: int, index: int) -> None:
         self.conn, self.index = conn, index
         self.graph: dict[str, Any] | None = None
         self.results: list[NodeResult] | None = None
-        self.conn_of: dict[int, int] = {}
 
-    def __call__(self, client: RpcClient, cmd: Command, fields: dict[str, Any], req: Request) -> bool:
+    def __call__(self, client: RpcClient, cmd: Command, fields: dict[str, Any], req: Request, conn: int) -> bool:
+        if conn != self.conn:
+            return True  # the other connections set up the state, replayed as recorded
         if cmd is Command.GRAPH_COMPUTE:
             self.graph = fields
         if req.index != self.index or self.results is not None or self.graph is None:
@@ -171,24 +161,8 @@ class _Stop:
 def graph_nodes(pcap: Path, address: str, conn: int, index: int) -> list[NodeResult]:
     """Replay ``pcap`` against ``address`` up to message ``index`` of connection ``conn`` (a graph computation) and
     return every node of that graph as the server computes it (:func:`node_results`)."""
-    host, port = address.rsplit(":", 1)
-    captures = load_captures([pcap])
-    # Only the chosen connection's graph is wanted: the others are replayed as recorded (they set up the state).
     hook = _Stop(conn, index)
-
-    def only_conn(client: RpcClient, cmd: Command, fields: dict[str, Any], req: Request) -> bool:
-        return hook(client, cmd, fields, req) if current[0] == conn else True
-
-    current = [0]
-    replayer = Replayer(captures, host, int(port), graph_hook=only_conn)
-    original = replayer._connection
-
-    def play(path: str, dc: Any) -> None:
-        current[0] = dc.conn.index
-        original(path, dc)
-
-    replayer._connection = play  # type: ignore[method-assign]
-    replayer.run(check_alive=False)
+    Replayer(load_captures([pcap]), *parse_address(address), graph_hook=hook).run(check_alive=False)
     if hook.results is None:
         raise RuntimeError(f"connection {conn} of {pcap} has no graph computation at message {index}")
     return hook.results
@@ -198,7 +172,7 @@ def first_drift(pcap: Path, address: str, bar: float) -> tuple[int, int] | None:
     """(connection, message index) of the graph computation before the first read above ``bar``; None if none."""
     from ..sessions.replay import replay
 
-    report = replay([pcap], *address.rsplit(":", 1)[:1], int(address.rsplit(":", 1)[1]), nmse_tolerance=bar)
+    report = replay([pcap], *parse_address(address), nmse_tolerance=bar)
     drift = [m for m in report.mismatches if m.kind == "computed"]
     if not drift:
         return None
@@ -215,17 +189,20 @@ def first_drift(pcap: Path, address: str, bar: float) -> tuple[int, int] | None:
 
 
 def compare(reference: list[NodeResult], upstream: list[NodeResult]) -> list[NodeDiff]:
+    """Every node both servers computed, in order: NMSE of the reference's result against upstream's (float types,
+    read as a replay reads a computed result) and whether the bytes are equal."""
     by_pos = {r.position: r for r in upstream}
     out = []
     for mine in reference:
         theirs = by_pos.get(mine.position)
         if theirs is None:
             continue
-        type_id = next(t.id for t in TYPES.values() if t.name == mine.type)
-        a, b = _values(type_id, theirs.data), _values(type_id, mine.data)
-        err = None if a is None or b is None or a.shape != b.shape else nmse(a, b)
-        out.append(NodeDiff(mine.position, mine.id, mine.name, mine.op, mine.type, mine.ne, mine.sources,
-                            mine.source_ids, err, mine.data == theirs.data))
+        dtype = FLOAT_TYPES.get(mine.type_id)
+        err = None
+        if dtype is not None and len(mine.data) == len(theirs.data):
+            err = nmse(float_values(theirs.data, dtype), float_values(mine.data, dtype))
+        shared = {f.name: getattr(mine, f.name) for f in dataclass_fields(_Node)}
+        out.append(NodeDiff(**shared, nmse=err, equal_bytes=mine.data == theirs.data))
     return out
 
 
@@ -288,8 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mark}{d.position:4d} {d.op:<16} {d.type:<5} {d.ne!s:<22} {err:<14} {d.name}  <- "
               f"{', '.join(d.sources)}")
     if args.json:
+        nodes = [asdict(d) | {"type": d.type} for d in diffs]
         Path(args.json).write_text(json.dumps({"pcap": str(args.pcap), "at": list(at), "bar": args.bar,
-                                               "nodes": [asdict(d) for d in diffs]}, indent=1) + "\n")
+                                               "nodes": nodes}, indent=1) + "\n")
     return 1 if above else 0
 
 

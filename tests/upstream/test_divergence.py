@@ -41,8 +41,8 @@ def test_two_reference_servers_agree_on_every_node_of_a_genuine_graph():
 
 
 def _diff(position: int, nmse: float, sources: list[int]) -> NodeDiff:
-    return NodeDiff(position, 100 + position, f"n{position}", "MUL", "F32", [4, 1, 1, 1], [],
-                    [100 + s for s in sources], nmse, nmse == 0.0)
+    return NodeDiff(position, 100 + position, f"n{position}", "MUL", 0, [4, 1, 1, 1], [],
+                    [100 + s for s in sources], nmse=nmse, equal_bytes=nmse == 0.0)
 
 
 @pytest.mark.parametrize(("nodes", "first"), [
