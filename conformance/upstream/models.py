@@ -156,7 +156,7 @@ def _store(writer: Any, name: str, data: np.ndarray, kind: str, info: ModelInfo)
 #: the query, key and value projections), qwen3 (RMS norms of each query and key head), gemma (GELU feed-forward,
 #: embeddings scaled by sqrt(n_embd), output tied to token_embd). llama itself also takes ``n_expert``: a mixture of
 #: experts, as Mixtral's files are. (phi3 is not among them: upstream's loader refuses the SentencePiece vocabulary
-#: the kit's models carry for it, looking up a special token that vocabulary does not have.)
+#: the kit's models carry for it: "error loading model vocabulary: unordered_map::at", 7.0.0's llama-completion.)
 ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma")
 
 

@@ -94,8 +94,8 @@ ZOO: dict[str, ZooModel] = _zoo()
 
 #: The subset CI runs: a legacy quant with one key/value head and a Q8_0 output, a K-quant mix (Q4_K with Q6_K),
 #: imatrix-made i-quants, IQ4_XS with GQA, biases (qwen2) and a mixture of experts (MUL_MAT_ID).  Every zoo model
-#: passed on 6.0.0, 7.0.0 and 8.0.0 in INTEROP.md's run but 8.0.0's Q2_0 (its build computes Q2_0 otherwise than
-#: 7.0.0's, whose arithmetic the executor follows); ``ggml-rpc interop --zoo`` runs them all.
+#: passed on 6.0.0, 7.0.0 and 8.0.0 in INTEROP.md's run but 8.0.0's Q2_0 (its session drifts from the reference,
+#: NMSE 7.6e-5 at the first read; the cause is not traced); ``ggml-rpc interop --zoo`` runs them all.
 CI_ZOO: tuple[str, ...] = ("zoo-e128-kv1-q4_0", "zoo-q4_k_m", "zoo-e128-kv1-iq4_xs", "zoo-iq3_xs", "zoo-iq2_s",
                            "zoo-qwen2-q8_0", "zoo-moe-q4_k_m")
 

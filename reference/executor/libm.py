@@ -5,7 +5,8 @@ glibc's float functions are not correctly rounded: its cosf and sinf differ from
 attention weight is enough to move a later 8-bit activation code.  Calling the library for every element costs a
 microsecond each, so each function is evaluated in float64 first and only the elements whose float64 value lies near
 a rounding boundary of float32 (where the library's answer may be the other neighbour) are asked of the library.
-The windows are the functions' documented error bounds with a margin (cosf/sinf 0.56 ulp, expf 0.502 ulp).
+The windows (0.12 ulp for cosf/sinf, 0.02 for expf) were checked against the library on 100,000 to 300,000 values
+each: no difference (tests/executor/test_libm.py keeps checking 100,000).
 """
 
 from __future__ import annotations

@@ -74,8 +74,9 @@ def _exact(node: GraphTensor, a_t: GraphTensor, b_t: GraphTensor, k: int, ne02: 
 
     F32 and F16 weights go there only for a product the graph goes on with (not a graph output: the logits' last
     bits end there, NMSE about 1e-14, and reach no rounding point), of at most :data:`_FLOAT_EXACT_MAX` weights:
-    their emulation costs about a hundred times BLAS's time, which a small model's layers afford and a large one's
-    do not.  F32 weights also need a contiguous F32 src1 (upstream's order otherwise is the vector dot's, kept)."""
+    their emulation takes 23 to 48 times BLAS's time (measured from 256x256 to 2048x2048), which a small model's
+    layers afford and a large one's do not.  src1 must be F32 (a batch of F32 weights with a non-contiguous src1
+    takes upstream's vector dot: see the kernel)."""
     if ne02 != 1 or ne03 != 1:
         return False
     if a_t.type in (F32, F16, BF16):
@@ -103,8 +104,10 @@ def _mul_mat(node: GraphTensor, mem: Memory) -> None:
         out = mem.raw(node)
         if out.size:
             rows = np.ascontiguousarray(read(mem, b_t), dtype=np.float32).reshape(-1, k)
-            # Upstream runs its batch kernel per (i12, i13) slice of n rows, its one-token kernel for n == 1.
-            res = _exact_product(mem, a_t, rows, batch=n > 1)
+            # Upstream runs its batch kernel per (i12, i13) slice of n rows, its one-token kernel for n == 1; F32
+            # weights take the batch kernel only for a contiguous src1 (ggml_compute_forward_mul_mat's src1_cont).
+            batch = n > 1 and (a_t.type != F32 or bool(mem.raw(b_t).flags.c_contiguous))
+            res = _exact_product(mem, a_t, rows, batch=batch)
             np.copyto(out, res.reshape(out.shape))
         return
     # Weights converted to float32 once and reused by later runs while their buffer is not written (the per-token

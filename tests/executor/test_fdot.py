@@ -62,3 +62,26 @@ def test_bf16_product_is_ggmls_vec_dot_bit_for_bit(lib: GgmlLibrary) -> None:
         xb = f32_to_bf16(x[0]).view(np.uint8)
         want = np.array([lib.vec_dot(30, f32_to_bf16(w[i]).view(np.uint8), xb) for i in range(16)], dtype=F)
         assert got.tobytes() == want.tobytes(), (k, np.abs(got - want).max())
+
+
+def test_a_batch_with_non_contiguous_src1_takes_the_vector_dot() -> None:
+    # ggml tries tinyBLAS on F32 x F32 only for a contiguous src1; otherwise every pair goes through the vector dot.
+    from ggml_rpc.reference.executor import execute
+    from ggml_rpc.reference.executor.arena import Arena
+    from ggml_rpc.spec import GgmlOp
+
+    from .test_ops import filled, permuted
+
+    rng = np.random.default_rng(3)
+    arena = Arena(1 << 20)
+    w = rng.standard_normal((8, 40)).astype(F)
+    x = rng.standard_normal((1, 1, 40, 3)).astype(F)  # permuted: a [40, 3] view with its dims 0 and 1 swapped
+    wt = filled(arena, F32_ID, (40, 8), w)
+    xt = permuted(arena, x.transpose(0, 1, 3, 2))
+    out = arena.tensor(F32_ID, (8, 3), op=GgmlOp.MUL_MAT, src=(wt, xt))
+    contiguous = arena.tensor(F32_ID, (8, 3), op=GgmlOp.MUL_MAT, src=(wt, filled(arena, F32_ID, (40, 3), x[0, 0].T)))
+    execute([out, contiguous])
+    rows = np.ascontiguousarray(x[0, 0].T)
+    assert arena.get(out).reshape(3, 8).tobytes() == fdot.vec_dot(w, rows, "f32").tobytes()
+    assert arena.get(contiguous).reshape(3, 8).tobytes() == fdot.tinyblas(w, rows).tobytes()
+    assert fdot.vec_dot(w, rows, "f32").tobytes() != fdot.tinyblas(w, rows).tobytes()  # the case tells them apart
