@@ -14,6 +14,7 @@ import functools
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -282,6 +283,21 @@ def standard_model_name(name: str, vocab_path: Path, seed: int = 0,
     return f"{name}-s{seed}-{digest.hexdigest()[:10]}.gguf"
 
 
+def write_once(path: Path, make: Callable[[Path], object]) -> Path:
+    """``path``, made by ``make(tmp)`` only when missing: written under a temporary name (same suffix, which some
+    upstream programs read the format from) and renamed, so a concurrent or interrupted run never leaves a partial
+    file under the final name."""
+    if path.is_file():
+        return path
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        make(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
 def ensure_models(folder: Path, vocab_path: Path, names: list[str] | None = None, seed: int = 0,
                   table: dict[str, dict[str, Any]] | None = None) -> dict[str, Path]:
     """The standard models (all, or ``names``; of ``table``, default :data:`STANDARD_MODELS`) in ``folder``, written
@@ -296,12 +312,6 @@ def ensure_models(folder: Path, vocab_path: Path, names: list[str] | None = None
     table = table or STANDARD_MODELS
     for name in names or list(table):
         path = folder / standard_model_name(name, vocab_path, seed, table)
-        if not path.is_file():
-            tmp = folder / f".{path.name}.{os.getpid()}.tmp"
-            try:
-                write_model(tmp, vocab_path=vocab_path, seed=seed, **table[name])
-                os.replace(tmp, path)
-            finally:
-                tmp.unlink(missing_ok=True)
-        out[name] = path
+        out[name] = write_once(path, lambda tmp, n=name: write_model(tmp, vocab_path=vocab_path, seed=seed,
+                                                                      **table[n]))
     return out

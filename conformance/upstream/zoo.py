@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import re
 import subprocess
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .models import GENERATOR_VERSION, write_model
+from .models import GENERATOR_VERSION, write_model, write_once
 from .peers import Peer, installed_peers
 
 #: Every shape is 2 layers over upstream's 32,000-token vocabulary, trained context 256.
@@ -162,19 +161,6 @@ def _run(argv: list[str], quantizer: Peer, what: str) -> None:
         raise RuntimeError(f"{what} failed (exit {done.returncode}): {' | '.join(tail)}")
 
 
-def _atomic(path: Path, make: Any) -> Path:
-    """``make(tmp)`` writes a file; it is renamed to ``path``, so a partial file never has the final name."""
-    if path.is_file():
-        return path
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")  # the suffix tells llama-imatrix the format
-    try:
-        make(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
 def ensure_zoo(folder: Path, peer: Peer, names: list[str]) -> dict[str, Path]:
     """The zoo models ``names`` for ``peer`` in ``folder``, made only when missing (base F32 file, importance matrix
     and quantised file each cached under a name that changes with whatever made it)."""
@@ -188,7 +174,7 @@ def ensure_zoo(folder: Path, peer: Peer, names: list[str]) -> dict[str, Path]:
         model = ZOO[name]
         params = SHAPES[model.shape]
         base_key = _digest(GENERATOR_VERSION, params, vocab_digest)
-        base = _atomic(folder / f"base-{model.shape}-{base_key}.gguf",
+        base = write_once(folder / f"base-{model.shape}-{base_key}.gguf",
                        lambda tmp, p=params: write_model(tmp, ftype="F32", vocab_path=vocab, **p))
         argv = [str(quantizer.llama_quantize)]
         key: list[Any] = [base_key, quantizer.requirement, model.ftype]
@@ -196,7 +182,7 @@ def ensure_zoo(folder: Path, peer: Peer, names: list[str]) -> dict[str, Path]:
             text = folder / f"imatrix-text-{_digest(imatrix_text())}.txt"
             if not text.is_file():
                 text.write_text(imatrix_text())
-            imatrix = _atomic(folder / f"imatrix-{model.shape}-{quantizer.version}-{base_key}.gguf",
+            imatrix = write_once(folder / f"imatrix-{model.shape}-{quantizer.version}-{base_key}.gguf",
                               lambda tmp, b=base, t=text: _run(
                                   [str(quantizer.program("llama-imatrix")), "-m", str(b), "-f", str(t), "-o",
                                    str(tmp), "-c", "128", "--chunks", "8", "-t", "1"], quantizer,
@@ -204,6 +190,6 @@ def ensure_zoo(folder: Path, peer: Peer, names: list[str]) -> dict[str, Path]:
             argv += ["--imatrix", str(imatrix)]
             key.append(hashlib.sha256(imatrix.read_bytes()).hexdigest())
         path = folder / f"{name}-{quantizer.version}-{_digest(*key)}.gguf"
-        out[name] = _atomic(path, lambda tmp, a=argv, b=base, m=model: _run(
+        out[name] = write_once(path, lambda tmp, a=argv, b=base, m=model: _run(
             [*a, str(b), str(tmp), m.ftype, "1"], quantizer, f"llama-quantize {m.ftype}"))
     return out

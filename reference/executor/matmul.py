@@ -11,7 +11,7 @@ from collections.abc import Callable
 from functools import partial
 
 import numpy as np
-from ggml_rpc.spec import TYPES, GgmlOp, type_name
+from ggml_rpc.spec import TYPES, GgmlOp, TensorFlag, type_name
 
 from ..graph import GraphTensor
 from . import fdot, kdot, lowbit_dot
@@ -63,8 +63,7 @@ def _exact_product(mem: Memory, a_t: GraphTensor, rows: np.ndarray, batch: bool)
     return products(a_t.type, packed, rows, batch=batch)
 
 
-#: ggml's tensor flag of a graph output (the client reads it).
-_FLAG_OUTPUT = 2
+_FLAG_OUTPUT = int(TensorFlag.OUTPUT)  # a graph output: the client reads it
 #: F32/F16 products up to this many weights (m x k) are computed in upstream's order; larger ones with BLAS.
 _FLOAT_EXACT_MAX = 1 << 22
 
