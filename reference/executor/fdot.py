@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from .compiled import KIND_BF16, KIND_F16, KIND_F32, float_vec_dot
+from .compiled import tinyblas as compiled_tinyblas
 from .formats import bf16_to_f32, f32_to_bf16
-from .simd_sums import four_accumulators, hadd_sum8, hsum8
 
 F = np.float32
-F64 = np.float64
-#: Lane blocks are computed in chunks of at most this many float64 values (32 MiB).
-_CHUNK = 4 << 20
+_KINDS = {"f32": KIND_F32, "f16": KIND_F16, "bf16": KIND_BF16}
 
 
 def vec_dot(w: np.ndarray, x: np.ndarray, kind: str) -> np.ndarray:
@@ -30,46 +29,22 @@ def vec_dot(w: np.ndarray, x: np.ndarray, kind: str) -> np.ndarray:
     multiply and an add, which the compiler fuses); F32 and F16 fold the lanes with horizontal adds, BF16 as
     hsum_float_8; the elements past the last whole 32 are added one product at a time (F32: into a float32 sum;
     F16/BF16: each float32 product into a double).  Returns float32 ``(n, m)``."""
-    m, k = w.shape
-    n = x.shape[0]
-    whole = k - k % 32
-    out = np.empty((n, m), dtype=F)
-    cols = max(1, min(m, _CHUNK // max(1, n * 32)))
-    for c0 in range(0, m, cols):
-        wc = w[c0 : c0 + cols]
-        lanes = four_accumulators(wc, x, whole)
-        total = hsum8(lanes) if kind == "bf16" else hadd_sum8(lanes)
-        if kind == "f32":
-            for i in range(whole, k):  # sumf += x[i] * y[i] in float32, product and sum each rounded (measured)
-                total = total + wc[None, :, i] * x[:, None, i]
-        else:
-            wide = total.astype(F64)
-            for i in range(whole, k):
-                wide = wide + (wc[None, :, i] * x[:, None, i]).astype(F)
-            total = wide.astype(F)
-        out[:, c0 : c0 + cols] = total
+    out = np.empty((x.shape[0], w.shape[0]), dtype=F)
+    float_vec_dot(_rows(w), _rows(x), _KINDS[kind], out)
     return out
 
 
 def tinyblas(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """``x @ w^T`` as llamafile's tinyBLAS computes each output (one 8-lane accumulator, a fused multiply-add per 8
     elements, the tail padded with zeros).  Returns float32 ``(n, m)``."""
-    m, k = w.shape
-    n = x.shape[0]
-    out = np.empty((n, m), dtype=F)
-    cols = max(1, min(m, _CHUNK // max(1, n * 8)))
-    for c0 in range(0, m, cols):
-        wc = w[c0 : c0 + cols]
-        acc = np.zeros((n, wc.shape[0], 8), dtype=F)
-        for i in range(0, k, 8):
-            j = min(k, i + 8)
-            a = np.zeros((1, wc.shape[0], 8), dtype=F64)
-            b = np.zeros((n, 1, 8), dtype=F64)
-            a[0, :, : j - i] = wc[:, i:j]
-            b[:, 0, : j - i] = x[:, i:j]
-            acc = (a * b + acc).astype(F)
-        out[:, c0 : c0 + cols] = hsum8(acc)  # tinyBLAS's hsum is hsum_float_8's order
+    out = np.empty((x.shape[0], w.shape[0]), dtype=F)
+    compiled_tinyblas(_rows(w), _rows(x), out)
     return out
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    # Rows of float32 with contiguous elements: one compiled specialisation, and each row read in order.
+    return a if a.dtype == F and a.strides[-1] == 4 else np.ascontiguousarray(a, dtype=F)
 
 
 def products(w: np.ndarray, x: np.ndarray, *, half: bool, batch: bool, brain: bool = False) -> np.ndarray:

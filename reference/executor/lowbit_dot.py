@@ -41,7 +41,8 @@ def products(type_id: int, packed: np.ndarray, x: np.ndarray) -> np.ndarray:
     m = packed.shape[0]
     nb = k // blck
     codes, wd = packed[:, :k], packed[:, k:]
-    ac, ad, _ = activation_codes(x, False)  # (n, k / 4, 4), (n, k / 32)
+    q, ad, _ = activation_codes(x, False)  # (n, k), (n, k / 32)
+    ac = q.astype(F).reshape(n, k // 4, 4)
     # Lane sums of four: (k / 4, n, m), exact in float32.
     lanes = np.matmul(ac.transpose(1, 0, 2), codes.reshape(m, k // 4, 4).transpose(1, 2, 0))
     sub = blck // 32

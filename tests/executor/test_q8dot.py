@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from ggml_rpc.conformance.upstream.ggml_lib import GgmlLibrary
 from ggml_rpc.reference.executor import lowbit_dot, q8dot
+from ggml_rpc.reference.executor.compiled import LANE_ORDER
 from ggml_rpc.reference.executor.lowbit_dot import LOWBIT_TYPES
 from ggml_rpc.reference.executor.types import IQ4_NL, MXFP4, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, VEC_DOT_TYPE
 from ggml_rpc.spec import TYPES
@@ -27,6 +28,9 @@ def _loop(type_id: int, packed: np.ndarray, x: np.ndarray, two: bool) -> np.ndar
     wc, wd, wm = q8dot._unpack(type_id, packed)
     ac, ad, as_ = q8dot.activation_codes(x, q8dot.EXACT_TYPES[type_id])
     m, nb = wd.shape
+    natural = np.argsort(LANE_ORDER)  # the packed codes are in lane order
+    wc = wc.reshape(m, nb, 32)[:, :, natural].astype(F).reshape(m, nb * 8, 4)
+    ac = ac.astype(F).reshape(x.shape[0], nb * 8, 4)
     out = np.zeros((x.shape[0], m), F)
     for r in range(x.shape[0]):
         for c in range(m):
@@ -43,7 +47,7 @@ def _loop(type_id: int, packed: np.ndarray, x: np.ndarray, two: bool) -> np.ndar
             for b in range(last, nb):  # fused: sumf += d * isum
                 isum = (wc[c, b * 8 : b * 8 + 8] * ac[r, b * 8 : b * 8 + 8]).sum()
                 total = F(np.float64(F(wd[c, b] * ad[r, b])) * np.float64(isum) + np.float64(total))
-            if as_ is not None:
+            if q8dot.EXACT_TYPES[type_id]:
                 summs = F(0)
                 for b in range(nb):
                     summs = F(summs + F(wm[c, b] * as_[r, b]))

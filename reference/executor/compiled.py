@@ -1,0 +1,190 @@
+"""The exact products' inner loops, compiled (numba): one output at a time, in the order upstream's AVX2 kernels add.
+
+numpy can only run these loops a block at a time over every output (a float64 temporary, a multiply, an add and a
+rounding per step, each a pass over memory), which made a tiny model's token four times slower than BLAS's
+(``BENCHMARKS.md``).  Compiled, each output's accumulators stay in registers and the weights are read once, as
+int8 codes for the 8-bit-activation types instead of float32.
+
+The arithmetic is the one :mod:`.simd_sums` describes, with one difference: a fused multiply-add here is LLVM's
+``llvm.fma.f32``, rounded once as the AVX2 instruction ggml uses is (numpy's float64 emulation rounds twice a few
+units in 2^29 of the time).  Every other float32 operation is written in float32 and compiled without fast-math, so
+it is neither reordered nor fused.  The 8-bit codes of a block are kept with lane i's four elements eight apart
+(:data:`LANE_ORDER`), so that a block's eight lane sums are four vector adds.  The loops run on one
+thread (the server's ``threads`` default: the machine's other cores belong to the client) with the interpreter lock
+released; weight rows are the outer loop, so a batch reads each row once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit
+from numba.core import types
+from numba.extending import intrinsic
+
+F32 = np.float32
+F64 = np.float64
+
+#: vec_dot kinds: how the lanes are folded and the tail added (ggml_vec_dot_f32 / _f16 / _bf16).
+KIND_F32, KIND_F16, KIND_BF16 = 0, 1, 2
+
+
+#: Position in a 32-code block of the packed form -> element of the block: lane i's elements 4i..4i+3 at i, i + 8,
+#: i + 16, i + 24.
+LANE_ORDER = np.arange(32).reshape(8, 4).T.reshape(-1)
+
+
+@intrinsic
+def fma32(typingctx, a, b, c):  # type: ignore[no-untyped-def]
+    """a * b + c rounded once (float32 operands)."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        f = ir.FloatType()
+        fn = builder.module.declare_intrinsic("llvm.fma", [f], ir.FunctionType(f, [f, f, f]))
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
+@njit(cache=True, inline="always")
+def _lanes_fma(s, p, o, a):  # type: ignore[no-untyped-def]
+    # One block: lane i (elements at o + i, o + 8 + i, ...) converted to float32 and folded into a[i] by s.
+    return (fma32(s, F32(p[o] + p[o + 8] + p[o + 16] + p[o + 24]), a[0]),
+            fma32(s, F32(p[o + 1] + p[o + 9] + p[o + 17] + p[o + 25]), a[1]),
+            fma32(s, F32(p[o + 2] + p[o + 10] + p[o + 18] + p[o + 26]), a[2]),
+            fma32(s, F32(p[o + 3] + p[o + 11] + p[o + 19] + p[o + 27]), a[3]),
+            fma32(s, F32(p[o + 4] + p[o + 12] + p[o + 20] + p[o + 28]), a[4]),
+            fma32(s, F32(p[o + 5] + p[o + 13] + p[o + 21] + p[o + 29]), a[5]),
+            fma32(s, F32(p[o + 6] + p[o + 14] + p[o + 22] + p[o + 30]), a[6]),
+            fma32(s, F32(p[o + 7] + p[o + 15] + p[o + 23] + p[o + 31]), a[7]))
+
+
+@njit(cache=True, inline="always")
+def _fma8(w, x, o, a):  # type: ignore[no-untyped-def]
+    # Eight lanes: a[i] = w[o + i] * x[o + i] + a[i], each rounded once.
+    return (fma32(w[o], x[o], a[0]), fma32(w[o + 1], x[o + 1], a[1]), fma32(w[o + 2], x[o + 2], a[2]),
+            fma32(w[o + 3], x[o + 3], a[3]), fma32(w[o + 4], x[o + 4], a[4]), fma32(w[o + 5], x[o + 5], a[5]),
+            fma32(w[o + 6], x[o + 6], a[6]), fma32(w[o + 7], x[o + 7], a[7]))
+
+
+@njit(cache=True, inline="always")
+def _add8(a, b):  # type: ignore[no-untyped-def]
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], a[4] + b[4], a[5] + b[5], a[6] + b[6], a[7] + b[7])
+
+
+@njit(cache=True, inline="always")
+def _hsum8(v: np.ndarray) -> np.float32:
+    # hsum_float_8: lane i + lane i + 4, then (0 + 2) + (1 + 3)
+    r0, r1, r2, r3 = v[4] + v[0], v[5] + v[1], v[6] + v[2], v[7] + v[3]
+    return (r0 + r2) + (r1 + r3)
+
+
+@njit(cache=True, inline="always")
+def _hadd_sum8(v: np.ndarray) -> np.float32:
+    # GGML_F32_VEC_REDUCE's end: the halves, then (0 + 1) + (2 + 3)
+    t0, t1, t2, t3 = v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]
+    return (t0 + t1) + (t2 + t3)
+
+
+@njit(cache=True, nogil=True)
+def q8_products(wq: np.ndarray, wd: np.ndarray, wm: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray,
+                two: bool, summed: bool, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """out[r, c] = the dot of weight row c and activation row r as ggml's 8-bit-activation kernels compute it.
+
+    wq int8 (m, k) codes in :data:`LANE_ORDER`, wd float32 (m, nb) scales, wm float32 (m, nb) mins (Q4_1/Q5_1,
+    ``summed``); xq int8 (n, k) in the same order, xd float32 (n, nb) fp16 scales, xs float32 (n, nb) fp16 block
+    sums; ``two``: blocks alternate between two accumulators (the odd last block added to the total by one fused
+    multiply-add)."""
+    m, k = wq.shape
+    n = xq.shape[0]
+    nb = k // 32
+    last = nb - nb % 2 if two else nb
+    p = np.empty(k, dtype=np.int32)
+    zero = F32(0)
+    for c in range(m):
+        w = wq[c]
+        for r in range(n):
+            x = xq[r]
+            for j in range(k):  # every product first: one widening multiply over the row
+                p[j] = np.int32(w[j]) * np.int32(x[j])
+            a = (zero, zero, zero, zero, zero, zero, zero, zero)
+            if two:
+                odd = a
+                for b in range(0, last, 2):
+                    a = _lanes_fma(wd[c, b] * xd[r, b], p, b * 32, a)
+                    odd = _lanes_fma(wd[c, b + 1] * xd[r, b + 1], p, b * 32 + 32, odd)
+                a = (a[0] + odd[0], a[1] + odd[1], a[2] + odd[2], a[3] + odd[3], a[4] + odd[4], a[5] + odd[5],
+                     a[6] + odd[6], a[7] + odd[7])
+            else:
+                for b in range(nb):
+                    a = _lanes_fma(wd[c, b] * xd[r, b], p, b * 32, a)
+            total = _hsum8(a)
+            for b in range(last, nb):  # sumf += d * isum, fused by the compiler
+                t = 0
+                for j in range(b * 32, b * 32 + 32):
+                    t += p[j]
+                total = fma32(wd[c, b] * xd[r, b], F32(t), total)
+            if summed:
+                summs = zero
+                for b in range(nb):
+                    summs = summs + wm[c, b] * xs[r, b]
+                total = total + summs
+            out[r, c] = total
+
+
+@njit(cache=True, nogil=True)
+def float_vec_dot(w: np.ndarray, x: np.ndarray, kind: int, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """out[r, c] = ggml_vec_dot_f32/_f16/_bf16 (``kind``) of weight row c and row r of x, both float32 holding the
+    operands' values: four accumulators of eight lanes per 32 elements, folded (0 + 2) + (1 + 3); the lanes summed
+    by horizontal adds (F32/F16) or as hsum_float_8 (BF16); the elements past the last whole 32 one product at a
+    time (F32: into the float32 sum; F16/BF16: each float32 product into a double)."""
+    m, k = w.shape
+    n = x.shape[0]
+    whole = k - k % 32
+    zero = F32(0)
+    for c in range(m):
+        wr = w[c]
+        for r in range(n):
+            xr = x[r]
+            a0 = a1 = a2 = a3 = (zero, zero, zero, zero, zero, zero, zero, zero)
+            for i in range(0, whole, 32):
+                a0 = _fma8(wr, xr, i, a0)
+                a1 = _fma8(wr, xr, i + 8, a1)
+                a2 = _fma8(wr, xr, i + 16, a2)
+                a3 = _fma8(wr, xr, i + 24, a3)
+            lanes = _add8(_add8(a0, a2), _add8(a1, a3))
+            total = _hsum8(lanes) if kind == KIND_BF16 else _hadd_sum8(lanes)
+            if kind == KIND_F32:
+                for i in range(whole, k):
+                    total = total + wr[i] * xr[i]
+            else:
+                wide = F64(total)
+                for i in range(whole, k):
+                    wide = wide + F64(wr[i] * xr[i])
+                total = F32(wide)
+            out[r, c] = total
+
+
+@njit(cache=True, nogil=True)
+def tinyblas(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """out[r, c] as llamafile's tinyBLAS computes it: one accumulator of eight lanes, a fused multiply-add per 8
+    elements (the last partial 8 padded with zeros: 0 * 0 + lane), then hsum_float_8."""
+    m, k = w.shape
+    n = x.shape[0]
+    whole = k - k % 8
+    zero = F32(0)
+    for c in range(m):
+        wr = w[c]
+        for r in range(n):
+            xr = x[r]
+            a = (zero, zero, zero, zero, zero, zero, zero, zero)
+            for i in range(0, whole, 8):
+                a = _fma8(wr, xr, i, a)
+            if whole < k:
+                tw = np.zeros(8, dtype=F32)
+                tx = np.zeros(8, dtype=F32)
+                tw[: k - whole] = wr[whole:]
+                tx[: k - whole] = xr[whole:]
+                a = _fma8(tw, tx, 0, a)
+            out[r, c] = _hsum8(a)
