@@ -16,6 +16,8 @@ released; weight rows are the outer loop, so a batch reads each row once.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from llvmlite import ir
 from numba import njit
@@ -69,6 +71,15 @@ def _fma8(w, x, o, a):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, inline="always")
+def _group8(p, o):  # type: ignore[no-untyped-def]
+    # The eight integer lane sums of one 32-element group in lane order (lane i at o + i, o + 8 + i, ...).
+    return (p[o] + p[o + 8] + p[o + 16] + p[o + 24], p[o + 1] + p[o + 9] + p[o + 17] + p[o + 25],
+            p[o + 2] + p[o + 10] + p[o + 18] + p[o + 26], p[o + 3] + p[o + 11] + p[o + 19] + p[o + 27],
+            p[o + 4] + p[o + 12] + p[o + 20] + p[o + 28], p[o + 5] + p[o + 13] + p[o + 21] + p[o + 29],
+            p[o + 6] + p[o + 14] + p[o + 22] + p[o + 30], p[o + 7] + p[o + 15] + p[o + 23] + p[o + 31])
+
+
+@njit(cache=True, inline="always")
 def _add8(a, b):  # type: ignore[no-untyped-def]
     return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], a[4] + b[4], a[5] + b[5], a[6] + b[6], a[7] + b[7])
 
@@ -87,15 +98,74 @@ def _hadd_sum8(v: np.ndarray) -> np.float32:
     return (t0 + t1) + (t2 + t3)
 
 
+#: Lane-order position of a block's element e (lane e // 4, place e % 4): the inverse of :data:`LANE_ORDER`.
+LANE_POSITION = np.argsort(LANE_ORDER)
+
+
+@njit(cache=True, inline="always")
+def _half(lo, hi):  # type: ignore[no-untyped-def]
+    # An IEEE half (two little-endian bytes) as float32, exactly.
+    bits = np.int32(lo) | (np.int32(hi) << 8)
+    e = (bits >> 10) & 0x1F
+    f = bits & 0x3FF
+    if e == 0:
+        v = math.ldexp(F64(f), -24)
+    elif e == 31:
+        v = np.inf if f == 0 else np.nan
+    else:
+        v = math.ldexp(F64(f | 0x400), e - 25)
+    return F32(-v if bits & 0x8000 else v)
+
+
+@njit(cache=True, nogil=True)
+def decode_q8_rows(raw: np.ndarray, size: int, scale_at: int, e8m0: bool, min_at: int, qh_at: int, qs_at: int,
+                   nibbles: bool, table: np.ndarray, codes: np.ndarray, scales: np.ndarray,
+                   mins: np.ndarray) -> None:  # pragma: no cover - compiled
+    """Blocks of an 8-bit-activation type to the codes the kernel multiplies, in :data:`LANE_ORDER`.
+
+    raw uint8 (m, nb * size): the blocks; the block's scale at ``scale_at`` (fp16, or an E8M0 exponent halved to
+    pair with doubled codes when ``e8m0``), its fp16 min at ``min_at`` (-1: none), the 32 high bits at ``qh_at``
+    (-1: none), codes at ``qs_at``: bytes, or with ``nibbles`` 16 bytes of two 4-bit values (elements j and
+    j + 16), the high bit added, mapped through ``table`` (32 int8).  Fills codes int8 (m, k), scales and mins
+    float32 (m, nb) (mins left alone without ``min_at``)."""
+    m, k = codes.shape
+    nb = k // 32
+    for c in range(m):
+        row = raw[c]
+        w = codes[c]
+        for b in range(nb):
+            o = b * size
+            if e8m0:
+                scales[c, b] = F32(math.ldexp(1.0, np.int32(row[o + scale_at]) - 128))
+            else:
+                scales[c, b] = _half(row[o + scale_at], row[o + scale_at + 1])
+            if min_at >= 0:
+                mins[c, b] = _half(row[o + min_at], row[o + min_at + 1])
+            qh = np.uint32(0)
+            if qh_at >= 0:
+                qh = (np.uint32(row[o + qh_at]) | (np.uint32(row[o + qh_at + 1]) << 8)
+                      | (np.uint32(row[o + qh_at + 2]) << 16) | (np.uint32(row[o + qh_at + 3]) << 24))
+            for j in range(32):
+                if nibbles:
+                    byte = np.int32(row[o + qs_at + (j & 15)])
+                    v = byte & 15 if j < 16 else byte >> 4
+                    if qh_at >= 0:
+                        v |= np.int32((qh >> np.uint32(j)) & np.uint32(1)) << 4
+                    code = table[v]
+                else:
+                    code = np.int8(row[o + qs_at + j])
+                w[b * 32 + LANE_POSITION[j]] = code
+
+
 @njit(cache=True, nogil=True)
 def q8_products(wq: np.ndarray, wd: np.ndarray, wm: np.ndarray, xq: np.ndarray, xd: np.ndarray, xs: np.ndarray,
                 two: bool, summed: bool, out: np.ndarray) -> None:  # pragma: no cover - compiled
     """out[r, c] = the dot of weight row c and activation row r as ggml's 8-bit-activation kernels compute it.
 
-    wq int8 (m, k) codes in :data:`LANE_ORDER`, wd float32 (m, nb) scales, wm float32 (m, nb) mins (Q4_1/Q5_1,
-    ``summed``); xq int8 (n, k) in the same order, xd float32 (n, nb) fp16 scales, xs float32 (n, nb) fp16 block
-    sums; ``two``: blocks alternate between two accumulators (the odd last block added to the total by one fused
-    multiply-add)."""
+    wq int8 (m, k) codes in :data:`LANE_ORDER` (:func:`decode_q8_rows`), wd float32 (m, nb) scales, wm float32
+    (m, nb) mins (Q4_1/Q5_1, ``summed``); xq int8 (n, k) in the same order, xd float32 (n, nb) fp16 scales, xs
+    float32 (n, nb) fp16 block sums; ``two``: blocks alternate between two accumulators (the odd last block added
+    to the total by one fused multiply-add)."""
     m, k = wq.shape
     n = xq.shape[0]
     nb = k // 32
@@ -114,8 +184,7 @@ def q8_products(wq: np.ndarray, wd: np.ndarray, wm: np.ndarray, xq: np.ndarray, 
                 for b in range(0, last, 2):
                     a = _lanes_fma(wd[c, b] * xd[r, b], p, b * 32, a)
                     odd = _lanes_fma(wd[c, b + 1] * xd[r, b + 1], p, b * 32 + 32, odd)
-                a = (a[0] + odd[0], a[1] + odd[1], a[2] + odd[2], a[3] + odd[3], a[4] + odd[4], a[5] + odd[5],
-                     a[6] + odd[6], a[7] + odd[7])
+                a = _add8(a, odd)
             else:
                 for b in range(nb):
                     a = _lanes_fma(wd[c, b] * xd[r, b], p, b * 32, a)
@@ -188,3 +257,82 @@ def tinyblas(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # pragma: 
                 tx[: k - whole] = xr[whole:]
                 a = _fma8(tw, tx, 0, a)
             out[r, c] = _hsum8(a)
+
+
+#: How a K-quant kernel treats the block sums (:func:`k_products`'s ``mode``).
+K_PLAIN, K_CORRECTED, K_MINS_FIRST, K_MINS_FOUR, K_MINS_SUM = 0, 1, 2, 3, 4
+
+
+@njit(cache=True, nogil=True)
+def k_products(eff: np.ndarray, wsum: np.ndarray, wd: np.ndarray, wdmin: np.ndarray, xq: np.ndarray,
+               yd: np.ndarray, bsums: np.ndarray, mode: int, grid: bool, grid_scale: np.float32,
+               out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """out[r, c] as ggml's ``ggml_vec_dot_*_q8_K`` computes it (see :mod:`.kdot`): eff int16 (m, k) each code
+    times its sub-block scale, in :data:`LANE_ORDER` per 32; wsum int32 (m, nsb * 16) the per-16 weights of the
+    block sums; wd, wdmin float32 (m, nsb); xq int8 (n, k) Q8_K codes in the same order, yd float32 (n, nsb),
+    bsums int32 (n, nsb * 16).  ``mode``: K_CORRECTED subtracts wsum x bsums from the lanes (Q6_K, TQ1_0, TQ2_0);
+    K_MINS_FIRST folds the mins into the same accumulators first (Q2_K); K_MINS_FOUR through a four-lane accumulator
+    (Q4_K); K_MINS_SUM through a float32 running sum (Q5_K).  ``grid``: the total times ``grid_scale``."""
+    m, k = eff.shape
+    n = xq.shape[0]
+    nsb = k // 256
+    p = np.empty(k, dtype=np.int32)
+    lanes = np.empty(8, dtype=np.int64)
+    pair = np.empty(8, dtype=np.int64)
+    prod = np.empty(4, dtype=np.int64)
+    zero = F32(0)
+    for c in range(m):
+        w = eff[c]
+        for r in range(n):
+            x = xq[r]
+            for j in range(k):
+                p[j] = np.int32(w[j]) * np.int32(x[j])
+            a = (zero, zero, zero, zero, zero, zero, zero, zero)
+            m0 = m1 = m2 = m3 = summs = zero
+            for s in range(nsb):
+                o = s * 256
+                q = s * 16
+                t = _group8(p, o)
+                for g in range(1, 8):
+                    t = _add8(t, _group8(p, o + g * 32))
+                for i in range(8):
+                    lanes[i] = t[i]
+                if mode == K_CORRECTED or mode == K_MINS_FIRST:
+                    for i in range(8):
+                        pair[i] = (np.int64(wsum[c, q + 2 * i]) * bsums[r, q + 2 * i]
+                                   + np.int64(wsum[c, q + 2 * i + 1]) * bsums[r, q + 2 * i + 1])
+                    if mode == K_CORRECTED:
+                        for i in range(8):
+                            lanes[i] -= pair[i]
+                    else:
+                        dm = -yd[r, s] * wdmin[c, s]
+                        a = (fma32(dm, F32(pair[0]), a[0]), fma32(dm, F32(pair[1]), a[1]),
+                             fma32(dm, F32(pair[2]), a[2]), fma32(dm, F32(pair[3]), a[3]),
+                             fma32(dm, F32(pair[4]), a[4]), fma32(dm, F32(pair[5]), a[5]),
+                             fma32(dm, F32(pair[6]), a[6]), fma32(dm, F32(pair[7]), a[7]))
+                d = yd[r, s] * wd[c, s]
+                a = (fma32(d, F32(lanes[0]), a[0]), fma32(d, F32(lanes[1]), a[1]), fma32(d, F32(lanes[2]), a[2]),
+                     fma32(d, F32(lanes[3]), a[3]), fma32(d, F32(lanes[4]), a[4]), fma32(d, F32(lanes[5]), a[5]),
+                     fma32(d, F32(lanes[6]), a[6]), fma32(d, F32(lanes[7]), a[7]))
+                if mode == K_MINS_FOUR or mode == K_MINS_SUM:
+                    # q8s[j] = bsum[2j] + bsum[2j + 1]; prod[t] = min[2t] q8s[2t] + min[2t + 1] q8s[2t + 1]
+                    for t in range(4):
+                        prod[t] = (np.int64(wsum[c, q + 4 * t]) * (bsums[r, q + 4 * t] + bsums[r, q + 4 * t + 1])
+                                   + np.int64(wsum[c, q + 4 * t + 2])
+                                   * (bsums[r, q + 4 * t + 2] + bsums[r, q + 4 * t + 3]))
+                    dmin = -yd[r, s] * wdmin[c, s]
+                    if mode == K_MINS_SUM:
+                        summs = fma32(dmin, F32(prod[0] + prod[1] + prod[2] + prod[3]), summs)
+                    else:
+                        m0 = fma32(dmin, F32(prod[0]), m0)
+                        m1 = fma32(dmin, F32(prod[1]), m1)
+                        m2 = fma32(dmin, F32(prod[2]), m2)
+                        m3 = fma32(dmin, F32(prod[3]), m3)
+            total = _hsum8(a)
+            if mode == K_MINS_SUM:
+                total = total + summs
+            elif mode == K_MINS_FOUR:
+                total = total + ((m0 + m2) + (m1 + m3))
+            if grid:
+                total = total * grid_scale
+            out[r, c] = total

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .compiled import K_CORRECTED, K_MINS_FIRST, K_MINS_FOUR, K_MINS_SUM, K_PLAIN, k_products
 from .dequant import (
     _Q3_HBIT,
     _Q3_HBYTE,
@@ -46,8 +47,8 @@ from .formats import (
     low_high,
 )
 from .grids import IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS
+from .q8dot import in_lane_order
 from .quant import signed_absmax
-from .simd_sums import fma32, hsum8
 
 F = np.float32
 F64 = np.float64
@@ -56,21 +57,17 @@ F64 = np.float64
 #: multiplier its inverse (0.125f, 0.25f, 1).
 GRID_FACTORS: dict[int, int] = {IQ2_XXS: 8, IQ2_XS: 8, IQ2_S: 8, IQ3_XXS: 4, IQ3_S: 1}
 K_TYPES: tuple[int, ...] = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, TQ1_0, TQ2_0, *GRID_FACTORS)
-#: Types whose lanes subtract block sums (Q6_K: 32 x scale per 16; TQ1_0/TQ2_0: each once, their codes being q - 1).
-_CORRECTED = (Q6_K, TQ1_0, TQ2_0)
-#: Lane products are computed in chunks of at most this many (lanes x rows x columns) float64 values.
-_CHUNK = 2 << 20
 
 
 def pack_weights(type_id: int, blocks: np.ndarray) -> np.ndarray:
-    """Blocks ``(m, nsb, size)`` to one float64 array ``(m, nsb, 256 + 16 + 3)``: each element's code times its
-    sub-block scale (what the kernel's integer lanes multiply by the activation codes), then the 16 per-16 values the
-    block sums are weighted by (Q6_K: 32 x scale; Q4_K/Q5_K: the 8 mins, each twice), then fp16 d, fp16 dmin (0 for
-    Q6_K) and a kind flag (1: mins through a running float32 sum, Q5_K)."""
+    """Blocks ``(m, nsb, size)`` to one flat byte array: each element's code times its sub-block scale (what the
+    kernel's integer lanes multiply by the activation codes; int16, in lane order), then the 16 per-16 values the
+    block sums are weighted by (Q6_K: 32 x scale; Q4_K/Q5_K: the 8 mins, each twice; int32), then fp16 d and fp16
+    dmin (0 for Q6_K) as float32, each a section of its own."""
     m, nsb, size = blocks.shape
     b = np.ascontiguousarray(blocks).reshape(m * nsb, size)
     f = LAYOUT[type_id]
-    out = np.zeros((m * nsb, 256 + 16 + 3), dtype=F64)
+    out = np.zeros((m * nsb, 256 + 16 + 2), dtype=F64)
     if type_id in GRID_FACTORS or type_id == TQ1_0:
         unit = b.copy()
         unit[:, f["d"]] = np.frombuffer(np.float16(1).tobytes(), np.uint8)  # d = 1: the integer part alone
@@ -119,74 +116,56 @@ def pack_weights(type_id: int, blocks: np.ndarray) -> np.ndarray:
         out[:, 256:272] = np.repeat(mn.astype(F64), 2, axis=1)
         out[:, 273] = half_field(b, f["dmin"])[:, 0]
     out[:, 272] = half_field(b, f["d"])[:, 0]
-    out[:, 274] = float(type_id)
-    return out.reshape(m, nsb, -1)
+    # Codes times scales lie within +-8,064 (Q6_K: 63 x -128), block-sum weights are small integers, d and dmin
+    # fp16 values: int16, int32 and float32 hold them exactly (2.6 bytes a weight).
+    eff = in_lane_order(out[:, :256].reshape(m, nsb * 256).astype(np.int16))
+    wsum = out[:, 256:272].astype(np.int32).reshape(m, nsb * 16)
+    scales = np.ascontiguousarray(out[:, 272:274].astype(F).reshape(m, nsb, 2).transpose(0, 2, 1)).reshape(m, 2 * nsb)
+    # One flat byte array of three contiguous sections (rows of a section contiguous: the loops vectorise over them).
+    return np.concatenate([eff.reshape(-1).view(np.uint8), wsum.reshape(-1).view(np.uint8),
+                           scales.reshape(-1).view(np.uint8)])
+
+
+def _unpack(packed: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The packed form's views for ``m`` rows: eff int16 ``(m, k)``, wsum int32 ``(m, nsb * 16)``, d and dmin
+    float32 ``(m, nsb)``."""
+    nsb = packed.size // m // (512 + 64 + 8)
+    a, b = m * nsb * 512, m * nsb * 576
+    eff = packed[:a].view(np.int16).reshape(m, nsb * 256)
+    wsum = packed[a:b].view(np.int32).reshape(m, nsb * 16)
+    scales = packed[b:].view(F).reshape(m, 2 * nsb)
+    return eff, wsum, np.ascontiguousarray(scales[:, :nsb]), np.ascontiguousarray(scales[:, nsb:])
 
 
 def q8k_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows ``(n, k)`` as ggml's ``quantize_row_q8_K_ref``: (codes float64 ``(n, nsb, 256)``, d float32
-    ``(n, nsb)``, block sums float64 ``(n, nsb, 16)``)."""
+    """Rows ``(n, k)`` as ggml's ``quantize_row_q8_K_ref``: (codes int8 ``(n, k)``, d float32 ``(n, nsb)``,
+    block sums int32 ``(n, nsb * 16)``)."""
     n, k = x.shape
     flat = np.ascontiguousarray(x, dtype=F).reshape(-1, 256)
     mx = signed_absmax(flat)
     iscale = np.divide(F(-127), mx, out=np.zeros_like(mx), where=mx != 0)
     q = np.minimum(np.rint(flat * iscale), 127)
     d = np.divide(F(1), iscale, out=np.zeros_like(iscale), where=iscale != 0).astype(F)
-    codes = q.astype(F64).reshape(n, k // 256, 256)
-    return codes, d.reshape(n, k // 256), codes.reshape(n, k // 256, 16, 16).sum(axis=3)
+    codes = q.astype(np.int8).reshape(n, k)
+    return codes, d.reshape(n, k // 256), codes.reshape(n, k // 16, 16).sum(axis=2, dtype=np.int32)
 
 
-def products(type_id: int, packed: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """``x @ w^T`` as upstream's kernel computes it: weights as :func:`pack_weights` gives them, activations
-    ``(n, k)`` float32.  Returns float32 ``(n, m)``."""
-    m, nsb, _ = packed.shape
-    n = x.shape[0]
+#: The kernel's treatment of block sums, per type (:func:`~.compiled.k_products`).
+#: Q6_K, TQ1_0 and TQ2_0 subtract block sums from the lanes (Q6_K: 32 x scale per 16; TQ1_0/TQ2_0: each once,
+#: their codes being q - 1).
+_MODES = {Q2_K: K_MINS_FIRST, Q4_K: K_MINS_FOUR, Q5_K: K_MINS_SUM, Q6_K: K_CORRECTED, TQ1_0: K_CORRECTED,
+          TQ2_0: K_CORRECTED}
+
+
+def products(type_id: int, packed: np.ndarray, x: np.ndarray, m: int) -> np.ndarray:
+    """``x @ w^T`` as upstream's kernel computes it: weights as :func:`pack_weights` gives them for ``m`` rows,
+    activations ``(n, k)`` float32.  Returns float32 ``(n, m)``."""
+    eff, wsum, wd, wdmin = _unpack(packed, m)
     codes, yd, bsums = q8k_codes(x)
-    weff = packed[:, :, :256]
-    wsum = packed[:, :, 256:272]
-    xd, xdmin = packed[:, :, 272].astype(F), packed[:, :, 273].astype(F)
-    q6 = type_id in _CORRECTED
-    # Q2_K: lane i of the same accumulators first takes min[2i] * bsum[2i] + min[2i+1] * bsum[2i+1] by dmin.
-    pre = type_id == Q2_K
-    # (nsb, lane, m, 32) weights and (nsb, lane, 32, n) codes: lane i takes elements 4i..4i+3 of every 32.
-    w_l = weff.reshape(m, nsb, 8, 8, 4).transpose(1, 3, 0, 2, 4).reshape(nsb, 8, m, 32)
-    a_l = codes.reshape(n, nsb, 8, 8, 4).transpose(1, 3, 2, 4, 0).reshape(nsb, 8, 32, n)
-    out = np.empty((n, m), dtype=F)
-    cols = max(1, min(m, _CHUNK // max(1, nsb * 8 * n)))
-    for c0 in range(0, m, cols):
-        c1 = min(m, c0 + cols)
-        lanes = np.matmul(w_l[:, :, c0:c1], a_l)  # (nsb, 8, c, n), exact integers
-        if q6:
-            # lane i -= 32 * (sc[2i] * bsum[2i] + sc[2i+1] * bsum[2i+1])
-            corr = np.einsum("mslg,nslg->slmn", wsum[c0:c1].reshape(-1, nsb, 8, 2), bsums.reshape(n, nsb, 8, 2))
-            lanes = lanes - corr
-        d = (yd.T[:, None, :] * xd[c0:c1].T[:, :, None]).astype(F)  # (nsb, c, n): y.d * fp16(x.d)
-        acc = np.zeros((8, c1 - c0, n), dtype=F)
-        if pre:
-            mins_l = np.einsum("mslg,nslg->slmn", wsum[c0:c1].reshape(-1, nsb, 8, 2), bsums.reshape(n, nsb, 8, 2))
-            dmin2 = (-yd.T[:, None, :] * xdmin[c0:c1].T[:, :, None]).astype(F)
-        for s in range(nsb):
-            if pre:
-                acc = fma32(dmin2[s], mins_l[s].astype(F), acc)
-            acc = fma32(d[s], lanes[s].astype(F), acc)
-        total = hsum8(np.moveaxis(acc, 0, -1))
-        if type_id in (Q4_K, Q5_K):
-            # q8s[j] = bsum[2j] + bsum[2j+1]; prod[k] = min[2k] q8s[2k] + min[2k+1] q8s[2k+1]
-            q8s = bsums.reshape(n, nsb, 8, 2).sum(axis=3)  # (n, nsb, 8)
-            mins = wsum[c0:c1, :, ::2]  # (c, nsb, 8)
-            prod = np.einsum("msjk,nsjk->smnj", mins.reshape(-1, nsb, 4, 2), q8s.reshape(n, nsb, 4, 2))
-            dmin = (-yd.T[:, None, :] * xdmin[c0:c1].T[:, :, None]).astype(F)  # (nsb, c, n)
-            if type_id == Q5_K:
-                summs = np.zeros((c1 - c0, n), dtype=F)
-                for s in range(nsb):  # summs += dmin * (integer sum of the four lanes), fused by the compiler
-                    summs = fma32(dmin[s], prod[s].sum(axis=-1).astype(F), summs)
-                total = total + summs
-            else:
-                acc_m = np.zeros((4, c1 - c0, n), dtype=F)
-                for s in range(nsb):
-                    acc_m = fma32(dmin[s], np.moveaxis(prod[s], -1, 0).astype(F), acc_m)
-                total = total + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
-        if type_id in GRID_FACTORS:
-            total = total * F(1 / GRID_FACTORS[type_id])  # *s = 0.125f * hsum, a float32 multiply
-        out[:, c0:c1] = total.T
+    out = np.empty((x.shape[0], eff.shape[0]), dtype=F)
+    grid = type_id in GRID_FACTORS
+    # *s = 0.125f * hsum for the grid types: a float32 multiply by the factor's inverse.
+    scale = F(1 / GRID_FACTORS[type_id]) if grid else F(1)
+    k_products(eff, wsum, wd, wdmin, in_lane_order(codes), yd, bsums, _MODES.get(type_id, K_PLAIN), grid, scale,
+               out)
     return out

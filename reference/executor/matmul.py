@@ -55,12 +55,12 @@ def _exact_product(mem: Memory, a_t: GraphTensor, rows: np.ndarray, batch: bool)
         return fdot.products(w[0, 0], rows, half=a_t.type == F16, batch=batch, brain=a_t.type == BF16)
     if a_t.type in K_TYPES:
         packed = mem.converted(a_t, lambda raw: kdot.pack_weights(a_t.type, raw[0, 0]), kind="kdot")
-        return kdot.products(a_t.type, packed, rows)
+        return kdot.products(a_t.type, packed, rows, int(a_t.ne[1]))
     if a_t.type in LOWBIT_TYPES:
         packed = mem.converted(a_t, lambda raw: lowbit_dot.pack_weights(a_t.type, raw[0, 0]), kind="lowbit")
         return lowbit_dot.products(a_t.type, packed, rows)
     packed = mem.converted(a_t, lambda raw: pack_weights(a_t.type, raw[0, 0]), kind="q8dot")
-    return products(a_t.type, packed, rows, batch=batch)
+    return products(a_t.type, packed, rows, int(a_t.ne[1]), batch=batch)
 
 
 _FLAG_OUTPUT = int(TensorFlag.OUTPUT)  # a graph output: the client reads it

@@ -19,8 +19,9 @@ rounding a few units in 2^29 of the time).
 from __future__ import annotations
 
 import numpy as np
+from ggml_rpc.spec import TYPES
 
-from .compiled import LANE_ORDER, q8_products
+from .compiled import LANE_ORDER, decode_q8_rows, q8_products
 from .dequant import _q5_values, e8m0_half
 from .formats import (
     E2M1_DOUBLED,
@@ -42,9 +43,11 @@ from .quant import _q8_scale
 EXACT_TYPES: dict[int, bool] = {Q4_0: False, Q5_0: False, Q8_0: False, IQ4_NL: False, MXFP4: False, Q4_1: True,
                                  Q5_1: True}
 
+
 def weight_codes(type_id: int, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Blocks ``(m, nb, size)`` to (codes int8 ``(m, nb * 32)``, scale float32 ``(m, nb)``, min ``(m, nb)`` or
-    None), the codes as the kernel multiplies them (signed for Q4_0/Q5_0/Q8_0/IQ4_NL/MXFP4, unsigned below 32 for
+    None), in numpy: the values the compiled kernel reads from the blocks itself (tests check one by the other), the
+    codes as the kernel multiplies them (signed for Q4_0/Q5_0/Q8_0/IQ4_NL/MXFP4, unsigned below 32 for
     Q4_1/Q5_1)."""
     m, nb, size = blocks.shape
     flat = np.ascontiguousarray(blocks).reshape(m * nb, size)
@@ -72,27 +75,40 @@ def weight_codes(type_id: int, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return codes, d.astype(np.float32), mins
 
 
-def pack_weights(type_id: int, blocks: np.ndarray) -> np.ndarray:
-    """:func:`weight_codes` as one byte array ``(m, nb * 32 + 8 * nb)`` (int8 codes, float32 scales, float32 mins
-    or zeros: 1.25 bytes a weight), the form the executor keeps between graphs (its conversion cache holds one array
-    per tensor)."""
-    codes, d, mins = weight_codes(type_id, blocks)
-    extra = np.concatenate([d, mins if mins is not None else np.zeros_like(d)], axis=1)
-    return np.concatenate([in_lane_order(codes).view(np.uint8), extra.view(np.uint8)], axis=1)
-
-
 def in_lane_order(codes: np.ndarray) -> np.ndarray:
-    """Codes ``(n, k)`` with each block's elements in :data:`~.compiled.LANE_ORDER` (the packed form's order)."""
+    """Codes ``(n, k)`` with each block's elements in :data:`~.compiled.LANE_ORDER` (the compiled kernels' order)."""
     n, k = codes.shape
     return np.ascontiguousarray(codes.reshape(n, k // 32, 32)[:, :, LANE_ORDER].reshape(n, k))
 
 
-def _unpack(type_id: int, packed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The packed form's views: codes int8 ``(m, k)`` in lane order, scales and mins float32 ``(m, nb)``."""
-    nb = packed.shape[1] // 40
-    codes = packed[:, : nb * 32].view(np.int8)
-    extra = packed[:, nb * 32 :].view(np.float32)
-    return codes, extra[:, :nb], extra[:, nb:]
+def _code_table(type_id: int) -> np.ndarray:
+    # The code of each 4-bit value (with Q5's high bit: 5-bit) as the kernel multiplies it.
+    v = np.arange(32)
+    if type_id == Q4_0:
+        return (v - 8).astype(np.int8)
+    if type_id == Q5_0:
+        return (v - 16).astype(np.int8)
+    if type_id == IQ4_NL:
+        return np.resize(IQ4NL_LEVELS, 32).astype(np.int8)
+    if type_id == MXFP4:
+        return np.resize(E2M1_DOUBLED, 32).astype(np.int8)
+    return v.astype(np.int8)  # Q4_1, Q5_1 (unsigned); Q8_0 reads its bytes
+
+
+def _block_form(type_id: int) -> tuple[int, int, bool, int, int, int, bool, np.ndarray]:
+    """The arguments :func:`~.compiled.decode_q8_rows` reads a block of ``type_id`` with."""
+    f = LAYOUT[type_id]
+
+    def at(name: str) -> int:
+        return f[name].start if name in f else -1
+
+    mx = type_id == MXFP4
+    return (TYPES[type_id].size, at("e") if mx else at("d"), mx, at("m"), at("qh"), at("qs"), type_id != Q8_0,
+            _code_table(type_id))
+
+
+#: Each type's block form, worked out once.
+_FORMS = {t: _block_form(t) for t in EXACT_TYPES}
 
 
 def activation_codes(x: np.ndarray, summed: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -110,15 +126,38 @@ def activation_codes(x: np.ndarray, summed: bool) -> tuple[np.ndarray, np.ndarra
     return q.reshape(n, k), d16, s
 
 
-def products(type_id: int, packed: np.ndarray, x: np.ndarray, *, batch: bool) -> np.ndarray:
-    """``x @ w^T`` as upstream's kernel computes it: weights as :func:`pack_weights` gives them, activations
-    ``(n, k)`` float32 (``batch``: upstream runs its kernel for n > 1; a single token's otherwise).  Returns float32
-    ``(n, m)``."""
-    wc, wd, wm = _unpack(type_id, packed)
+def pack_weights(type_id: int, blocks: np.ndarray) -> np.ndarray:
+    """Blocks ``(m, nb, size)`` (or ``(m, nb * size)``) as one flat byte array: int8 codes ``(m, k)`` in lane order,
+    then float32 scales and float32 mins or zeros ``(m, nb)`` each (1.25 bytes a weight; each section contiguous,
+    so that the loops vectorise over a row), the form the executor keeps between graphs (its conversion cache holds
+    one array per tensor); decoded by the compiled :func:`decode_q8_rows`."""
+    raw = blocks.reshape(blocks.shape[0], -1)
+    if raw.dtype != np.uint8 or raw.strides[-1] != 1:
+        raw = np.ascontiguousarray(raw).view(np.uint8)
+    size = TYPES[type_id].size
+    m, nb = raw.shape[0], raw.shape[1] // size
+    packed = np.zeros(m * nb * 40, dtype=np.uint8)
+    codes, scales, mins = _views(packed, m)
+    decode_q8_rows(raw, *_FORMS[type_id], codes, scales, mins)
+    return packed
+
+
+def _views(packed: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    nb = packed.size // m // 40
+    a, b = m * nb * 32, m * nb * 36
+    return (packed[:a].view(np.int8).reshape(m, nb * 32), packed[a:b].view(np.float32).reshape(m, nb),
+            packed[b:].view(np.float32).reshape(m, nb))
+
+
+def products(type_id: int, packed: np.ndarray, x: np.ndarray, m: int, *, batch: bool) -> np.ndarray:
+    """``x @ w^T`` as upstream's kernel computes it: weights as :func:`pack_weights` gives them for ``m`` rows,
+    activations ``(n, k)`` float32 (``batch``: upstream runs its kernel for n > 1; a single token's otherwise).
+    Returns float32 ``(n, m)``."""
+    codes, scales, mins = _views(packed, m)
     summed = EXACT_TYPES[type_id]
     ac, ad, as_ = activation_codes(x, summed)
-    out = np.empty((ac.shape[0], wc.shape[0]), dtype=np.float32)
+    out = np.empty((ac.shape[0], m), dtype=np.float32)
     # IQ4_NL and MXFP4 alternate their blocks between two accumulators (IQ4_NL's batch goes through tinyBLAS: one).
     two = type_id == MXFP4 or (type_id == IQ4_NL and not batch)
-    q8_products(wc, wd, wm, in_lane_order(ac), ad, as_, two, summed, out)
+    q8_products(codes, scales, mins, in_lane_order(ac), ad, as_, two, summed, out)
     return out

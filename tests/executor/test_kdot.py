@@ -57,7 +57,7 @@ def _close(type_id: int) -> None:
     w = rng.standard_normal((7, 512)).astype(F)
     blocks = _blocks(None, type_id, w, rng)
     x = rng.standard_normal((3, 512)).astype(F)
-    got = kdot.products(type_id, kdot.pack_weights(type_id, blocks), x)
+    got = kdot.products(type_id, kdot.pack_weights(type_id, blocks), x, len(blocks))
     act = dequantize(Q8_K, quantize(Q8_K, x))
     want = act.astype(np.float64) @ dequantize(type_id, blocks).reshape(7, 512).T.astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * max(1.0, float(np.abs(want).max())))
@@ -93,7 +93,7 @@ def _bit_for_bit(lib: GgmlLibrary, type_id: int) -> None:
         w = (rng.standard_normal((16, k)) * rng.choice([0.02, 1.0, 30.0])).astype(F)
         blocks = _blocks(lib, type_id, w, rng)
         x = (rng.standard_normal((2, k)) * rng.choice([0.01, 1.0, 50.0])).astype(F)
-        got = kdot.products(type_id, kdot.pack_weights(type_id, blocks), x)
+        got = kdot.products(type_id, kdot.pack_weights(type_id, blocks), x, len(blocks))
         for r in range(2):
             act = lib.from_float(Q8_K, x[r])
             want = np.array([lib.vec_dot(type_id, blocks[i], act) for i in range(16)], dtype=F)

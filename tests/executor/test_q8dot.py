@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from ggml_rpc.conformance.upstream.ggml_lib import GgmlLibrary
 from ggml_rpc.reference.executor import lowbit_dot, q8dot
-from ggml_rpc.reference.executor.compiled import LANE_ORDER
 from ggml_rpc.reference.executor.lowbit_dot import LOWBIT_TYPES
 from ggml_rpc.reference.executor.types import IQ4_NL, MXFP4, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, VEC_DOT_TYPE
 from ggml_rpc.spec import TYPES
@@ -22,14 +21,14 @@ def lib(upstream_peer) -> GgmlLibrary:
     return GgmlLibrary(upstream_peer.test_backend_ops.parent)
 
 
-def _loop(type_id: int, packed: np.ndarray, x: np.ndarray, two: bool) -> np.ndarray:
+def _loop(type_id: int, blocks: np.ndarray, x: np.ndarray, two: bool) -> np.ndarray:
     """One output at a time: lanes of four products, FMAs block by block (into two accumulators alternately when
-    ``two``), the pairwise lane sum, the odd block and the Q8_1 sum term in float32."""
-    wc, wd, wm = q8dot._unpack(type_id, packed)
+    ``two``), the pairwise lane sum, the odd block and the Q8_1 sum term in float32; the codes decoded by numpy
+    (the packed form's by the compiled decoder)."""
+    wc, wd, wm = q8dot.weight_codes(type_id, blocks)
     ac, ad, as_ = q8dot.activation_codes(x, q8dot.EXACT_TYPES[type_id])
     m, nb = wd.shape
-    natural = np.argsort(LANE_ORDER)  # the packed codes are in lane order
-    wc = wc.reshape(m, nb, 32)[:, :, natural].astype(F).reshape(m, nb * 8, 4)
+    wc = wc.astype(F).reshape(m, nb * 8, 4)
     ac = ac.astype(F).reshape(x.shape[0], nb * 8, 4)
     out = np.zeros((x.shape[0], m), F)
     for r in range(x.shape[0]):
@@ -72,9 +71,9 @@ def test_batch_and_token_forms_are_the_loop(type_id: int, k: int) -> None:
     packed = q8dot.pack_weights(type_id, blocks)
     x = (rng.standard_normal((3, k)) * 4).astype(F)
     batch_two = type_id == MXFP4  # no tinyBLAS for MXFP4: its batch is the one-token kernel's
-    assert q8dot.products(type_id, packed, x, batch=True).tobytes() == _loop(type_id, packed, x, batch_two).tobytes()
-    one = q8dot.products(type_id, packed, x[:1], batch=False)
-    assert one.tobytes() == _loop(type_id, packed, x[:1], type_id in (IQ4_NL, MXFP4)).tobytes()
+    assert q8dot.products(type_id, packed, x, 5, batch=True).tobytes() == _loop(type_id, blocks, x, batch_two).tobytes()
+    one = q8dot.products(type_id, packed, x[:1], 5, batch=False)
+    assert one.tobytes() == _loop(type_id, blocks, x[:1], type_id in (IQ4_NL, MXFP4)).tobytes()
 
 
 @pytest.mark.upstream
@@ -86,7 +85,7 @@ def test_one_token_product_is_ggmls_vec_dot_bit_for_bit(lib: GgmlLibrary, type_i
     for k in (32, 64, 96, 256, 288, 4096):
         blocks = _weights(lib, type_id, 16, k, rng)
         x = (rng.standard_normal((1, k)) * rng.choice([0.01, 1.0, 50.0])).astype(F)
-        got = q8dot.products(type_id, q8dot.pack_weights(type_id, blocks), x, batch=False)[0]
+        got = q8dot.products(type_id, q8dot.pack_weights(type_id, blocks), x, 16, batch=False)[0]
         act = lib.from_float(vt, x)
         want = np.array([lib.vec_dot(type_id, blocks[i], act) for i in range(16)], dtype=F)
         assert got.tobytes() == want.tobytes(), (TYPES[type_id].name, k, np.abs(got - want).max())
@@ -105,3 +104,29 @@ def test_low_bit_products_are_ggmls_vec_dot_bit_for_bit(lib: GgmlLibrary, type_i
         act = lib.from_float(Q8_0, x)
         want = np.array([lib.vec_dot(type_id, blocks[i], act) for i in range(16)], dtype=F)
         assert got.tobytes() == want.tobytes(), (TYPES[type_id].name, k, np.abs(got - want).max())
+
+
+def test_compiled_half_decoding_is_numpys_for_every_pattern() -> None:
+    from ggml_rpc.reference.executor.compiled import _half
+
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    want = bits.view(np.float16).astype(F)
+    got = np.array([_half(int(b) & 0xFF, int(b) >> 8) for b in bits], dtype=F)
+    nan = np.isnan(want)
+    assert (np.isnan(got) == nan).all()
+    assert got[~nan].tobytes() == want[~nan].tobytes()  # zeros' signs, subnormals and infinities included
+
+
+def test_scales_past_the_normal_range_are_read_as_ggml_reads_them() -> None:
+    # Q8_0 blocks with subnormal, infinite and negative-zero fp16 scales: the compiled decoder reads the scale from
+    # the block, the loop from numpy's decoding.
+    rng = np.random.default_rng(7)
+    blocks = np.zeros((4, 2, TYPES[Q8_0].size), dtype=np.uint8)
+    blocks[:, :, 2:] = rng.integers(0, 256, (4, 2, 32), dtype=np.uint8)
+    for i, scale in enumerate([np.float16(6e-8), np.float16(3e-5), np.float16(-0.0), np.float16(np.inf)]):
+        blocks[i, :, :2] = np.frombuffer(scale.tobytes(), np.uint8)
+    x = (rng.standard_normal((1, 64)) * 4).astype(F)
+    got = q8dot.products(Q8_0, q8dot.pack_weights(Q8_0, blocks), x, 4, batch=False)
+    with np.errstate(invalid="ignore", over="ignore"):  # infinity times a zero lane
+        want = _loop(Q8_0, blocks, x, False)
+    assert np.array_equal(got, want, equal_nan=True)
