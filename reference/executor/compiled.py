@@ -9,9 +9,10 @@ The arithmetic is the one :mod:`.simd_sums` describes, with one difference: a fu
 ``llvm.fma.f32``, rounded once as the AVX2 instruction ggml uses is (numpy's float64 emulation rounds twice a few
 units in 2^29 of the time).  Every other float32 operation is written in float32 and compiled without fast-math, so
 it is neither reordered nor fused.  The 8-bit codes of a block are kept with lane i's four elements eight apart
-(:data:`LANE_ORDER`), so that a block's eight lane sums are four vector adds.  The loops run on one
+(:data:`~.simd_sums.LANE_ORDER`), so that a block's eight lane sums are four vector adds.  The loops run on one
 thread (the server's ``threads`` default: the machine's other cores belong to the client) with the interpreter lock
-released; weight rows are the outer loop, so a batch reads each row once.
+released; weight rows are the outer loop, so a batch reads each row once.  Its modules import it when they first
+compute (:func:`kernels`), so that a process that never computes an exact product does not load numba.
 """
 
 from __future__ import annotations
@@ -24,16 +25,18 @@ from numba import njit
 from numba.core import types
 from numba.extending import intrinsic
 
+from .simd_sums import (
+    K_CORRECTED,
+    K_MINS_FIRST,
+    K_MINS_FOUR,
+    K_MINS_SUM,
+    KIND_BF16,
+    KIND_F32,
+    LANE_POSITION,
+)
+
 F32 = np.float32
 F64 = np.float64
-
-#: vec_dot kinds: how the lanes are folded and the tail added (ggml_vec_dot_f32 / _f16 / _bf16).
-KIND_F32, KIND_F16, KIND_BF16 = 0, 1, 2
-
-
-#: Position in a 32-code block of the packed form -> element of the block: lane i's elements 4i..4i+3 at i, i + 8,
-#: i + 16, i + 24.
-LANE_ORDER = np.arange(32).reshape(8, 4).T.reshape(-1)
 
 
 @intrinsic
@@ -98,10 +101,6 @@ def _hadd_sum8(v: np.ndarray) -> np.float32:
     return (t0 + t1) + (t2 + t3)
 
 
-#: Lane-order position of a block's element e (lane e // 4, place e % 4): the inverse of :data:`LANE_ORDER`.
-LANE_POSITION = np.argsort(LANE_ORDER)
-
-
 @njit(cache=True, inline="always")
 def _half(lo, hi):  # type: ignore[no-untyped-def]
     # An IEEE half (two little-endian bytes) as float32, exactly.
@@ -121,7 +120,7 @@ def _half(lo, hi):  # type: ignore[no-untyped-def]
 def decode_q8_rows(raw: np.ndarray, size: int, scale_at: int, e8m0: bool, min_at: int, qh_at: int, qs_at: int,
                    nibbles: bool, table: np.ndarray, codes: np.ndarray, scales: np.ndarray,
                    mins: np.ndarray) -> None:  # pragma: no cover - compiled
-    """Blocks of an 8-bit-activation type to the codes the kernel multiplies, in :data:`LANE_ORDER`.
+    """Blocks of an 8-bit-activation type to the codes the kernel multiplies, in :data:`~.simd_sums.LANE_ORDER`.
 
     raw uint8 (m, nb * size): the blocks; the block's scale at ``scale_at`` (fp16, or an E8M0 exponent halved to
     pair with doubled codes when ``e8m0``), its fp16 min at ``min_at`` (-1: none), the 32 high bits at ``qh_at``
@@ -162,9 +161,9 @@ def q8_products(wq: np.ndarray, wd: np.ndarray, wm: np.ndarray, xq: np.ndarray, 
                 two: bool, summed: bool, out: np.ndarray) -> None:  # pragma: no cover - compiled
     """out[r, c] = the dot of weight row c and activation row r as ggml's 8-bit-activation kernels compute it.
 
-    wq int8 (m, k) codes in :data:`LANE_ORDER` (:func:`decode_q8_rows`), wd float32 (m, nb) scales, wm float32
-    (m, nb) mins (Q4_1/Q5_1, ``summed``); xq int8 (n, k) in the same order, xd float32 (n, nb) fp16 scales, xs
-    float32 (n, nb) fp16 block sums; ``two``: blocks alternate between two accumulators (the odd last block added
+    wq int8 (m, k) codes in lane order (:func:`decode_q8_rows`), wd float32 (m, nb) scales, wm float32 (m, nb)
+    mins (Q4_1/Q5_1, ``summed``); xq int8 (n, k) in the same order, xd float32 (n, nb) fp16 scales, xs float32
+    (n, nb) fp16 block sums; ``two``: blocks alternate between two accumulators (the odd last block added
     to the total by one fused multiply-add)."""
     m, k = wq.shape
     n = xq.shape[0]
@@ -259,16 +258,12 @@ def tinyblas(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # pragma: 
             out[r, c] = _hsum8(a)
 
 
-#: How a K-quant kernel treats the block sums (:func:`k_products`'s ``mode``).
-K_PLAIN, K_CORRECTED, K_MINS_FIRST, K_MINS_FOUR, K_MINS_SUM = 0, 1, 2, 3, 4
-
-
 @njit(cache=True, nogil=True)
 def k_products(eff: np.ndarray, wsum: np.ndarray, wd: np.ndarray, wdmin: np.ndarray, xq: np.ndarray,
                yd: np.ndarray, bsums: np.ndarray, mode: int, grid: bool, grid_scale: np.float32,
                out: np.ndarray) -> None:  # pragma: no cover - compiled
     """out[r, c] as ggml's ``ggml_vec_dot_*_q8_K`` computes it (see :mod:`.kdot`): eff int16 (m, k) each code
-    times its sub-block scale, in :data:`LANE_ORDER` per 32; wsum int32 (m, nsb * 16) the per-16 weights of the
+    times its sub-block scale, in lane order per 32; wsum int32 (m, nsb * 16) the per-16 weights of the
     block sums; wd, wdmin float32 (m, nsb); xq int8 (n, k) Q8_K codes in the same order, yd float32 (n, nsb),
     bsums int32 (n, nsb * 16).  ``mode``: K_CORRECTED subtracts wsum x bsums from the lanes (Q6_K, TQ1_0, TQ2_0);
     K_MINS_FIRST folds the mins into the same accumulators first (Q2_K); K_MINS_FOUR through a four-lane accumulator

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .compiled import KIND_BF16, KIND_F16, KIND_F32, float_vec_dot
-from .compiled import tinyblas as compiled_tinyblas
 from .formats import bf16_to_f32, f32_to_bf16
+from .simd_sums import KIND_BF16, KIND_F16, KIND_F32, kernels
 
 F = np.float32
 _KINDS = {"f32": KIND_F32, "f16": KIND_F16, "bf16": KIND_BF16}
@@ -30,7 +29,7 @@ def vec_dot(w: np.ndarray, x: np.ndarray, kind: str) -> np.ndarray:
     hsum_float_8; the elements past the last whole 32 are added one product at a time (F32: into a float32 sum;
     F16/BF16: each float32 product into a double).  Returns float32 ``(n, m)``."""
     out = np.empty((x.shape[0], w.shape[0]), dtype=F)
-    float_vec_dot(_rows(w), _rows(x), _KINDS[kind], out)
+    kernels().float_vec_dot(_rows(w), _rows(x), _KINDS[kind], out)
     return out
 
 
@@ -38,7 +37,7 @@ def tinyblas(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """``x @ w^T`` as llamafile's tinyBLAS computes each output (one 8-lane accumulator, a fused multiply-add per 8
     elements, the tail padded with zeros).  Returns float32 ``(n, m)``."""
     out = np.empty((x.shape[0], w.shape[0]), dtype=F)
-    compiled_tinyblas(_rows(w), _rows(x), out)
+    kernels().tinyblas(_rows(w), _rows(x), out)
     return out
 
 

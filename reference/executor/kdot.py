@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .compiled import K_CORRECTED, K_MINS_FIRST, K_MINS_FOUR, K_MINS_SUM, K_PLAIN, k_products
 from .dequant import (
     _Q3_HBIT,
     _Q3_HBYTE,
@@ -49,6 +48,7 @@ from .formats import (
 from .grids import IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS
 from .q8dot import in_lane_order
 from .quant import signed_absmax
+from .simd_sums import K_CORRECTED, K_MINS_FIRST, K_MINS_FOUR, K_MINS_SUM, K_PLAIN, kernels
 
 F = np.float32
 F64 = np.float64
@@ -166,6 +166,6 @@ def products(type_id: int, packed: np.ndarray, x: np.ndarray, m: int) -> np.ndar
     grid = type_id in GRID_FACTORS
     # *s = 0.125f * hsum for the grid types: a float32 multiply by the factor's inverse.
     scale = F(1 / GRID_FACTORS[type_id]) if grid else F(1)
-    k_products(eff, wsum, wd, wdmin, in_lane_order(codes), yd, bsums, _MODES.get(type_id, K_PLAIN), grid, scale,
-               out)
+    mode = _MODES.get(type_id, K_PLAIN)
+    kernels().k_products(eff, wsum, wd, wdmin, in_lane_order(codes), yd, bsums, mode, grid, scale, out)
     return out

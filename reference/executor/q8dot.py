@@ -21,7 +21,6 @@ from __future__ import annotations
 import numpy as np
 from ggml_rpc.spec import TYPES
 
-from .compiled import LANE_ORDER, decode_q8_rows, q8_products
 from .dequant import _q5_values, e8m0_half
 from .formats import (
     E2M1_DOUBLED,
@@ -38,6 +37,7 @@ from .formats import (
     low_high,
 )
 from .quant import _q8_scale
+from .simd_sums import LANE_ORDER, kernels
 
 #: Weight types computed here, and whether their activations carry the Q8_1 block sum.
 EXACT_TYPES: dict[int, bool] = {Q4_0: False, Q5_0: False, Q8_0: False, IQ4_NL: False, MXFP4: False, Q4_1: True,
@@ -76,7 +76,7 @@ def weight_codes(type_id: int, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 def in_lane_order(codes: np.ndarray) -> np.ndarray:
-    """Codes ``(n, k)`` with each block's elements in :data:`~.compiled.LANE_ORDER` (the compiled kernels' order)."""
+    """Codes ``(n, k)`` with each block's elements in :data:`~.simd_sums.LANE_ORDER` (the compiled kernels' order)."""
     n, k = codes.shape
     return np.ascontiguousarray(codes.reshape(n, k // 32, 32)[:, :, LANE_ORDER].reshape(n, k))
 
@@ -130,7 +130,7 @@ def pack_weights(type_id: int, blocks: np.ndarray) -> np.ndarray:
     """Blocks ``(m, nb, size)`` (or ``(m, nb * size)``) as one flat byte array: int8 codes ``(m, k)`` in lane order,
     then float32 scales and float32 mins or zeros ``(m, nb)`` each (1.25 bytes a weight; each section contiguous,
     so that the loops vectorise over a row), the form the executor keeps between graphs (its conversion cache holds
-    one array per tensor); decoded by the compiled :func:`decode_q8_rows`."""
+    one array per tensor); decoded by the compiled :func:`~.compiled.decode_q8_rows`."""
     raw = blocks.reshape(blocks.shape[0], -1)
     if raw.dtype != np.uint8 or raw.strides[-1] != 1:
         raw = np.ascontiguousarray(raw).view(np.uint8)
@@ -138,7 +138,7 @@ def pack_weights(type_id: int, blocks: np.ndarray) -> np.ndarray:
     m, nb = raw.shape[0], raw.shape[1] // size
     packed = np.zeros(m * nb * 40, dtype=np.uint8)
     codes, scales, mins = _views(packed, m)
-    decode_q8_rows(raw, *_FORMS[type_id], codes, scales, mins)
+    kernels().decode_q8_rows(raw, *_FORMS[type_id], codes, scales, mins)
     return packed
 
 
@@ -159,5 +159,5 @@ def products(type_id: int, packed: np.ndarray, x: np.ndarray, m: int, *, batch: 
     out = np.empty((ac.shape[0], m), dtype=np.float32)
     # IQ4_NL and MXFP4 alternate their blocks between two accumulators (IQ4_NL's batch goes through tinyBLAS: one).
     two = type_id == MXFP4 or (type_id == IQ4_NL and not batch)
-    q8_products(codes, scales, mins, in_lane_order(ac), ad, as_, two, summed, out)
+    kernels().q8_products(codes, scales, mins, in_lane_order(ac), ad, as_, two, summed, out)
     return out
