@@ -145,10 +145,12 @@ class GraphCommands:
                 # GRAPH_RECOMPUTE only runs kernels.
                 if graph.plan is None:
                     try:
+                        from ggml_rpc.reference.executor.builds import build_for
                         from ggml_rpc.reference.executor.plan import prepare
                     except ImportError as exc:
                         raise Close(f"{command}: graph executor unavailable ({exc})") from None
-                    graph.plan = prepare(graph.nodes)
+                    # Computed as the upstream build of the version this server speaks.
+                    graph.plan = prepare(graph.nodes, build_for(self.protocol.version[0]))
                 try:
                     graph.plan.run(self._epochs(graph))
                 finally:

@@ -38,9 +38,10 @@ class _CpuTraits(ctypes.Structure):
 class GgmlLibrary:
     """The quantisation entry points of one upstream build (``bin_dir`` holds libggml-base.so, libggml-cpu.so)."""
 
-    def __init__(self, bin_dir: Path) -> None:
-        self._cpu_path = bin_dir / CPU_LIBRARY
-        self._base = ctypes.CDLL(str(bin_dir / BASE_LIBRARY), mode=ctypes.RTLD_GLOBAL)
+    def __init__(self, bin_dir: Path, base: str = BASE_LIBRARY, cpu: str = CPU_LIBRARY) -> None:
+        # A wheel names its libraries with their soname version (libggml-cpu.so.0): ``base`` and ``cpu``.
+        self._cpu_path = bin_dir / cpu
+        self._base = ctypes.CDLL(str(bin_dir / base), mode=ctypes.RTLD_GLOBAL)
         self._base.ggml_get_type_traits.restype = ctypes.POINTER(_Traits)
         self._base.ggml_get_type_traits.argtypes = [ctypes.c_int]
         self._cpu: ctypes.CDLL | None = None

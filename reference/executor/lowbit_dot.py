@@ -3,8 +3,10 @@
 Q1_0 (AVX2): per 128-weight block, eight float32 lanes (lane i: the signed sum of activation codes 4i..4i+3 of each
 32) multiplied by the first activation block's scale, the next three folded in with fused multiply-adds by theirs,
 then the block folded into the accumulators with a fused multiply-add by the weight scale; the pairwise lane sum.
-Q2_0 has no vector kernel on x86: the generic loop sums each 32's integer products, ``sumi += d1 * isum`` and
-``sumf += d0 * sumi`` in float32, each a fused multiply-add as the compiler builds it.
+Q2_0 has no vector kernel on x86 in 6.0.0's and 7.0.0's builds: the generic loop sums each 32's integer products,
+``sumi += d1 * isum`` and ``sumf += d0 * sumi`` in float32, each a fused multiply-add as the compiler builds it.
+8.0.0's build has one (``vector``; :mod:`.builds`): per 32 the eight lanes folded with a fused multiply-add by the
+float32 product of the two scales, two accumulators taking alternate 64-weight blocks.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ def pack_weights(type_id: int, blocks: np.ndarray) -> np.ndarray:
     return np.concatenate([codes.astype(F).reshape(m, -1), d.reshape(m, nb)], axis=1)
 
 
-def products(type_id: int, packed: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """``x @ w^T`` as upstream computes it: weights as :func:`pack_weights` gives them, activations ``(n, k)``."""
+def products(type_id: int, packed: np.ndarray, x: np.ndarray, *, vector: bool = False) -> np.ndarray:
+    """``x @ w^T`` as upstream computes it: weights as :func:`pack_weights` gives them, activations ``(n, k)``;
+    ``vector``: Q2_0 by the AVX2 kernel of the builds that have one (:class:`~.builds.Build`)."""
     blck = LOWBIT_TYPES[type_id]
     n, k = x.shape
     m = packed.shape[0]
@@ -56,6 +59,15 @@ def products(type_id: int, packed: np.ndarray, x: np.ndarray) -> np.ndarray:
                 blk = fma32(ad[None, :, first + j, None], lanes[(first + j) * 8 : (first + j) * 8 + 8], blk)
             acc = fma32(wd[None, None, :, b], blk, acc)
         out[...] = hsum8(np.moveaxis(acc, 0, -1))
+        return out
+    if vector:
+        # Per 32: eight lanes folded by a fused multiply-add with fp16(d_w) * fp16(d_a) rounded to float32; the
+        # 64-weight blocks alternate between two accumulators, added lane by lane before the pairwise sum.
+        accs = np.zeros((2, 8, n, m), dtype=F)
+        for q in range(nb * sub):
+            scale = (ad[:, q, None] * wd[None, :, q // sub]).astype(F)
+            accs[(q // sub) % 2] = fma32(scale[None], lanes[q * 8 : q * 8 + 8], accs[(q // sub) % 2])
+        out[...] = hsum8(np.moveaxis(accs[0] + accs[1], 0, -1))
         return out
     sumf = np.zeros((n, m), dtype=F)
     for b in range(nb):

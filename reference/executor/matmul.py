@@ -60,7 +60,7 @@ def _exact_product(mem: Memory, a_t: GraphTensor, rows: np.ndarray, batch: bool)
         return kdot.products(a_t.type, packed, rows, int(a_t.ne[1]))
     if a_t.type in LOWBIT_TYPES:
         packed = mem.converted(a_t, lambda raw: lowbit_dot.pack_weights(a_t.type, raw[0, 0]), kind="lowbit")
-        return lowbit_dot.products(a_t.type, packed, rows)
+        return lowbit_dot.products(a_t.type, packed, rows, vector=mem.build.q2_0_vector)
     packed = mem.converted(a_t, lambda raw: pack_weights(a_t.type, raw[0, 0]), kind="q8dot")
     return products(a_t.type, packed, rows, int(a_t.ne[1]), batch=batch)
 

@@ -19,6 +19,7 @@ import numpy as np
 from ggml_rpc.spec import TYPES, GgmlType, op_name, type_name
 
 from ..graph import ExecutorError, GraphTensor
+from .builds import DEFAULT_BUILD, Build
 
 F32 = int(GgmlType.F32)
 F16 = int(GgmlType.F16)
@@ -169,9 +170,11 @@ class Memory:
     hash hit, MEMSET, CLEAR or COPY is converted anew.
     """
 
-    __slots__ = ("_bases", "_sealed", "_views", "epochs", "written")
+    __slots__ = ("_bases", "_sealed", "_views", "build", "epochs", "written")
 
-    def __init__(self) -> None:
+    def __init__(self, build: Build = DEFAULT_BUILD) -> None:
+        #: The upstream build whose arithmetic the kernels reproduce where builds differ.
+        self.build = build
         self._views: dict[GraphTensor, np.ndarray] = {}
         self._bases: dict[int, np.ndarray] = {}
         #: How many views and bases a plan made while preparing (None: not a plan's memory).

@@ -21,6 +21,7 @@ from typing import Any
 from ggml_rpc.spec import NATIVE_CALLBACK_OPS, GgmlOp, TensorFlag, op_name
 
 from ..graph import ExecutorError, GraphTensor, paused_collections
+from .builds import DEFAULT_BUILD, Build
 from .core import KERNELS, PREPARED
 from .memory import Memory, buffer_key, node_error
 
@@ -81,14 +82,15 @@ class Plan:
             mem.unseal_run()
 
 
-def prepare(nodes: Sequence[GraphTensor]) -> Plan:
-    """The plan of ``nodes``: one step per node that computes, in order (never raises for a bad node)."""
+def prepare(nodes: Sequence[GraphTensor], build: Build = DEFAULT_BUILD) -> Plan:
+    """The plan of ``nodes``: one step per node that computes, in order (never raises for a bad node), computing as
+    upstream's ``build`` does where builds differ."""
     with paused_collections():
-        return _prepare(nodes)
+        return _prepare(nodes, build)
 
 
-def _prepare(nodes: Sequence[GraphTensor]) -> Plan:
-    mem = Memory()
+def _prepare(nodes: Sequence[GraphTensor], build: Build) -> Plan:
+    mem = Memory(build)
     steps: list[Step] = []
     stepped: list[GraphTensor] = []
     kinds: list[str] = []
