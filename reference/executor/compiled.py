@@ -32,7 +32,7 @@ from .simd_sums import (
     K_MINS_SUM,
     KIND_BF16,
     KIND_F32,
-    LANE_POSITION,
+    LANE_ORDER,
 )
 
 F32 = np.float32
@@ -140,20 +140,21 @@ def decode_q8_rows(raw: np.ndarray, size: int, scale_at: int, e8m0: bool, min_at
                 scales[c, b] = _half(row[o + scale_at], row[o + scale_at + 1])
             if min_at >= 0:
                 mins[c, b] = _half(row[o + min_at], row[o + min_at + 1])
-            qh = np.uint32(0)
+            base = b * 32
             if qh_at >= 0:
                 qh = (np.uint32(row[o + qh_at]) | (np.uint32(row[o + qh_at + 1]) << 8)
                       | (np.uint32(row[o + qh_at + 2]) << 16) | (np.uint32(row[o + qh_at + 3]) << 24))
-            for j in range(32):
-                if nibbles:
-                    byte = np.int32(row[o + qs_at + (j & 15)])
-                    v = byte & 15 if j < 16 else byte >> 4
-                    if qh_at >= 0:
-                        v |= np.int32((qh >> np.uint32(j)) & np.uint32(1)) << 4
-                    code = table[v]
-                else:
-                    code = np.int8(row[o + qs_at + j])
-                w[b * 32 + LANE_POSITION[j]] = code
+                for pos in range(32):
+                    e = LANE_ORDER[pos]
+                    v = (np.int32(row[o + qs_at + (e & 15)]) >> ((e >> 4) << 2)) & 15
+                    w[base + pos] = table[v | (np.int32((qh >> np.uint32(e)) & np.uint32(1)) << 4)]
+            elif nibbles:
+                for pos in range(32):  # element e: the low nibble of byte e (e < 16) or the high one of e - 16
+                    e = LANE_ORDER[pos]
+                    w[base + pos] = table[(np.int32(row[o + qs_at + (e & 15)]) >> ((e >> 4) << 2)) & 15]
+            else:
+                for pos in range(32):
+                    w[base + pos] = np.int8(row[o + qs_at + LANE_ORDER[pos]])
 
 
 @njit(cache=True, nogil=True)

@@ -17,8 +17,6 @@ F64 = np.float64
 #: Position in a 32-code block of the compiled kernels' packed forms -> element of the block: lane i's elements
 #: 4i..4i+3 at i, i + 8, i + 16, i + 24 (a block's eight lane sums are then four vector adds).
 LANE_ORDER = np.arange(32).reshape(8, 4).T.reshape(-1)
-#: Lane-order position of a block's element e (lane e // 4, place e % 4): the inverse of :data:`LANE_ORDER`.
-LANE_POSITION = np.argsort(LANE_ORDER)
 #: vec_dot kinds: how the lanes are folded and the tail added (ggml_vec_dot_f32 / _f16 / _bf16).
 KIND_F32, KIND_F16, KIND_BF16 = 0, 1, 2
 #: How a K-quant kernel treats the block sums (:func:`.compiled.k_products`'s ``mode``).
