@@ -21,7 +21,6 @@ from __future__ import annotations
 import numpy as np
 from ggml_rpc.spec import TYPES
 
-from .dequant import _q5_values, e8m0_half
 from .formats import (
     E2M1_DOUBLED,
     IQ4_NL,
@@ -33,8 +32,6 @@ from .formats import (
     Q5_0,
     Q5_1,
     Q8_0,
-    half_field,
-    low_high,
 )
 from .quant import _q8_scale
 from .simd_sums import LANE_ORDER, kernels
@@ -42,37 +39,6 @@ from .simd_sums import LANE_ORDER, kernels
 #: Weight types computed here, and whether their activations carry the Q8_1 block sum.
 EXACT_TYPES: dict[int, bool] = {Q4_0: False, Q5_0: False, Q8_0: False, IQ4_NL: False, MXFP4: False, Q4_1: True,
                                  Q5_1: True}
-
-
-def weight_codes(type_id: int, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Blocks ``(m, nb, size)`` to (codes int8 ``(m, nb * 32)``, scale float32 ``(m, nb)``, min ``(m, nb)`` or
-    None), in numpy: the values the compiled kernel reads from the blocks itself (tests check one by the other), the
-    codes as the kernel multiplies them (signed for Q4_0/Q5_0/Q8_0/IQ4_NL/MXFP4, unsigned below 32 for
-    Q4_1/Q5_1)."""
-    m, nb, size = blocks.shape
-    flat = np.ascontiguousarray(blocks).reshape(m * nb, size)
-    f = LAYOUT[type_id]
-    if type_id == Q4_0:
-        q = low_high(flat[:, f["qs"]]).astype(np.int8) - np.int8(8)
-    elif type_id == Q5_0:
-        q = _q5_values(flat[:, f["qh"]], flat[:, f["qs"]]).astype(np.int8) - np.int8(16)
-    elif type_id == Q8_0:
-        q = flat[:, f["qs"]].view(np.int8)
-    elif type_id == IQ4_NL:
-        q = IQ4NL_LEVELS[low_high(flat[:, f["qs"]])]
-    elif type_id == MXFP4:
-        q = E2M1_DOUBLED[low_high(flat[:, f["qs"]])]
-    elif type_id == Q4_1:
-        q = low_high(flat[:, f["qs"]])
-    elif type_id == Q5_1:
-        q = _q5_values(flat[:, f["qh"]], flat[:, f["qs"]])
-    else:
-        raise ValueError(f"type {type_id} is not dotted with 8-bit activations")
-    codes = q.astype(np.int8).reshape(m, nb * 32)
-    # MXFP4's scale is an E8M0 exponent, halved to pair with the doubled E2M1 codes (as ggml's table holds them).
-    d = (e8m0_half(flat[:, f["e"]]) if type_id == MXFP4 else half_field(flat, f["d"])).reshape(m, nb)
-    mins = half_field(flat, f["m"]).reshape(m, nb) if "m" in f else None
-    return codes, d.astype(np.float32), mins
 
 
 def in_lane_order(codes: np.ndarray) -> np.ndarray:

@@ -8,12 +8,46 @@ import numpy as np
 import pytest
 from ggml_rpc.conformance.upstream.ggml_lib import GgmlLibrary
 from ggml_rpc.reference.executor import lowbit_dot, q8dot
+from ggml_rpc.reference.executor.dequant import _q5_values, e8m0_half
+from ggml_rpc.reference.executor.formats import E2M1_DOUBLED, IQ4NL_LEVELS, LAYOUT, half_field, low_high
 from ggml_rpc.reference.executor.lowbit_dot import LOWBIT_TYPES
 from ggml_rpc.reference.executor.types import IQ4_NL, MXFP4, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, VEC_DOT_TYPE
 from ggml_rpc.spec import TYPES
 
 F = np.float32
 TYPES_DOTTED = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4)
+
+
+def _numpy_codes(type_id: int, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Blocks ``(m, nb, size)`` to (codes int8 ``(m, nb * 32)``, scale float32 ``(m, nb)``, min ``(m, nb)`` or
+    None), decoded in numpy independently of the compiled decoder the kernel's packed form comes from: the codes as
+    the kernel multiplies them (signed for Q4_0/Q5_0/Q8_0/IQ4_NL/MXFP4, unsigned below 32 for
+    Q4_1/Q5_1)."""
+    m, nb, size = blocks.shape
+    flat = np.ascontiguousarray(blocks).reshape(m * nb, size)
+    f = LAYOUT[type_id]
+    if type_id == Q4_0:
+        q = low_high(flat[:, f["qs"]]).astype(np.int8) - np.int8(8)
+    elif type_id == Q5_0:
+        q = _q5_values(flat[:, f["qh"]], flat[:, f["qs"]]).astype(np.int8) - np.int8(16)
+    elif type_id == Q8_0:
+        q = flat[:, f["qs"]].view(np.int8)
+    elif type_id == IQ4_NL:
+        q = IQ4NL_LEVELS[low_high(flat[:, f["qs"]])]
+    elif type_id == MXFP4:
+        q = E2M1_DOUBLED[low_high(flat[:, f["qs"]])]
+    elif type_id == Q4_1:
+        q = low_high(flat[:, f["qs"]])
+    elif type_id == Q5_1:
+        q = _q5_values(flat[:, f["qh"]], flat[:, f["qs"]])
+    else:
+        raise ValueError(f"type {type_id} is not dotted with 8-bit activations")
+    codes = q.astype(np.int8).reshape(m, nb * 32)
+    # MXFP4's scale is an E8M0 exponent, halved to pair with the doubled E2M1 codes (as ggml's table holds them).
+    d = (e8m0_half(flat[:, f["e"]]) if type_id == MXFP4 else half_field(flat, f["d"])).reshape(m, nb)
+    mins = half_field(flat, f["m"]).reshape(m, nb) if "m" in f else None
+    return codes, d.astype(np.float32), mins
+
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +59,7 @@ def _loop(type_id: int, blocks: np.ndarray, x: np.ndarray, two: bool) -> np.ndar
     """One output at a time: lanes of four products, FMAs block by block (into two accumulators alternately when
     ``two``), the pairwise lane sum, the odd block and the Q8_1 sum term in float32; the codes decoded by numpy
     (the packed form's by the compiled decoder)."""
-    wc, wd, wm = q8dot.weight_codes(type_id, blocks)
+    wc, wd, wm = _numpy_codes(type_id, blocks)
     ac, ad, as_ = q8dot.activation_codes(x, q8dot.EXACT_TYPES[type_id])
     m, nb = wd.shape
     wc = wc.astype(F).reshape(m, nb * 8, 4)
