@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -85,7 +84,7 @@ def check_peer(peer: Peer, types: list[str] | None = None, timeout: float = 600.
         argv = loader_argv(peer.loader, library_path, python_program(), __name__, [str(lib_dir), *args])
     else:
         argv = [sys.executable, "-m", __name__, str(peer.test_backend_ops.parent), *args]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     if done.returncode not in (0, 1):
         raise RuntimeError(f"vec_dot check of {peer.version} failed: {done.stderr.strip()[-500:]}")
     return json.loads(done.stdout)

@@ -15,18 +15,17 @@ from dataclasses import dataclass
 class Build:
     """One upstream build's arithmetic, where it differs from another's."""
 
-    #: The upstream release (``llama.cpp`` build) this describes.
-    release: str
     #: Q2_0 x Q8_0 by the AVX2 kernel (eight lanes of four products per 32, a fused multiply-add by the float32
     #: product of the two fp16 scales, two accumulators taking alternate 64-weight blocks); otherwise the generic
     #: loop (an integer sum per 32, ``sumi += d1 * isum`` then ``sumf += d0 * sumi``, each fused).
     q2_0_vector: bool = False
 
 
-#: The builds of the installed upstream peers, by protocol major version (every product checked against each
+#: The builds of the installed upstream peers (6.0.0: b10950, 7.0.0: b11434, 8.0.0: b11739; the packages are
+#: ``conformance/upstream/peers.py``'s), by protocol major version (every product checked against each
 #: peer's own ``ggml_vec_dot_*``, 8.0.0's through its private runtime: ``conformance/upstream/vec_dot_check.py``,
 #: tests/upstream/test_vec_dot_check.py).
-BUILDS: dict[int, Build] = {6: Build("b10950"), 7: Build("b11434"), 8: Build("b11739", q2_0_vector=True)}
+BUILDS: dict[int, Build] = {6: Build(), 7: Build(), 8: Build(q2_0_vector=True)}
 DEFAULT_BUILD = BUILDS[7]
 
 
