@@ -73,16 +73,23 @@ def _argsort(node: GraphTensor, mem: Memory) -> None:
     write(mem, node, idx.astype(np.int32))
 
 
-@kernel(GgmlOp.TOP_K, src=(F32,), dst=(I32,), note="indices of the k largest, largest first, then the first two "
-        "swapped (as ggml's CPU backend returns them)")
+@kernel(GgmlOp.TOP_K, src=(F32,), dst=(I32,), note="indices of the k largest, largest first (ties in the order of the "
+        "C++ library's heap-based partial sort), then the first two swapped (as ggml's CPU backend returns them)")
 def _top_k(node: GraphTensor, mem: Memory) -> None:
     a_t = src(node, 0)
     need_types(node, a_t, (F32,), "source 0")
     k = int(node.ne[0])
     if node.type != I32 or k > a_t.ne[0] or tuple(node.ne[1:]) != tuple(a_t.ne[1:]):
         raise node_error(node, "TOP_K gives I32 [k <= ne0, src.ne1, src.ne2, src.ne3]")
+    from .partial_sort import top_k_rows
+
     x = read(mem, a_t)
-    idx = np.argsort(-x, axis=-1, kind="stable")[..., :k]
+    rows = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+    idx = np.empty((rows.shape[0], k), dtype=np.int32)
+    if k > 0:
+        # The order among equal values is the standard library's partial sort's, not the first index's.
+        top_k_rows(rows, k, idx)
+    idx = idx.reshape(*x.shape[:-1], k)
     if k > 1:
         # ggml's CPU backend swaps its first two results on purpose, so that no caller relies on the order; a
         # server that computes as upstream does returns the same indices in the same places.
