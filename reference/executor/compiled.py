@@ -168,38 +168,128 @@ def q8_products(wq: np.ndarray, wd: np.ndarray, wm: np.ndarray, xq: np.ndarray, 
     to the total by one fused multiply-add)."""
     m, k = wq.shape
     n = xq.shape[0]
-    nb = k // 32
-    last = nb - nb % 2 if two else nb
     p = np.empty(k, dtype=np.int32)
-    zero = F32(0)
     for c in range(m):
         w = wq[c]
         for r in range(n):
             x = xq[r]
             for j in range(k):  # every product first: one widening multiply over the row
                 p[j] = np.int32(w[j]) * np.int32(x[j])
-            a = (zero, zero, zero, zero, zero, zero, zero, zero)
-            if two:
-                odd = a
-                for b in range(0, last, 2):
-                    a = _lanes_fma(wd[c, b] * xd[r, b], p, b * 32, a)
-                    odd = _lanes_fma(wd[c, b + 1] * xd[r, b + 1], p, b * 32 + 32, odd)
-                a = _add8(a, odd)
+            out[r, c] = _row_total(p, wd[c], xd[r], wm[c], xs[r], two, summed, False)
+
+
+@njit(cache=True, inline="always")
+def _quads_fma(s, p, o, a):  # type: ignore[no-untyped-def]
+    # One block in the elements' own order: lane i sums elements 4i .. 4i + 3 (what _lanes_fma does in lane order).
+    return (fma32(s, F32(p[o] + p[o + 1] + p[o + 2] + p[o + 3]), a[0]),
+            fma32(s, F32(p[o + 4] + p[o + 5] + p[o + 6] + p[o + 7]), a[1]),
+            fma32(s, F32(p[o + 8] + p[o + 9] + p[o + 10] + p[o + 11]), a[2]),
+            fma32(s, F32(p[o + 12] + p[o + 13] + p[o + 14] + p[o + 15]), a[3]),
+            fma32(s, F32(p[o + 16] + p[o + 17] + p[o + 18] + p[o + 19]), a[4]),
+            fma32(s, F32(p[o + 20] + p[o + 21] + p[o + 22] + p[o + 23]), a[5]),
+            fma32(s, F32(p[o + 24] + p[o + 25] + p[o + 26] + p[o + 27]), a[6]),
+            fma32(s, F32(p[o + 28] + p[o + 29] + p[o + 30] + p[o + 31]), a[7]))
+
+
+@njit(cache=True, inline="always")
+def _row_total(p, wd, xd, wm, xs, two, summed, quads):  # type: ignore[no-untyped-def]
+    # One output from its products p (k int32; lane order, or with ``quads`` the elements' own order): the float32
+    # accumulation of the 8-bit-activation kernels (see q8_products), for the packed and the raw-block weights.
+    nb = p.shape[0] // 32
+    last = nb - nb % 2 if two else nb
+    zero = F32(0)
+    a = (zero, zero, zero, zero, zero, zero, zero, zero)
+    if two:
+        odd = a
+        for b in range(0, last, 2):
+            if quads:
+                a = _quads_fma(wd[b] * xd[b], p, b * 32, a)
+                odd = _quads_fma(wd[b + 1] * xd[b + 1], p, b * 32 + 32, odd)
             else:
-                for b in range(nb):
-                    a = _lanes_fma(wd[c, b] * xd[r, b], p, b * 32, a)
-            total = _hsum8(a)
-            for b in range(last, nb):  # sumf += d * isum, fused by the compiler
-                t = 0
-                for j in range(b * 32, b * 32 + 32):
-                    t += p[j]
-                total = fma32(wd[c, b] * xd[r, b], F32(t), total)
-            if summed:
-                summs = zero
-                for b in range(nb):
-                    summs = summs + wm[c, b] * xs[r, b]
-                total = total + summs
-            out[r, c] = total
+                a = _lanes_fma(wd[b] * xd[b], p, b * 32, a)
+                odd = _lanes_fma(wd[b + 1] * xd[b + 1], p, b * 32 + 32, odd)
+        a = _add8(a, odd)
+    elif quads:
+        for b in range(nb):
+            a = _quads_fma(wd[b] * xd[b], p, b * 32, a)
+    else:
+        for b in range(nb):
+            a = _lanes_fma(wd[b] * xd[b], p, b * 32, a)
+    total = _hsum8(a)
+    for b in range(last, nb):  # sumf += d * isum, fused by the compiler
+        t = np.int32(0)
+        for j in range(b * 32, b * 32 + 32):
+            t += p[j]
+        total = fma32(wd[b] * xd[b], F32(t), total)
+    if summed:
+        summs = zero
+        for b in range(nb):
+            summs = summs + wm[b] * xs[b]
+        total = total + summs
+    return total
+
+
+@njit(cache=True, nogil=True)
+def raw_q8_products(raw: np.ndarray, size: int, scale_at: int, e8m0: bool, min_at: int, qh_at: int, qs_at: int,
+                    nibbles: bool, table: np.ndarray, halves: np.ndarray, xq: np.ndarray, xd: np.ndarray,
+                    xs: np.ndarray, two: bool, summed: bool, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """:func:`q8_products` read straight from the weights' blocks (raw uint8 (m, nb * size), described as for
+    :func:`decode_q8_rows`), with xq in the elements' own order: each weight row is decoded once into a row of codes
+    that stays in the cache, for weights too large to keep in packed form.  ``halves``: the float32 value of every
+    fp16 bit pattern (65,536; a lookup per block instead of a conversion)."""
+    m = raw.shape[0]
+    n, k = xq.shape
+    nb = k // 32
+    # Q4_0, Q4_1, Q5_0, Q5_1's codes are the value plus a constant: no lookup, so that the loop vectorises.
+    first = np.int32(table[0])
+    linear = True
+    for v in range(32):
+        linear = linear and np.int32(table[v]) == first + v
+    codes = np.empty(k, dtype=np.int8)
+    p = np.empty(k, dtype=np.int32)
+    wd = np.empty(nb, dtype=F32)
+    wm = np.zeros(nb, dtype=F32)
+    for c in range(m):
+        row = raw[c]
+        for b in range(nb):
+            o = b * size
+            if e8m0:
+                wd[b] = F32(math.ldexp(1.0, np.int32(row[o + scale_at]) - 128))
+            else:
+                wd[b] = halves[np.int32(row[o + scale_at]) | (np.int32(row[o + scale_at + 1]) << 8)]
+            if min_at >= 0:
+                wm[b] = halves[np.int32(row[o + min_at]) | (np.int32(row[o + min_at + 1]) << 8)]
+            q = o + qs_at
+            base = b * 32
+            if nibbles:  # element j < 16: the low nibble of byte j; j + 16: its high nibble (the high bit from qh)
+                qh = np.uint32(0)
+                if qh_at >= 0:
+                    qh = (np.uint32(row[o + qh_at]) | (np.uint32(row[o + qh_at + 1]) << 8)
+                          | (np.uint32(row[o + qh_at + 2]) << 16) | (np.uint32(row[o + qh_at + 3]) << 24))
+                if linear and qh_at < 0:  # Q4_0, Q4_1: the nibble plus the table's first code
+                    for j in range(16):
+                        v = np.int32(row[q + j])
+                        codes[base + j] = np.int8((v & 15) + first)
+                        codes[base + 16 + j] = np.int8((v >> 4) + first)
+                    continue
+                for j in range(16):
+                    v = np.int32(row[q + j])
+                    lo = (v & 15) | (np.int32((qh >> np.uint32(j)) & np.uint32(1)) << 4)
+                    hi = (v >> 4) | (np.int32((qh >> np.uint32(j + 16)) & np.uint32(1)) << 4)
+                    if linear:
+                        codes[base + j] = np.int8(lo + first)
+                        codes[base + 16 + j] = np.int8(hi + first)
+                    else:
+                        codes[base + j] = table[lo]
+                        codes[base + 16 + j] = table[hi]
+            else:
+                for j in range(32):
+                    codes[base + j] = np.int8(row[q + j])
+        for r in range(n):
+            x = xq[r]
+            for j in range(k):
+                p[j] = np.int32(codes[j]) * np.int32(x[j])
+            out[r, c] = _row_total(p, wd, xd[r], wm, xs[r], two, summed, True)
 
 
 @njit(cache=True, nogil=True)

@@ -21,7 +21,7 @@ from .core import FLOATS, READABLE, convert, kernel, need_types, prepared, read,
 from .kdot import K_TYPES
 from .lowbit_dot import LOWBIT_TYPES
 from .memory import BF16, F16, F32, Memory, node_error
-from .q8dot import EXACT_TYPES, pack_weights, products
+from .q8dot import EXACT_TYPES, pack_weights, packed_size, products, raw_products
 from .types import Q8_1, VEC_DOT_TYPE, q8_1_sum_error, through_type
 
 
@@ -61,8 +61,12 @@ def _exact_product(mem: Memory, a_t: GraphTensor, rows: np.ndarray, batch: bool)
     if a_t.type in LOWBIT_TYPES:
         packed = mem.converted(a_t, lambda raw: lowbit_dot.pack_weights(a_t.type, raw[0, 0]), kind="lowbit")
         return lowbit_dot.products(a_t.type, packed, rows, vector=mem.build.q2_0_vector)
-    packed = mem.converted(a_t, lambda raw: pack_weights(a_t.type, raw[0, 0]), kind="q8dot")
-    return products(a_t.type, packed, rows, int(a_t.ne[1]), batch=batch)
+    m = int(a_t.ne[1])
+    packed = mem.converted(a_t, lambda raw: pack_weights(a_t.type, raw[0, 0]), kind="q8dot",
+                           size=packed_size(m, int(a_t.ne[0])))
+    if packed is None:  # not kept (too large for the cache, or written by the graph): from the blocks themselves
+        return raw_products(a_t.type, mem.raw(a_t)[0, 0], rows, batch=batch)
+    return products(a_t.type, packed, rows, m, batch=batch)
 
 
 _FLAG_OUTPUT = int(TensorFlag.OUTPUT)  # a graph output: the client reads it

@@ -14,6 +14,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from typing import overload
 
 import numpy as np
 from ggml_rpc.spec import TYPES, GgmlType, op_name, type_name
@@ -148,6 +149,11 @@ class Conversions:
                 self._room += self._entries.pop(key)[1].nbytes
 
     @property
+    def room(self) -> int:
+        """Bytes that can be kept now without dropping a kept conversion."""
+        return self._room
+
+    @property
     def nbytes(self) -> int:
         """Bytes held now."""
         return self.budget - self._room
@@ -184,21 +190,37 @@ class Memory:
         #: :func:`buffer_key` of the buffers the graph's nodes write (their contents change during a run).
         self.written: frozenset[int] = frozenset()
 
+    @overload
     def converted(self, t: GraphTensor, convert: Callable[[np.ndarray], np.ndarray], kind: str = "") -> np.ndarray:
+        ...
+
+    @overload
+    def converted(self, t: GraphTensor, convert: Callable[[np.ndarray], np.ndarray], kind: str = "", *,
+                  size: int) -> np.ndarray | None:
+        ...
+
+    def converted(self, t: GraphTensor, convert: Callable[[np.ndarray], np.ndarray], kind: str = "", *,
+                  size: int | None = None) -> np.ndarray | None:
         """``t``'s values as float32, ``convert(self.raw(t))``, kept in :data:`CONVERSIONS` and reused while ``t``'s
         buffer is not written (see the class).  ``convert`` must give exactly that: the float32 values of ``t``; or,
-        under its own ``kind``, another form of them that depends on ``t``'s bytes alone."""
+        under its own ``kind``, another form of them that depends on ``t``'s bytes alone.
+
+        With ``size`` (the bytes ``convert`` makes), for a caller that can compute from the raw bytes as well: None
+        instead of a conversion that would not be kept, or only by dropping others (weights larger than the cache
+        would otherwise be converted anew every graph, each conversion pushing out the next one needed)."""
         raw = self.raw(t)
         epochs = self.epochs
         owner = getattr(t.buffer, "obj", t.buffer)
         key = id(owner)
         epoch = epochs.get(key) if epochs is not None and key not in self.written else None
         if epoch is None:
-            return convert(raw)
+            return convert(raw) if size is None else None
         name = Conversions.key(owner, t, kind)
         kept = CONVERSIONS.get(name, epoch)
         if kept is not None:
             return kept
+        if size is not None and size > CONVERSIONS.room:
+            return None
         values = convert(raw)
         if values is not raw:
             CONVERSIONS.put(owner, name, epoch, values)

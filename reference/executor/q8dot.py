@@ -73,6 +73,9 @@ def _block_form(type_id: int) -> tuple[int, int, bool, int, int, int, bool, np.n
             _code_table(type_id))
 
 
+#: The float32 value of every fp16 bit pattern, for the raw-block kernel's scales.
+HALVES = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+
 #: Each type's block form, worked out once.
 _FORMS = {t: _block_form(t) for t in EXACT_TYPES}
 
@@ -102,10 +105,15 @@ def pack_weights(type_id: int, blocks: np.ndarray) -> np.ndarray:
         raw = np.ascontiguousarray(raw).view(np.uint8)
     size = TYPES[type_id].size
     m, nb = raw.shape[0], raw.shape[1] // size
-    packed = np.zeros(m * nb * 40, dtype=np.uint8)
+    packed = np.zeros(packed_size(m, nb * 32), dtype=np.uint8)
     codes, scales, mins = _views(packed, m)
     kernels().decode_q8_rows(raw, *_FORMS[type_id], codes, scales, mins)
     return packed
+
+
+def packed_size(m: int, k: int) -> int:
+    """Bytes of :func:`pack_weights`' form of ``m`` rows of ``k`` weights."""
+    return m * k // 32 * 40
 
 
 def _views(packed: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -126,4 +134,18 @@ def products(type_id: int, packed: np.ndarray, x: np.ndarray, m: int, *, batch: 
     # IQ4_NL and MXFP4 alternate their blocks between two accumulators (IQ4_NL's batch goes through tinyBLAS: one).
     two = type_id == MXFP4 or (type_id == IQ4_NL and not batch)
     kernels().q8_products(codes, scales, mins, in_lane_order(ac), ad, as_, two, summed, out)
+    return out
+
+
+def raw_products(type_id: int, blocks: np.ndarray, x: np.ndarray, *, batch: bool) -> np.ndarray:
+    """:func:`products` from the weights' blocks ``(m, nb, size)`` (or ``(m, nb * size)``) as stored, without a
+    packed copy: the same results, for weights the conversion cache does not keep."""
+    raw = blocks.reshape(blocks.shape[0], -1)
+    if raw.dtype != np.uint8 or raw.strides[-1] != 1:
+        raw = np.ascontiguousarray(raw).view(np.uint8)
+    summed = EXACT_TYPES[type_id]
+    ac, ad, as_ = activation_codes(x, summed)
+    out = np.empty((ac.shape[0], raw.shape[0]), dtype=np.float32)
+    two = type_id == MXFP4 or (type_id == IQ4_NL and not batch)
+    kernels().raw_q8_products(raw, *_FORMS[type_id], HALVES, ac, ad, as_, two, summed, out)
     return out

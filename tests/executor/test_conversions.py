@@ -102,3 +102,24 @@ def test_a_weight_the_graph_itself_rewrites_is_never_served_from_a_kept_conversi
     np.testing.assert_allclose(second, _expected(weights, compute, w, x), rtol=1e-6)
     # what the first product saw: the weights before the copy
     assert not np.allclose(compute.get(out1).reshape(-1), second)
+
+
+def test_weights_the_cache_has_no_room_for_are_computed_from_their_blocks(monkeypatch) -> None:
+    # Packing a weight that would push others out of the cache (a 7B model's layers, each graph) is not done: the
+    # product reads the blocks as stored, with the same bits as from the kept packed form.
+    from ggml_rpc.reference.executor import memory
+
+    r = np.random.default_rng(5)
+    weights, compute = Arena(1 << 14), Arena(1 << 14)
+    _w, _x, out = _matmul(weights, compute, r.standard_normal((8, 64)).astype(np.float32))
+    epochs = {id(weights.memory): 0, id(compute.memory): 0}
+    prepare([out]).run(epochs)
+    packed_result = compute.get(out).reshape(-1).tobytes()
+    assert [k for k in CONVERSIONS._entries if k[0] == id(weights.memory)]
+
+    small = Conversions(budget=8 * 64 // 32 * 40 - 1)  # one byte short of w's packed form
+    monkeypatch.setattr(memory, "CONVERSIONS", small)
+    compute.set(out, np.zeros((1, 8), dtype=np.float32))
+    prepare([out]).run(epochs)
+    assert compute.get(out).reshape(-1).tobytes() == packed_result
+    assert len(small) == 0 and small.room == small.budget

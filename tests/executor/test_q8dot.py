@@ -110,6 +110,19 @@ def test_batch_and_token_forms_are_the_loop(type_id: int, k: int) -> None:
     assert one.tobytes() == _loop(type_id, blocks, x[:1], type_id in (IQ4_NL, MXFP4)).tobytes()
 
 
+@pytest.mark.parametrize("type_id", TYPES_DOTTED)
+@pytest.mark.parametrize("k", [32, 96, 256, 288])
+def test_raw_block_products_are_the_packed_ones(type_id: int, k: int) -> None:
+    # The form for weights the cache does not keep: the same bits from the blocks as stored, batch and one token.
+    rng = np.random.default_rng(10 * k + type_id)
+    blocks = _weights(None, type_id, 7, k, rng)
+    packed = q8dot.pack_weights(type_id, blocks)
+    x = (rng.standard_normal((4, k)) * 3).astype(F)
+    for rows, batch in ((x, True), (x[:1], False)):
+        want = q8dot.products(type_id, packed, rows, 7, batch=batch)
+        assert q8dot.raw_products(type_id, blocks, rows, batch=batch).tobytes() == want.tobytes()
+
+
 @pytest.mark.upstream
 @pytest.mark.parametrize("type_id", TYPES_DOTTED)
 def test_one_token_product_is_ggmls_vec_dot_bit_for_bit(lib: GgmlLibrary, type_id: int) -> None:
@@ -123,6 +136,8 @@ def test_one_token_product_is_ggmls_vec_dot_bit_for_bit(lib: GgmlLibrary, type_i
         act = lib.from_float(vt, x)
         want = np.array([lib.vec_dot(type_id, blocks[i], act) for i in range(16)], dtype=F)
         assert got.tobytes() == want.tobytes(), (TYPES[type_id].name, k, np.abs(got - want).max())
+        raw = q8dot.raw_products(type_id, blocks, x, batch=False)[0]
+        assert raw.tobytes() == want.tobytes(), (TYPES[type_id].name, k, "raw blocks")
 
 
 @pytest.mark.upstream
