@@ -147,5 +147,7 @@ def raw_products(type_id: int, blocks: np.ndarray, x: np.ndarray, *, batch: bool
     ac, ad, as_ = activation_codes(x, summed)
     out = np.empty((ac.shape[0], raw.shape[0]), dtype=np.float32)
     two = type_id == MXFP4 or (type_id == IQ4_NL and not batch)
-    kernels().raw_q8_products(raw, *_FORMS[type_id], HALVES, ac, ad, as_, two, summed, out)
+    from .raw_q8 import raw_q8_products
+
+    raw_q8_products(raw, *_FORMS[type_id], HALVES, ac, ad, as_, two, summed, out)
     return out
