@@ -20,10 +20,10 @@ from .compiled import F32, _row_total
 def raw_q8_products(raw: np.ndarray, size: int, scale_at: int, e8m0: bool, min_at: int, qh_at: int, qs_at: int,
                     nibbles: bool, table: np.ndarray, halves: np.ndarray, xq: np.ndarray, xd: np.ndarray,
                     xs: np.ndarray, two: bool, summed: bool, out: np.ndarray) -> None:  # pragma: no cover - compiled
-    """:func:`.compiled.q8_products` read straight from the weights' blocks (raw uint8 (m, nb * size), described as for
-    :func:`.compiled.decode_q8_rows`), with xq in the elements' own order: each weight row is decoded once into a row of codes
-    that stays in the cache, for weights too large to keep in packed form.  ``halves``: the float32 value of every
-    fp16 bit pattern (65,536; a lookup per block instead of a conversion)."""
+    """:func:`.compiled.q8_products` read straight from the weights' blocks (raw uint8 (m, nb * size), described
+    as for :func:`.compiled.decode_q8_rows`), with xq in the elements' own order: each weight row is decoded once
+    into a row of codes that stays in the cache, for weights too large to keep in packed form.  ``halves``: the
+    float32 value of every fp16 bit pattern (65,536; a lookup per block instead of a conversion)."""
     m = raw.shape[0]
     n, k = xq.shape
     nb = k // 32
