@@ -64,18 +64,11 @@ def _exact_product(mem: Memory, a_t: GraphTensor, rows: np.ndarray, batch: bool)
     m = int(a_t.ne[1])
     packed = mem.converted(a_t, lambda raw: pack_weights(a_t.type, raw[0, 0]), kind="q8dot",
                            size=packed_size(m, int(a_t.ne[0])))
-    if packed is None:  # not kept (too large for the cache, or written by the graph)
-        blocks = mem.raw(a_t)[0, 0]
-        if rows.shape[0] < _PACK_FOR_ROWS:  # from the blocks themselves
-            return raw_products(a_t.type, blocks, rows, batch=batch)
-        packed = pack_weights(a_t.type, blocks)  # packed for this product alone
+    if packed is None:  # not kept (too large for the cache, or written by the graph): from the blocks themselves
+        return raw_products(a_t.type, mem.raw(a_t)[0, 0], rows, batch=batch)
     return products(a_t.type, packed, rows, m, batch=batch)
 
 
-#: From this many activation rows on, a weight the cache does not keep is packed for the product anyway: packing
-#: costs about 1.4 ns a Q4_0 weight and saves about 0.1 ns a weight a row over the raw-block kernel (measured on one
-#: 4096 x 4096 weight), so a prompt's batch gains and a token's loses.
-_PACK_FOR_ROWS = 12
 _FLAG_OUTPUT = int(TensorFlag.OUTPUT)  # a graph output: the client reads it
 #: F32/F16 products up to this many weights (m x k) are computed in upstream's order; larger ones with BLAS.
 _FLOAT_EXACT_MAX = 1 << 22

@@ -123,26 +123,3 @@ def test_weights_the_cache_has_no_room_for_are_computed_from_their_blocks(monkey
     prepare([out]).run(epochs)
     assert compute.get(out).reshape(-1).tobytes() == packed_result
     assert len(small) == 0 and small.room == small.budget
-
-
-def test_a_batch_of_an_uncached_weight_is_packed_for_its_product_alone(monkeypatch) -> None:
-    from ggml_rpc.reference.executor import matmul, memory, q8dot
-    from ggml_rpc.reference.executor.types import quantize
-
-    r = np.random.default_rng(9)
-    blocks = quantize(Q8_0, r.standard_normal((8, 64)).astype(np.float32)).reshape(8, 2, -1)
-    weights, compute = Arena(1 << 15), Arena(1 << 15)
-    w = weights.tensor(Q8_0, (64, 8), name="w")
-    weights.raw(w)[...] = blocks.reshape(weights.raw(w).shape)
-    n = matmul._PACK_FOR_ROWS
-    x = compute.tensor(F32, (64, n), name="x")
-    xs = r.standard_normal((n, 64)).astype(np.float32)
-    compute.set(x, xs)
-    out = compute.tensor(F32, (8, n), op=GgmlOp.MUL_MAT, src=(w, x), name="out")
-    monkeypatch.setattr(memory, "CONVERSIONS", Conversions(budget=0))
-    packs = []
-    monkeypatch.setattr(matmul, "pack_weights", lambda t, b: packs.append(t) or q8dot.pack_weights(t, b))
-    prepare([out]).run({id(weights.memory): 0, id(compute.memory): 0})
-    assert packs == [Q8_0]
-    want = q8dot.raw_products(Q8_0, blocks, xs, batch=True)
-    assert compute.get(out).reshape(n, 8).tobytes() == want.tobytes()
