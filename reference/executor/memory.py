@@ -148,6 +148,13 @@ class Conversions:
             for key in [k for k in self._entries if k[0] == owner_id]:
                 self._room += self._entries.pop(key)[1].nbytes
 
+    def room_for(self, key: _ConversionKey) -> int:
+        """Bytes that can be kept under ``key`` without dropping another conversion (an entry under ``key`` itself,
+        of an older epoch, would be replaced)."""
+        with self._lock:
+            old = self._entries.get(key)
+            return self._room + (old[1].nbytes if old is not None else 0)
+
     @property
     def room(self) -> int:
         """Bytes that can be kept now without dropping a kept conversion."""
@@ -219,7 +226,7 @@ class Memory:
         kept = CONVERSIONS.get(name, epoch)
         if kept is not None:
             return kept
-        if size is not None and size > CONVERSIONS.room:
+        if size is not None and size > CONVERSIONS.room_for(name):
             return None
         values = convert(raw)
         if values is not raw:

@@ -117,9 +117,37 @@ def test_weights_the_cache_has_no_room_for_are_computed_from_their_blocks(monkey
     packed_result = compute.get(out).reshape(-1).tobytes()
     assert [k for k in CONVERSIONS._entries if k[0] == id(weights.memory)]
 
+    from ggml_rpc.reference.executor import matmul
+
     small = Conversions(budget=8 * 64 // 32 * 40 - 1)  # one byte short of w's packed form
     monkeypatch.setattr(memory, "CONVERSIONS", small)
+    packed = []
+    monkeypatch.setattr(matmul, "pack_weights", lambda *a: packed.append(a))  # a packing here would be the bug
     compute.set(out, np.zeros((1, 8), dtype=np.float32))
     prepare([out]).run(epochs)
+    assert not packed
     assert compute.get(out).reshape(-1).tobytes() == packed_result
     assert len(small) == 0 and small.room == small.budget
+
+
+def test_a_rewritten_weight_takes_the_room_of_its_own_stale_packing() -> None:
+    # The cache full of w's packing for epoch 0: after a write (epoch 1) that entry is no use to anyone, and its
+    # bytes count as room for w's new packing instead of sending w to the raw-block path for good.
+    from ggml_rpc.reference.executor import memory
+
+    r = np.random.default_rng(6)
+    weights, compute = Arena(1 << 14), Arena(1 << 14)
+    w, _x, out = _matmul(weights, compute, r.standard_normal((8, 64)).astype(np.float32))
+    cache = Conversions(budget=8 * 64 // 32 * 40)  # exactly one packing
+    saved, memory.CONVERSIONS = memory.CONVERSIONS, cache
+    try:
+        epochs = {id(weights.memory): 0, id(compute.memory): 0}
+        prepare([out]).run(epochs)
+        assert len(cache) == 1 and cache.room == 0
+        weights.set(w, r.standard_normal((8, 64)).astype(np.float32))
+        epochs[id(weights.memory)] = 1
+        prepare([out]).run(epochs)
+        (key,) = cache._entries
+        assert cache.get(key, 1) is not None  # packed again, for the new epoch
+    finally:
+        memory.CONVERSIONS = saved
