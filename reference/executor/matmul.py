@@ -51,7 +51,8 @@ def _operands(node: GraphTensor) -> tuple[GraphTensor, GraphTensor, int, int, in
 
 def _exact_product(mem: Memory, a_t: GraphTensor, rows: np.ndarray, batch: bool) -> np.ndarray:
     """``rows @ w^T`` in upstream's arithmetic (:mod:`.q8dot`, :mod:`.kdot`), the weights in their packed form kept
-    between graphs like the float32 conversions."""
+    between graphs like the float32 conversions; the 8-bit types' weights that the cache has no room for are read
+    from their blocks instead (:func:`.q8dot.raw_products`)."""
     if a_t.type in (F32, F16, BF16):
         w = read(mem, a_t) if a_t.type == F32 else mem.converted(a_t, partial(convert, a_t.type))
         return fdot.products(w[0, 0], rows, half=a_t.type == F16, batch=batch, brain=a_t.type == BF16)

@@ -100,15 +100,26 @@ def pack_weights(type_id: int, blocks: np.ndarray) -> np.ndarray:
     then float32 scales and float32 mins or zeros ``(m, nb)`` each (1.25 bytes a weight; each section contiguous,
     so that the loops vectorise over a row), the form the executor keeps between graphs (its conversion cache holds
     one array per tensor); decoded by the compiled :func:`~.compiled.decode_q8_rows`."""
-    raw = blocks.reshape(blocks.shape[0], -1)
-    if raw.dtype != np.uint8 or raw.strides[-1] != 1:
-        raw = np.ascontiguousarray(raw).view(np.uint8)
+    raw = _block_rows(blocks)
     size = TYPES[type_id].size
     m, nb = raw.shape[0], raw.shape[1] // size
     packed = np.zeros(packed_size(m, nb * 32), dtype=np.uint8)
     codes, scales, mins = _views(packed, m)
     kernels().decode_q8_rows(raw, *_FORMS[type_id], codes, scales, mins)
     return packed
+
+
+def _block_rows(blocks: np.ndarray) -> np.ndarray:
+    # Blocks (m, nb, size) or (m, nb * size) as the uint8 rows the compiled kernels read.
+    raw = blocks.reshape(blocks.shape[0], -1)
+    if raw.dtype != np.uint8 or raw.strides[-1] != 1:
+        raw = np.ascontiguousarray(raw).view(np.uint8)
+    return raw
+
+
+def _two(type_id: int, batch: bool) -> bool:
+    # IQ4_NL and MXFP4 alternate their blocks between two accumulators (IQ4_NL's batch goes through tinyBLAS: one).
+    return type_id == MXFP4 or (type_id == IQ4_NL and not batch)
 
 
 def packed_size(m: int, k: int) -> int:
@@ -131,23 +142,18 @@ def products(type_id: int, packed: np.ndarray, x: np.ndarray, m: int, *, batch: 
     summed = EXACT_TYPES[type_id]
     ac, ad, as_ = activation_codes(x, summed)
     out = np.empty((ac.shape[0], m), dtype=np.float32)
-    # IQ4_NL and MXFP4 alternate their blocks between two accumulators (IQ4_NL's batch goes through tinyBLAS: one).
-    two = type_id == MXFP4 or (type_id == IQ4_NL and not batch)
-    kernels().q8_products(codes, scales, mins, in_lane_order(ac), ad, as_, two, summed, out)
+    kernels().q8_products(codes, scales, mins, in_lane_order(ac), ad, as_, _two(type_id, batch), summed, out)
     return out
 
 
 def raw_products(type_id: int, blocks: np.ndarray, x: np.ndarray, *, batch: bool) -> np.ndarray:
     """:func:`products` from the weights' blocks ``(m, nb, size)`` (or ``(m, nb * size)``) as stored, without a
     packed copy: the same results, for weights the conversion cache does not keep."""
-    raw = blocks.reshape(blocks.shape[0], -1)
-    if raw.dtype != np.uint8 or raw.strides[-1] != 1:
-        raw = np.ascontiguousarray(raw).view(np.uint8)
+    from .raw_q8 import raw_q8_products
+
+    raw = _block_rows(blocks)
     summed = EXACT_TYPES[type_id]
     ac, ad, as_ = activation_codes(x, summed)
     out = np.empty((ac.shape[0], raw.shape[0]), dtype=np.float32)
-    two = type_id == MXFP4 or (type_id == IQ4_NL and not batch)
-    from .raw_q8 import raw_q8_products
-
-    raw_q8_products(raw, *_FORMS[type_id], HALVES, ac, ad, as_, two, summed, out)
+    raw_q8_products(raw, *_FORMS[type_id], HALVES, ac, ad, as_, _two(type_id, batch), summed, out)
     return out
