@@ -53,16 +53,25 @@ def fma32(typingctx, a, b, c):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, inline="always")
-def _lanes_fma(s, p, o, a):  # type: ignore[no-untyped-def]
-    # One block: lane i (elements at o + i, o + 8 + i, ...) converted to float32 and folded into a[i] by s.
-    return (fma32(s, F32(p[o] + p[o + 8] + p[o + 16] + p[o + 24]), a[0]),
-            fma32(s, F32(p[o + 1] + p[o + 9] + p[o + 17] + p[o + 25]), a[1]),
-            fma32(s, F32(p[o + 2] + p[o + 10] + p[o + 18] + p[o + 26]), a[2]),
-            fma32(s, F32(p[o + 3] + p[o + 11] + p[o + 19] + p[o + 27]), a[3]),
-            fma32(s, F32(p[o + 4] + p[o + 12] + p[o + 20] + p[o + 28]), a[4]),
-            fma32(s, F32(p[o + 5] + p[o + 13] + p[o + 21] + p[o + 29]), a[5]),
-            fma32(s, F32(p[o + 6] + p[o + 14] + p[o + 22] + p[o + 30]), a[6]),
-            fma32(s, F32(p[o + 7] + p[o + 15] + p[o + 23] + p[o + 31]), a[7]))
+def _block_fma(s, p, o, a, quads):  # type: ignore[no-untyped-def]
+    # One block's eight lanes, each the sum of four products, converted to float32 and folded into a[i] by s.  Lane
+    # i holds positions o + i, o + 8 + i, ... in lane order (the packed codes), or with ``quads`` the elements
+    # 4i .. 4i + 3 in their own order (the codes decoded from the raw blocks).
+    lane, step = (4, 1) if quads else (1, 8)
+    return (fma32(s, F32(p[o] + p[o + step] + p[o + 2 * step] + p[o + 3 * step]), a[0]),
+            fma32(s, F32(p[o + lane] + p[o + lane + step] + p[o + lane + 2 * step] + p[o + lane + 3 * step]), a[1]),
+            fma32(s, F32(p[o + 2 * lane] + p[o + 2 * lane + step] + p[o + 2 * lane + 2 * step]
+                         + p[o + 2 * lane + 3 * step]), a[2]),
+            fma32(s, F32(p[o + 3 * lane] + p[o + 3 * lane + step] + p[o + 3 * lane + 2 * step]
+                         + p[o + 3 * lane + 3 * step]), a[3]),
+            fma32(s, F32(p[o + 4 * lane] + p[o + 4 * lane + step] + p[o + 4 * lane + 2 * step]
+                         + p[o + 4 * lane + 3 * step]), a[4]),
+            fma32(s, F32(p[o + 5 * lane] + p[o + 5 * lane + step] + p[o + 5 * lane + 2 * step]
+                         + p[o + 5 * lane + 3 * step]), a[5]),
+            fma32(s, F32(p[o + 6 * lane] + p[o + 6 * lane + step] + p[o + 6 * lane + 2 * step]
+                         + p[o + 6 * lane + 3 * step]), a[6]),
+            fma32(s, F32(p[o + 7 * lane] + p[o + 7 * lane + step] + p[o + 7 * lane + 2 * step]
+                         + p[o + 7 * lane + 3 * step]), a[7]))
 
 
 @njit(cache=True, inline="always")
@@ -179,19 +188,6 @@ def q8_products(wq: np.ndarray, wd: np.ndarray, wm: np.ndarray, xq: np.ndarray, 
 
 
 @njit(cache=True, inline="always")
-def _quads_fma(s, p, o, a):  # type: ignore[no-untyped-def]
-    # One block in the elements' own order: lane i sums elements 4i .. 4i + 3 (what _lanes_fma does in lane order).
-    return (fma32(s, F32(p[o] + p[o + 1] + p[o + 2] + p[o + 3]), a[0]),
-            fma32(s, F32(p[o + 4] + p[o + 5] + p[o + 6] + p[o + 7]), a[1]),
-            fma32(s, F32(p[o + 8] + p[o + 9] + p[o + 10] + p[o + 11]), a[2]),
-            fma32(s, F32(p[o + 12] + p[o + 13] + p[o + 14] + p[o + 15]), a[3]),
-            fma32(s, F32(p[o + 16] + p[o + 17] + p[o + 18] + p[o + 19]), a[4]),
-            fma32(s, F32(p[o + 20] + p[o + 21] + p[o + 22] + p[o + 23]), a[5]),
-            fma32(s, F32(p[o + 24] + p[o + 25] + p[o + 26] + p[o + 27]), a[6]),
-            fma32(s, F32(p[o + 28] + p[o + 29] + p[o + 30] + p[o + 31]), a[7]))
-
-
-@njit(cache=True, inline="always")
 def _row_total(p, wd, xd, wm, xs, two, summed, quads):  # type: ignore[no-untyped-def]
     # One output from its products p (k int32; lane order, or with ``quads`` the elements' own order): the float32
     # accumulation of the 8-bit-activation kernels (see q8_products), for the packed and the raw-block weights.
@@ -202,19 +198,12 @@ def _row_total(p, wd, xd, wm, xs, two, summed, quads):  # type: ignore[no-untype
     if two:
         odd = a
         for b in range(0, last, 2):
-            if quads:
-                a = _quads_fma(wd[b] * xd[b], p, b * 32, a)
-                odd = _quads_fma(wd[b + 1] * xd[b + 1], p, b * 32 + 32, odd)
-            else:
-                a = _lanes_fma(wd[b] * xd[b], p, b * 32, a)
-                odd = _lanes_fma(wd[b + 1] * xd[b + 1], p, b * 32 + 32, odd)
+            a = _block_fma(wd[b] * xd[b], p, b * 32, a, quads)
+            odd = _block_fma(wd[b + 1] * xd[b + 1], p, b * 32 + 32, odd, quads)
         a = _add8(a, odd)
-    elif quads:
-        for b in range(nb):
-            a = _quads_fma(wd[b] * xd[b], p, b * 32, a)
     else:
         for b in range(nb):
-            a = _lanes_fma(wd[b] * xd[b], p, b * 32, a)
+            a = _block_fma(wd[b] * xd[b], p, b * 32, a, quads)
     total = _hsum8(a)
     for b in range(last, nb):  # sumf += d * isum, fused by the compiler
         t = np.int32(0)
