@@ -2,9 +2,9 @@
 
 ggml's CPU backend (the one-query-at-a-time path) converts Q to K's vec-dot type, walks the KV positions in
 order with an online softmax, and for an F16 V keeps the running weighted sum in F16 (rounded after every
-step); positions whose mask is -inf are skipped.  That recurrence is reproduced here, vectorised over all query
-rows and heads; for 64 or more query rows with F16/F32 K and V ggml takes its tiled path, which accumulates in
-float32 without converting Q, and so does this code.
+step); positions whose mask is -inf are skipped.  That recurrence is compiled in :mod:`.flash_steps`, one query
+row at a time as ggml runs it; for 64 or more query rows with F16/F32 K and V ggml takes its tiled path, which
+accumulates in float32 without converting Q, and so does this code.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from ggml_rpc.spec import GgmlOp
 from ..graph import GraphTensor
 from . import fdot
 from .core import READABLE, convert, kernel, need_types, params_f32, read, src, write
-from .libm import expf
 from .matmul import broadcast_matmul
 from .memory import F16, F32, Memory, node_error
 from .softmax import alibi_slopes, broadcast_mask
@@ -75,8 +74,6 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
         if sinks_t.ne[0] < n_head:
             raise node_error(node, "sinks need one value per head")
         sinks = read(mem, sinks_t).reshape(-1)[:n_head][None, :, None]
-    if online and (rh > 1 or rs > 1):  # the online recurrence indexes V per head: one matrix per query head
-        v = np.repeat(np.repeat(v, rh, axis=1), rs, axis=0)
     k_t_view = k.swapaxes(-1, -2)
     # One query at a time against an F16 K, ggml scores with ggml_vec_dot_f16: its order, not BLAS's.
     exact_dot = not tiled and k_t.type == F16
@@ -95,7 +92,7 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
             m = broadcast_mask(node, mask, n_q, n_head, n_seq, n_kv, lo, hi)
             scores = scores + (slopes * m if slopes is not None else m)
         if online:
-            out[:, :, lo:hi] = _online_f16(scores, v, sinks)
+            out[:, :, lo:hi] = _online_f16(scores, v, sinks, rh, rs)
         else:
             out[:, :, lo:hi] = _softmax_v(scores, v, sinks, rh, rs)
     # Result layout is [dv, head, query, seq]: swap head and query.
@@ -113,10 +110,6 @@ def dot_f16_rows(q: np.ndarray, k: np.ndarray, rh: int, rs: int) -> np.ndarray:
     return out
 
 
-def _expf(x: np.ndarray) -> np.ndarray:
-    return expf(np.asarray(x, dtype=np.float32))
-
-
 def _softmax_v(scores: np.ndarray, v: np.ndarray, sinks: np.ndarray | None, rh: int, rs: int) -> np.ndarray:
     mx = scores.max(axis=-1)
     if sinks is not None:
@@ -131,91 +124,23 @@ def _softmax_v(scores: np.ndarray, v: np.ndarray, sinks: np.ndarray | None, rh: 
     return (out * inv[..., None]).astype(np.float32)
 
 
-def _online_f16(scores: np.ndarray, v: np.ndarray, sinks: np.ndarray | None) -> np.ndarray:
-    """ggml's one-chunk recurrence with an F16 accumulator, stepping over KV positions, all rows at once.
+def _online_f16(scores: np.ndarray, v: np.ndarray, sinks: np.ndarray | None, rh: int = 1,
+                rs: int = 1) -> np.ndarray:
+    """ggml's one-query recurrence with an F16 accumulator (:func:`.flash_steps.online_rows`) for every row of
+    ``scores`` (seq, head, rows, n_kv): query head h reads V head h // rh of ``v`` (kseq, khead, n_kv, dv),
+    sequence s V sequence s // rs; ``sinks`` (1, head, 1) or None."""
+    from .flash_steps import online_rows
 
-    Only the F16 rounding of the accumulator after every step is sequential: the running maximum, and with it every
-    step's rescale factor ``ms`` and weight ``vs``, is worked out for all positions at once, so each step costs a
-    handful of numpy calls on one (rows, dv) slice.
-    """
-    lead = scores.shape[:-1]
-    live = ~np.isneginf(scores)
-    # Positions masked out (-inf) for every row change nothing: only the others are stepped through.
-    keep = np.flatnonzero(live.any(axis=tuple(range(live.ndim - 1))))
-    acc = np.zeros((*lead, v.shape[-1]), dtype=np.float16)
-    total = np.zeros(lead, dtype=np.float32)
-    big_m = np.full(lead, -np.inf, dtype=np.float32)
-    if len(keep):
-        acc, total, big_m = _online_steps(scores, v, live, keep)
-    out = acc.astype(np.float32)
+    n_seq, n_head, n_rows, n_kv = scores.shape
+    k3, n_head_kv, _, dv = v.shape
+    heads = (np.arange(n_seq)[:, None] // rs) * n_head_kv + np.arange(n_head)[None, :] // rh
+    v_of = np.repeat(heads.reshape(-1), n_rows)
+    flat_sinks = np.zeros(len(v_of), dtype=np.float32)
     if sinks is not None:
-        sink_max = sinks > big_m
-        with np.errstate(invalid="ignore", over="ignore"):
-            ms = np.where(sink_max, _expf(big_m - sinks), np.float32(1)).astype(np.float32)
-            vs = np.where(sink_max, np.float32(1), _expf(sinks - big_m)).astype(np.float32)
-        out = out * ms[..., None]
-        total = (total.astype(np.float64) * ms + vs).astype(np.float32)  # fused, as in the loop
-    inv = np.divide(np.float32(1), total, out=np.zeros_like(total), where=total != 0)
-    return (out * inv[..., None]).astype(np.float32)
-
-
-def _online_steps(scores: np.ndarray, v: np.ndarray, live: np.ndarray,
-                  keep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The accumulator, the softmax denominator and the final maximum after stepping over positions ``keep``."""
-    lead = scores.shape[:-1]
-    s = np.moveaxis(scores[..., keep], -1, 0)  # (P, *lead)
-    use = np.moveaxis(live[..., keep], -1, 0)
-    running = np.maximum.accumulate(np.where(use, s, -np.inf), axis=0)
-    before = np.concatenate([np.full((1, *lead), -np.inf, dtype=np.float32), running[:-1]])
-    new_max = use & (s > before)
-    with np.errstate(invalid="ignore", over="ignore"):
-        # expf as the C library computes it (numpy's float32 exp differs from it now and then).
-        ms = np.where(new_max, _expf(before - s), np.float32(1)).astype(np.float32)
-        vs = np.where(new_max | ~use, np.float32(1), _expf(s - before)).astype(np.float32)
-    vs = np.where(use, vs, np.float32(0))
-    rescale = new_max.any(axis=tuple(range(1, new_max.ndim))).tolist()
-    dv = v.shape[-1]
-    n_rows = int(np.prod(lead))
-    # The steps work on flat rows: a numpy call on one flat array costs less than on its (seq, head, rows, dv) form,
-    # and there is one call per KV position.
-    acc = np.zeros(n_rows * dv, dtype=np.float16)
-    ms_flat, vs_flat = ms.reshape(len(keep), n_rows), vs.reshape(len(keep), n_rows)
-    chunk = max(1, _CHUNK_SCORES // max(1, n_rows * dv))
-    for lo in range(0, len(keep), chunk):
-        hi = min(len(keep), lo + chunk)
-        # Every step's weighted V row, (chunk, *lead, dv), in float64: the product of an F16 value and a float32
-        # weight is exact there, so adding it to the accumulator and rounding once to float32 is the fused
-        # multiply-add of ggml_vec_mad_f16; a row not used at a step adds an exact zero.
-        v_pos = np.moveaxis(v[..., keep[lo:hi], :], -2, 0)[:, :, :, None, :]  # (chunk, seq, head, 1, dv)
-        with np.errstate(invalid="ignore"):
-            weighted = np.where(use[lo:hi, ..., None], v_pos.astype(np.float64) * vs[lo:hi, ..., None],
-                                np.float64(0))
-        weighted = weighted.reshape(hi - lo, n_rows * dv)
-        ms_wide = np.repeat(ms_flat[lo:hi], dv, axis=1)  # each row's factor over its dv values, every step at once
-        for i in range(lo, hi):
-            if rescale[i]:
-                # Rows without a new maximum have ms == 1, which leaves their F16 values exactly as they are, so
-                # one multiply (in float32, rounded to F16 on the way out) rescales just the rows that need it.
-                np.multiply(acc, ms_wide[i - lo], out=acc, casting="unsafe")
-            # Fused: added in float64, rounded to float32 (the FMA's result), then to F16 on the way out.
-            acc[...] = (acc + weighted[i - lo]).astype(np.float32)
-    return acc.reshape(*lead, dv), _denominators(ms_flat, vs_flat, rescale).reshape(lead), running[-1]
-
-
-def _denominators(ms: np.ndarray, vs: np.ndarray, rescale: list[bool]) -> np.ndarray:
-    """Each row's ``total = total * ms + vs`` over the steps, in float32 and in order, as ggml sums it.
-
-    Between two rescaling steps every factor is 1, so the recurrence is a plain running sum: one ``accumulate``
-    (sequential, hence rounded step by step like the loop) per stretch instead of one call per step.
-    """
-    total = np.zeros(ms.shape[1], dtype=np.float32)
-    starts = [i for i, r in enumerate(rescale) if r]
-    if not starts or starts[0] != 0:
-        starts.insert(0, 0)
-    for a, b in zip(starts, [*starts[1:], len(rescale)], strict=True):
-        stretch = np.empty((b - a, ms.shape[1]), dtype=np.float32)
-        # S = S * ms + vs, which the compiler fuses into one multiply-add: rounded once.
-        stretch[0] = (total.astype(np.float64) * ms[a] + vs[a]).astype(np.float32)
-        stretch[1:] = vs[a + 1 : b]
-        total = np.add.accumulate(stretch, axis=0)[-1]
-    return total
+        flat_sinks = np.ascontiguousarray(np.broadcast_to(sinks.reshape(1, n_head, 1), (n_seq, n_head, n_rows)),
+                                          dtype=np.float32).reshape(-1)
+    out = np.empty((n_seq * n_head * n_rows, dv), dtype=np.float32)
+    online_rows(np.ascontiguousarray(scores, dtype=np.float32).reshape(-1, n_kv),
+                np.ascontiguousarray(v, dtype=np.float32).reshape(k3 * n_head_kv, n_kv, dv), v_of, flat_sinks,
+                sinks is not None, out)
+    return out.reshape(n_seq, n_head, n_rows, dv)

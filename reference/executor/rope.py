@@ -1,6 +1,7 @@
 """ROPE: rotary position embedding, normal, NeoX, multi-section (plain and interleaved) and vision modes, with
 frequency factors and YaRN parameters from op_params.  Angles follow ggml's float32 recurrence (theta multiplied by
-the per-pair scale step by step), so results match its rounding closely.
+the per-pair scale step by step), so results match its rounding closely.  The per-element work (the angles' cos
+and sin, the rotation) is compiled in :mod:`.rope_steps`.
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ from ggml_rpc.spec import GgmlOp
 
 from ..graph import GraphTensor
 from .core import FLOATS, kernel, need_types, params_f32, params_i32, read, same_shape, src, write
-from .libm import cosf, powf, sinf
+from .libm import powf
 from .memory import F32, I32, Memory, node_error
-from .simd_sums import fma32
 
 MODE_NEOX = 2
 MODE_MROPE = 8
@@ -96,37 +96,26 @@ def _thetas(node: GraphTensor, pos: np.ndarray, ne0: int, n_dims: int, mode: int
     return out
 
 
-def _angles(node: GraphTensor, pos: np.ndarray, ne0: int, n_dims: int, mode: int,
-            ff: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin, shape (n_pos, ne0 / 2), for positions ``pos`` ((n_pos,) or (4, n_pos) for multi-section)."""
+def _angles(node: GraphTensor, pos: np.ndarray, ne0: int, n_dims: int, mode: int, ff: np.ndarray | None,
+            sin_sign: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin (sin times ``sin_sign``), shape (n_pos, ne0 / 2), for positions ``pos`` ((n_pos,) or (4, n_pos)
+    for multi-section): the angles' recurrence here, the rest per element in :func:`.rope_steps.cos_sin`."""
+    from .rope_steps import cos_sin
+
     p = params_f32(node)
     freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = (F(x) for x in p[5:11])
     n_ctx_orig = int(params_i32(node)[4])
-    half = ne0 // 2
     theta = _thetas(node, pos, ne0, n_dims, mode)
-    if ff is not None:
-        theta = theta / ff[:half]
-    theta_interp = freq_scale * theta
+    low = high = F(0)
     mscale = attn_factor
     if ext_factor != 0:
         low, high = yarn_corr_dims(n_dims, n_ctx_orig, float(freq_base), float(beta_fast), float(beta_slow))
-        with np.errstate(invalid="ignore"):
-            y = (np.arange(half, dtype=F) - low) / _cmax(F(0.001), F(high - low))
-            ramp = (F(1) - _cmin(F(1), _cmax(F(0), y))) * ext_factor
-            theta = theta_interp * (F(1) - ramp) + theta * ramp
-        mscale = F(mscale * (F(1) + F(0.1) * np.log(F(1) / freq_scale)))
-    else:
-        theta = theta_interp
-    # cosf and sinf as the C library computes them (numpy's float32 cos and sin, and the correctly rounded values,
-    # differ from them now and then), then the float32 product with mscale.
-    theta = np.asarray(theta, dtype=F)
-    return cosf(theta) * F(mscale), sinf(theta) * F(mscale)
-
-
-def _rotate(x0: np.ndarray, x1: np.ndarray, c: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """ggml's rotate_pairs as its build computes it: ``x0*cos - x1*sin`` and ``x0*sin + x1*cos``, each with the
-    first product fused into the addition (measured against upstream's ROPE results)."""
-    return fma32(x0, c, -(x1 * s)), fma32(x0, s, x1 * c)
+        with np.errstate(divide="ignore"):
+            mscale = F(mscale * (F(1) + F(0.1) * np.log(F(1) / freq_scale)))
+    cos, sin = np.empty_like(theta), np.empty_like(theta)
+    cos_sin(theta, ff if ff is not None else theta[:0, 0], ff is not None, freq_scale, ext_factor, low, high, mscale,
+            sin_sign, cos, sin)
+    return cos, sin
 
 
 def _rope(node: GraphTensor, mem: Memory, sin_sign: float) -> None:
@@ -164,26 +153,14 @@ def _rope(node: GraphTensor, mem: Memory, sin_sign: float) -> None:
         # are never rotated in the other modes.
         ff = read(mem, ff_t).reshape(-1)[: ne0 // 2].astype(np.float32)
         ff = np.concatenate((ff, np.ones(ne0 // 2 - ff.size, dtype=np.float32)))
-    cos, sin = _angles(node, pos, ne0, n_dims, mode, ff)  # (ne2, ne0/2)
-    sin = sin * np.float32(sin_sign)
+    from .rope_steps import PAIRS_ADJACENT, PAIRS_HALVES, PAIRS_VISION, rotate
+
+    cos, sin = _angles(node, pos, ne0, n_dims, mode, ff, sin_sign)  # (ne2, ne0/2)
     full = read(mem, a_t)  # (ne3, ne2, ne1, ne0)
-    out_full = np.array(full, dtype=np.float32, copy=True)
-    x = full[..., off:]
-    out = out_full[..., off:]  # a view: the rotation below writes into out_full
-    c = cos[None, :, None, :]
-    s = sin[None, :, None, :]
-    if mode == 0:
-        hd = n_dims // 2
-        x0, x1 = x[..., 0:n_dims:2], x[..., 1:n_dims:2]
-        out[..., 0:n_dims:2], out[..., 1:n_dims:2] = _rotate(x0, x1, c[..., :hd], s[..., :hd])
-    elif mode == MODE_VISION:
-        x0, x1 = x[..., :n_dims], x[..., n_dims : 2 * n_dims]
-        out[..., :n_dims], out[..., n_dims : 2 * n_dims] = _rotate(x0, x1, c, s)
-    else:
-        hd = n_dims // 2
-        x0, x1 = x[..., :hd], x[..., hd:n_dims]
-        out[..., :hd], out[..., hd:n_dims] = _rotate(x0, x1, c[..., :hd], s[..., :hd])
-    write(mem, node, out_full)
+    out = np.empty(full.shape, dtype=np.float32)
+    pairs = PAIRS_ADJACENT if mode == 0 else PAIRS_VISION if mode == MODE_VISION else PAIRS_HALVES
+    rotate(full, out, cos, sin, n_dims, off, pairs)
+    write(mem, node, out)
 
 
 kernel(GgmlOp.ROPE, src=FLOATS, dst=FLOATS, note="normal, NeoX, M-RoPE, iM-RoPE, vision; YaRN")(

@@ -75,3 +75,20 @@ def test_every_position_masked_gives_zeros_or_the_sink_alone() -> None:
     v = np.ones((1, 2, 5, 4), dtype=np.float32)
     assert not _online_f16(scores, v, None).any()
     assert not _online_f16(scores, v, np.zeros((1, 2, 1), dtype=np.float32)).any()
+
+
+@pytest.mark.parametrize(("rh", "rs"), [(2, 1), (4, 1), (1, 2), (2, 3)])
+def test_shared_kv_heads_read_their_own_v(rh: int, rs: int) -> None:
+    """Query head h reads V head h // rh, sequence s V sequence s // rs: the same as V repeated per query head."""
+    r = np.random.default_rng(rh * 10 + rs)
+    k3, khead, n_kv, dv, rows = 2, 2, 9, 8, 3
+    scores = r.standard_normal((k3 * rs, khead * rh, rows, n_kv)).astype(np.float32)
+    scores[r.random(scores.shape) < 0.3] = -np.inf
+    v = r.standard_normal((k3, khead, n_kv, dv)).astype(np.float16).astype(np.float32)
+    repeated = np.repeat(np.repeat(v, rh, axis=1), rs, axis=0)
+    sinks = r.standard_normal((1, khead * rh, 1)).astype(np.float32)
+    got = _online_f16(scores, v, sinks, rh, rs)
+    assert got.tobytes() == _online_f16(scores, repeated, sinks).tobytes()
+    for i in np.ndindex(*scores.shape[:3]):
+        want = _one_row(scores[i], v[i[0] // rs, i[1] // rh], float(sinks[0, i[1], 0]))
+        assert got[i].tobytes() == want.tobytes(), i
