@@ -23,6 +23,7 @@ from ggml_rpc.spec import NATIVE_CALLBACK_OPS, GgmlOp, TensorFlag, op_name
 from ..graph import ExecutorError, GraphTensor, paused_collections
 from .builds import DEFAULT_BUILD, Build
 from .core import KERNELS, PREPARED
+from .fused import fuse
 from .memory import Memory, buffer_key, node_error
 
 #: Ops that only describe memory (their data is already where the view points): nothing to compute.
@@ -47,7 +48,8 @@ class Plan:
     def __init__(self, steps: list[Step], nodes: list[GraphTensor], kinds: list[str], memory: Memory,
                  written: frozenset[int]) -> None:
         self.steps = steps
-        #: The node of each step, and how it runs: "prepared" (one numpy call made in advance), "kernel" or
+        #: The node of each step, and how it runs: "prepared" (one numpy call made in advance), "fused" (a run
+        #: of float32 binary nodes in one compiled call, :mod:`.fused`; its node is the run's first), "kernel" or
         #: "refused" (the refusal the run raises when it reaches the node).
         self.nodes = nodes
         self.kinds = kinds
@@ -139,6 +141,7 @@ def _prepare(nodes: Sequence[GraphTensor], build: Build) -> Plan:
         add((fn, (node, mem)), node, "kernel")
     # Only nodes that run write: a VIEW or RESHAPE of a weight (a node too) leaves the weight's buffer alone.
     written = frozenset(buffer_key(node.buffer) for node in stepped if node.buffer is not None)
+    steps, stepped, kinds = fuse(steps, stepped, kinds)  # runs of small float32 binary nodes: one compiled call
     return Plan(steps, stepped, kinds, mem, written)
 
 
