@@ -24,6 +24,25 @@ def raw_q8_products(raw: np.ndarray, size: int, scale_at: int, e8m0: bool, min_a
     as for :func:`.compiled.decode_q8_rows`), with xq in the elements' own order: each weight row is decoded once
     into a row of codes that stays in the cache, for weights too large to keep in packed form.  ``halves``: the
     float32 value of every fp16 bit pattern (65,536; a lookup per block instead of a conversion)."""
+    # One copy of the loop per flag pair, each flag a constant in it (as in :func:`.compiled.q8_products`).
+    if summed:
+        if two:
+            _raw_rows(raw, size, scale_at, e8m0, min_at, qh_at, qs_at, nibbles, table, halves, xq, xd, xs, True, True,
+                      out)
+        else:
+            _raw_rows(raw, size, scale_at, e8m0, min_at, qh_at, qs_at, nibbles, table, halves, xq, xd, xs, False,
+                      True, out)
+    elif two:
+        _raw_rows(raw, size, scale_at, e8m0, min_at, qh_at, qs_at, nibbles, table, halves, xq, xd, xs, True, False,
+                  out)
+    else:
+        _raw_rows(raw, size, scale_at, e8m0, min_at, qh_at, qs_at, nibbles, table, halves, xq, xd, xs, False, False,
+                  out)
+
+
+@njit(cache=True, inline="always")
+def _raw_rows(raw, size, scale_at, e8m0, min_at, qh_at, qs_at, nibbles, table, halves, xq, xd, xs, two, summed,
+              out):  # type: ignore[no-untyped-def]
     m = raw.shape[0]
     n, k = xq.shape
     nb = k // 32
@@ -34,6 +53,7 @@ def raw_q8_products(raw: np.ndarray, size: int, scale_at: int, e8m0: bool, min_a
         linear = linear and np.int32(table[v]) == first + v
     codes = np.empty(k, dtype=np.int8)
     p = np.empty(k, dtype=np.int32)
+    acc = np.empty(16, dtype=F32)
     wd = np.empty(nb, dtype=F32)
     wm = np.zeros(nb, dtype=F32)
     for c in range(m):
@@ -76,4 +96,4 @@ def raw_q8_products(raw: np.ndarray, size: int, scale_at: int, e8m0: bool, min_a
             x = xq[r]
             for j in range(k):
                 p[j] = np.int32(codes[j]) * np.int32(x[j])
-            out[r, c] = _row_total(p, wd, xd[r], wm, xs[r], two, summed, True)
+            out[r, c] = _row_total(p, wd, xd[r], wm, xs[r], two, summed, True, acc)
