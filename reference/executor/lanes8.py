@@ -1,0 +1,71 @@
+"""One block's eight lanes of an 8-bit-activation product, folded into float32 accumulators as one 8-wide vector
+operation (an LLVM intrinsic for numba kernels; :mod:`.compiled` and :mod:`.raw_q8` use it).
+
+LLVM does not vectorise the same work written with scalars (eight lanes of four int32 products, each converted and
+fused into its accumulator): it took three times as long.  The integer sums are exact in any order; the conversion
+and the fused multiply-add are per lane, rounded once, as in ggml's AVX2 kernels.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import njit
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+
+def _block_lanes(quads: bool):  # type: ignore[no-untyped-def]
+    """An intrinsic folding one block's eight lanes into acc[at:at + 8]: each lane the sum of four int32 products
+    of p (from o on), converted to float32 and fused into acc[at + i] by ``s``, rounded once.  Lane i holds p[o + i],
+    p[o + 8 + i], p[o + 16 + i] and p[o + 24 + i] (lane order, the packed codes), or with ``quads`` p[o + 4i] ..
+    p[o + 4i + 3] (the elements' own order, the codes decoded from the raw blocks).  Written as 8-wide vector
+    operations: LLVM does not vectorise the scalar form on its own, which took three times as long."""
+
+    @intrinsic
+    def block_lanes(typingctx, p, o, s, acc, at):  # type: ignore[no-untyped-def]
+        sig = types.void(p, o, s, acc, at)
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            products = context.make_array(signature.args[0])(context, builder, args[0])
+            lanes_acc = context.make_array(signature.args[3])(context, builder, args[3])
+            i32, i64 = ir.IntType(32), ir.IntType(64)
+            v8i, v8f = ir.VectorType(i32, 8), ir.VectorType(ir.FloatType(), 8)
+            first = builder.gep(products.data, [args[1]])
+            groups = [builder.load(builder.bitcast(builder.gep(first, [ir.Constant(i64, 8 * g)]), v8i.as_pointer()),
+                                   align=4) for g in range(4)]
+            # Integer sums: exact in any order.
+            if quads:
+                even, odd = ir.Constant(v8i, list(range(0, 16, 2))), ir.Constant(v8i, list(range(1, 16, 2)))
+
+                def pairs(x, y):  # type: ignore[no-untyped-def]
+                    return builder.add(builder.shuffle_vector(x, y, even), builder.shuffle_vector(x, y, odd))
+
+                total = pairs(pairs(groups[0], groups[1]), pairs(groups[2], groups[3]))
+            else:
+                total = builder.add(builder.add(groups[0], groups[1]), builder.add(groups[2], groups[3]))
+            one = builder.insert_element(ir.Constant(v8f, None), args[2], ir.Constant(i32, 0))
+            scale = builder.shuffle_vector(one, one, ir.Constant(v8i, [0] * 8))
+            where = builder.bitcast(builder.gep(lanes_acc.data, [args[4]]), v8f.as_pointer())
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f, v8f, v8f]),
+                                                 "llvm.fma.v8f32")
+            result = builder.call(fma, [scale, builder.sitofp(total, v8f), builder.load(where, align=4)])
+            builder.store(result, where, align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return block_lanes
+
+
+_lanes_fma = _block_lanes(quads=False)
+_quads_fma = _block_lanes(quads=True)
+
+
+@njit(cache=True, inline="always")
+def _block_fma(p, o, s, acc, at, quads):  # type: ignore[no-untyped-def]
+    if quads:
+        _quads_fma(p, o, s, acc, at)
+    else:
+        _lanes_fma(p, o, s, acc, at)
+
+
