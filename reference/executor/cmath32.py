@@ -45,7 +45,8 @@ sinf = _unary("sinf")
 
 
 @intrinsic
-def _bits(typingctx, x):  # type: ignore[no-untyped-def]
+def bits(typingctx, x):  # type: ignore[no-untyped-def]
+    # The float32's bit pattern as uint32.
     sig = types.uint32(types.float32)
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
@@ -55,7 +56,8 @@ def _bits(typingctx, x):  # type: ignore[no-untyped-def]
 
 
 @intrinsic
-def _from_bits(typingctx, x):  # type: ignore[no-untyped-def]
+def from_bits(typingctx, x):  # type: ignore[no-untyped-def]
+    # The uint32 bit pattern as float32.
     sig = types.float32(types.uint32)
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
@@ -78,18 +80,18 @@ _KEEP = np.uint32(0xFFFFE000)
 def to_half(x):  # type: ignore[no-untyped-def]
     """float32 ``x`` rounded to the nearest F16 value (ties to even), returned as float32: what a conversion to
     F16 and back gives (F16C's ``vcvtps2ph`` with round-to-nearest, ggml's FP32_TO_FP16)."""
-    b = _bits(x)
+    b = bits(x)
     sign = b & _SIGN
     a = b & _ABS
     if a >= _INF:
-        return x if a == _INF else _from_bits(sign | _QNAN)
+        return x if a == _INF else from_bits(sign | _QNAN)
     if a >= _HALF_OVERFLOW:
-        return _from_bits(sign | _INF)
+        return from_bits(sign | _INF)
     if a < _HALF_NORMAL:
         # Below F16's normal range the step is 2^-24 whatever the exponent: round the scaled value to an integer
         # (exact in float64), ties to even.
-        q = np.rint(np.float64(_from_bits(a)) * 16777216.0)
-        return _from_bits(sign | _bits(F32(q / 16777216.0)))
+        q = np.rint(np.float64(from_bits(a)) * 16777216.0)
+        return from_bits(sign | bits(F32(q / 16777216.0)))
     # Keep 10 of float32's 23 fraction bits, rounding the other 13 to nearest, ties to even.
     a = (a + _LOW + ((a >> np.uint32(13)) & np.uint32(1))) & _KEEP
-    return _from_bits(sign | a)
+    return from_bits(sign | a)

@@ -25,7 +25,7 @@ from numba import njit
 from numba.core import types
 from numba.extending import intrinsic
 
-from .lanes8 import _block_fma
+from .lanes8 import _block_fma, _fma_lanes
 from .simd_sums import (
     K_CORRECTED,
     K_MINS_FIRST,
@@ -51,14 +51,6 @@ def fma32(typingctx, a, b, c):  # type: ignore[no-untyped-def]
         return builder.call(fn, args)
 
     return sig, codegen
-
-
-@njit(cache=True, inline="always")
-def _fma8(w, x, o, a):  # type: ignore[no-untyped-def]
-    # Eight lanes: a[i] = w[o + i] * x[o + i] + a[i], each rounded once.
-    return (fma32(w[o], x[o], a[0]), fma32(w[o + 1], x[o + 1], a[1]), fma32(w[o + 2], x[o + 2], a[2]),
-            fma32(w[o + 3], x[o + 3], a[3]), fma32(w[o + 4], x[o + 4], a[4]), fma32(w[o + 5], x[o + 5], a[5]),
-            fma32(w[o + 6], x[o + 6], a[6]), fma32(w[o + 7], x[o + 7], a[7]))
 
 
 @njit(cache=True, inline="always")
@@ -225,17 +217,21 @@ def float_vec_dot(w: np.ndarray, x: np.ndarray, kind: int, out: np.ndarray) -> N
     n = x.shape[0]
     whole = k - k % 32
     zero = F32(0)
+    acc = np.empty(32, dtype=F32)  # the four accumulators' lanes, 0-7, 8-15, 16-23, 24-31
+    lanes = np.empty(8, dtype=F32)
     for c in range(m):
         wr = w[c]
         for r in range(n):
             xr = x[r]
-            a0 = a1 = a2 = a3 = (zero, zero, zero, zero, zero, zero, zero, zero)
+            for j in range(32):
+                acc[j] = zero
             for i in range(0, whole, 32):
-                a0 = _fma8(wr, xr, i, a0)
-                a1 = _fma8(wr, xr, i + 8, a1)
-                a2 = _fma8(wr, xr, i + 16, a2)
-                a3 = _fma8(wr, xr, i + 24, a3)
-            lanes = _add8(_add8(a0, a2), _add8(a1, a3))
+                _fma_lanes(wr, xr, i, acc, 0)
+                _fma_lanes(wr, xr, i + 8, acc, 8)
+                _fma_lanes(wr, xr, i + 16, acc, 16)
+                _fma_lanes(wr, xr, i + 24, acc, 24)
+            for j in range(8):
+                lanes[j] = (acc[j] + acc[16 + j]) + (acc[8 + j] + acc[24 + j])
             total = _hsum8(lanes) if kind == KIND_BF16 else _hadd_sum8(lanes)
             if kind == KIND_F32:
                 for i in range(whole, k):
@@ -256,20 +252,23 @@ def tinyblas(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # pragma: 
     n = x.shape[0]
     whole = k - k % 8
     zero = F32(0)
+    acc = np.empty(8, dtype=F32)
+    tw = np.zeros(8, dtype=F32)
+    tx = np.zeros(8, dtype=F32)
     for c in range(m):
         wr = w[c]
         for r in range(n):
             xr = x[r]
-            a = (zero, zero, zero, zero, zero, zero, zero, zero)
+            for j in range(8):
+                acc[j] = zero
             for i in range(0, whole, 8):
-                a = _fma8(wr, xr, i, a)
+                _fma_lanes(wr, xr, i, acc, 0)
             if whole < k:
-                tw = np.zeros(8, dtype=F32)
-                tx = np.zeros(8, dtype=F32)
-                tw[: k - whole] = wr[whole:]
-                tx[: k - whole] = xr[whole:]
-                a = _fma8(tw, tx, 0, a)
-            out[r, c] = _hsum8(a)
+                for j in range(8):
+                    tw[j] = wr[whole + j] if whole + j < k else zero
+                    tx[j] = xr[whole + j] if whole + j < k else zero
+                _fma_lanes(tw, tx, 0, acc, 0)
+            out[r, c] = _hsum8(acc)
 
 
 @njit(cache=True, nogil=True)

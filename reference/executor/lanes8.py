@@ -69,3 +69,28 @@ def _block_fma(p, o, s, acc, at, quads):  # type: ignore[no-untyped-def]
         _lanes_fma(p, o, s, acc, at)
 
 
+
+
+@intrinsic
+def _fma_lanes(typingctx, w, x, i, acc, at):  # type: ignore[no-untyped-def]
+    """acc[at + j] = w[i + j] * x[i + j] + acc[at + j] for j < 8, each rounded once: eight lanes of ggml's float
+    vector dots as one vector fused multiply-add.  w, x and acc are float32 with contiguous elements (the kernels'
+    callers make them so): the lanes are read as one vector from the first one's address."""
+    sig = types.void(w, x, i, acc, at)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        v8f = ir.VectorType(ir.FloatType(), 8)
+
+        def at_(k, index):  # type: ignore[no-untyped-def]
+            arr = context.make_array(signature.args[k])(context, builder, args[k])
+            return builder.bitcast(builder.gep(arr.data, [index]), v8f.as_pointer())
+
+        where = at_(3, args[4])
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f, v8f, v8f]),
+                                             "llvm.fma.v8f32")
+        result = builder.call(fma, [builder.load(at_(0, args[2]), align=4), builder.load(at_(1, args[2]), align=4),
+                                    builder.load(where, align=4)])
+        builder.store(result, where, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
