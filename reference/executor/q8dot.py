@@ -140,10 +140,26 @@ def products(type_id: int, packed: np.ndarray, x: np.ndarray, m: int, *, batch: 
     Returns float32 ``(n, m)``."""
     codes, scales, mins = _views(packed, m)
     summed = EXACT_TYPES[type_id]
-    ac, ad, as_ = activation_codes(x, summed)
+    ac, ad, as_ = lane_codes(x, summed)
     out = np.empty((ac.shape[0], m), dtype=np.float32)
-    kernels().q8_products(codes, scales, mins, in_lane_order(ac), ad, as_, _two(type_id, batch), summed, out)
+    kernels().q8_products(codes, scales, mins, ac, ad, as_, _two(type_id, batch), summed, out)
     return out
+
+
+def lane_codes(x: np.ndarray, summed: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`activation_codes` with each block's codes in lane order, compiled (numpy's form for rows holding a
+    value that is not finite)."""
+    from .q8_acts import activation_lanes
+
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n, k = x.shape
+    codes = np.empty((n, k), dtype=np.int8)
+    d16 = np.empty((n, k // 32), dtype=np.float32)
+    sums = np.empty((n, k // 32), dtype=np.float32)
+    if activation_lanes(x, summed, codes, d16, sums):
+        return codes, d16, sums
+    ac, ad, as_ = activation_codes(x, summed)
+    return in_lane_order(ac), ad, as_
 
 
 def raw_products(type_id: int, blocks: np.ndarray, x: np.ndarray, *, batch: bool) -> np.ndarray:

@@ -179,3 +179,24 @@ def test_scales_past_the_normal_range_are_read_as_ggml_reads_them() -> None:
     with np.errstate(invalid="ignore", over="ignore"):  # infinity times a zero lane
         want = _loop(Q8_0, blocks, x, False)
     assert np.array_equal(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("summed", [False, True])
+def test_compiled_activation_codes_are_numpys_in_lane_order(summed: bool) -> None:
+    r = np.random.default_rng(int(summed))
+    x = (r.standard_normal((40, 256)) * 10.0 ** r.integers(-6, 6, (40, 1))).astype(F)
+    x[0] = 0.0  # a zero block: scale 0, codes 0
+    x[1, :32] = np.arange(32, dtype=F) - 15.5  # products of exact halves: ties rounded to even
+    x[2, :32] = np.float32(127) * np.arange(32, dtype=F) / 2  # codes landing on .5
+    x[3, :32] = F(65504) * 4  # a scale beyond F16's range
+    got = q8dot.lane_codes(x, summed)
+    ac, ad, as_ = q8dot.activation_codes(x, summed)
+    want = (q8dot.in_lane_order(ac), ad, as_)
+    for g, w in zip(got, want, strict=True):
+        assert g.tobytes() == w.tobytes()
+    x[5, 7] = np.nan  # not finite: numpy's own form, whatever it gives
+    x[6, 3] = np.inf
+    with np.errstate(invalid="ignore"):
+        got = q8dot.lane_codes(x, summed)
+        ac, ad, as_ = q8dot.activation_codes(x, summed)
+    assert got[0].tobytes() == q8dot.in_lane_order(ac).tobytes()
