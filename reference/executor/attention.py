@@ -56,7 +56,18 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
         need_types(node, mask_t, (F16, F32), "mask")
         mask = read(mem, mask_t)
         broadcast_mask(node, mask, n_q, n_head, n_seq, n_kv, 0, 0)  # shape check before any work
+    sinks = None
+    if sinks_t is not None:
+        need_types(node, sinks_t, (F32,), "sinks")
+        if sinks_t.ne[0] < n_head:
+            raise node_error(node, "sinks need one value per head")
+        sinks = read(mem, sinks_t).reshape(-1)[:n_head][None, :, None]
     k_raw, v_raw = mem.raw(k_t), mem.raw(v_t)  # positions on axis 2 (plain and block layouts alike)
+    if online and k_t.type == F16 and softcap == 0 and k_raw.strides[-1] == 2 and v_raw.strides[-1] == 2:
+        # F16 K and V one query at a time (a decoding step): the whole loop compiled, scores included.
+        out = _attend_f16(q, k_raw, v_raw, rh, rs, mask, alibi_slopes(n_head, max_bias), scale, sinks)
+        write(mem, node, out.swapaxes(1, 2))
+        return
     if online and mask is not None:
         # ggml's one-query path skips a KV position whose mask is -inf before touching K or V: only positions some
         # row can see are converted and scored (a decoding step sees a few of a long cache).
@@ -68,12 +79,6 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
     k = convert(k_t.type, k_raw)  # (k3, n_head_kv, n_kv, dk)
     v = convert(v_t.type, v_raw)  # (k3, n_head_kv, n_kv, dv)
     slopes = alibi_slopes(n_head, max_bias)[None, :, None, None] if max_bias > 0 else None
-    sinks = None
-    if sinks_t is not None:
-        need_types(node, sinks_t, (F32,), "sinks")
-        if sinks_t.ne[0] < n_head:
-            raise node_error(node, "sinks need one value per head")
-        sinks = read(mem, sinks_t).reshape(-1)[:n_head][None, :, None]
     k_t_view = k.swapaxes(-1, -2)
     # One query at a time against an F16 K, ggml scores with ggml_vec_dot_f16: its order, not BLAS's.
     exact_dot = not tiled and k_t.type == F16
@@ -97,6 +102,23 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
             out[:, :, lo:hi] = _softmax_v(scores, v, sinks, rh, rs)
     # Result layout is [dv, head, query, seq]: swap head and query.
     write(mem, node, out.swapaxes(1, 2))
+
+
+def _attend_f16(q: np.ndarray, k_raw: np.ndarray, v_raw: np.ndarray, rh: int, rs: int, mask: np.ndarray | None,
+                slopes: np.ndarray, scale: np.float32, sinks: np.ndarray | None) -> np.ndarray:
+    """:func:`.flash_steps.attend_f16` on the node's arrays: (seq, head, rows, dv)."""
+    from .flash_steps import attend_f16
+
+    n_seq, n_head, n_rows, _ = q.shape
+    out = np.empty((n_seq, n_head, n_rows, v_raw.shape[3]), dtype=np.float32)
+    if n_rows == 0 or out.size == 0:
+        return out
+    no_mask = np.zeros((1, 1, 1, 1), dtype=np.float32)
+    head_sinks = np.zeros(n_head, dtype=np.float32) if sinks is None else np.ascontiguousarray(sinks.reshape(-1))
+    attend_f16(np.ascontiguousarray(q, dtype=np.float32), k_raw.view(np.uint16), v_raw.view(np.uint16), rh, rs,
+               no_mask if mask is None else mask, mask is not None, slopes, float(scale), head_sinks,
+               sinks is not None, out)
+    return out
 
 
 def dot_f16_rows(q: np.ndarray, k: np.ndarray, rh: int, rs: int) -> np.ndarray:

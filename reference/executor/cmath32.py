@@ -95,3 +95,14 @@ def to_half(x):  # type: ignore[no-untyped-def]
     # Keep 10 of float32's 23 fraction bits, rounding the other 13 to nearest, ties to even.
     a = (a + _LOW + ((a >> np.uint32(13)) & np.uint32(1))) & _KEEP
     return from_bits(sign | a)
+
+
+@intrinsic
+def half_value(typingctx, x):  # type: ignore[no-untyped-def]
+    """The F16 value of a uint16 bit pattern, as float32 (exact)."""
+    sig = types.float32(types.uint16)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return sig, codegen

@@ -213,35 +213,41 @@ def float_vec_dot(w: np.ndarray, x: np.ndarray, kind: int, out: np.ndarray) -> N
     operands' values: four accumulators of eight lanes per 32 elements, folded (0 + 2) + (1 + 3); the lanes summed
     by horizontal adds (F32/F16) or as hsum_float_8 (BF16); the elements past the last whole 32 one product at a
     time (F32: into the float32 sum; F16/BF16: each float32 product into a double)."""
-    m, k = w.shape
+    m = w.shape[0]
     n = x.shape[0]
-    whole = k - k % 32
-    zero = F32(0)
-    acc = np.empty(32, dtype=F32)  # the four accumulators' lanes, 0-7, 8-15, 16-23, 24-31
+    acc = np.empty(32, dtype=F32)
     lanes = np.empty(8, dtype=F32)
     for c in range(m):
         wr = w[c]
         for r in range(n):
-            xr = x[r]
-            for j in range(32):
-                acc[j] = zero
-            for i in range(0, whole, 32):
-                _fma_lanes(wr, xr, i, acc, 0)
-                _fma_lanes(wr, xr, i + 8, acc, 8)
-                _fma_lanes(wr, xr, i + 16, acc, 16)
-                _fma_lanes(wr, xr, i + 24, acc, 24)
-            for j in range(8):
-                lanes[j] = (acc[j] + acc[16 + j]) + (acc[8 + j] + acc[24 + j])
-            total = _hsum8(lanes) if kind == KIND_BF16 else _hadd_sum8(lanes)
-            if kind == KIND_F32:
-                for i in range(whole, k):
-                    total = total + wr[i] * xr[i]
-            else:
-                wide = F64(total)
-                for i in range(whole, k):
-                    wide = wide + F64(wr[i] * xr[i])
-                total = F32(wide)
-            out[r, c] = total
+            out[r, c] = vec_dot_row(wr, x[r], kind, acc, lanes)
+
+
+@njit(cache=True, inline="always")
+def vec_dot_row(wr, xr, kind, acc, lanes):  # type: ignore[no-untyped-def]
+    # One output of float_vec_dot (rows of contiguous float32 values); acc (32) and lanes (8): float32 scratch.
+    k = wr.shape[0]
+    whole = k - k % 32
+    zero = F32(0)
+    for j in range(32):  # the four accumulators' lanes, 0-7, 8-15, 16-23, 24-31
+        acc[j] = zero
+    for i in range(0, whole, 32):
+        _fma_lanes(wr, xr, i, acc, 0)
+        _fma_lanes(wr, xr, i + 8, acc, 8)
+        _fma_lanes(wr, xr, i + 16, acc, 16)
+        _fma_lanes(wr, xr, i + 24, acc, 24)
+    for j in range(8):
+        lanes[j] = (acc[j] + acc[16 + j]) + (acc[8 + j] + acc[24 + j])
+    total = _hsum8(lanes) if kind == KIND_BF16 else _hadd_sum8(lanes)
+    if kind == KIND_F32:
+        for i in range(whole, k):
+            total = total + wr[i] * xr[i]
+    else:
+        wide = F64(total)
+        for i in range(whole, k):
+            wide = wide + F64(wr[i] * xr[i])
+        total = F32(wide)
+    return total
 
 
 @njit(cache=True, nogil=True)

@@ -14,8 +14,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .cmath32 import expf, to_half
-from .compiled import fma32
+from .cmath32 import expf, half_value, to_half
+from .compiled import fma32, vec_dot_row
+from .lanes8 import _halves_to
+from .simd_sums import KIND_F16
 
 F32 = np.float32
 
@@ -51,16 +53,89 @@ def online_rows(scores: np.ndarray, v: np.ndarray, v_of: np.ndarray, sinks: np.n
             for j in range(dv):
                 acc[j] = to_half(fma32(row[j], vs, acc[j]))
             total = fma32(total, ms, vs)
-        scale = one
-        if has_sinks:
-            sink = sinks[r]
-            ms, vs = one, one
-            if sink > m:
-                ms = expf(F32(m - sink))
-            else:
-                vs = expf(F32(sink - m))
-            scale = ms
-            total = fma32(total, ms, vs)
-        inv = one / total if total != zero else zero
-        for j in range(dv):
-            out[r, j] = F32(acc[j] * scale) * inv
+        _finish(acc, m, total, sinks[r], has_sinks, out[r])
+
+
+@njit(cache=True, inline="always")
+def _finish(acc, m, total, sink, has_sink, out):  # type: ignore[no-untyped-def]
+    # The sink's share (as one more position that adds no value), then the division by the denominator.
+    one, zero = F32(1), F32(0)
+    scale = one
+    if has_sink:
+        ms, vs = one, one
+        if sink > m:
+            ms = expf(F32(m - sink))
+        else:
+            vs = expf(F32(sink - m))
+        scale = ms
+        total = fma32(total, ms, vs)
+    inv = one / total if total != zero else zero
+    for j in range(acc.shape[0]):
+        out[j] = F32(acc[j] * scale) * inv
+
+
+@njit(cache=True, nogil=True)
+def attend_f16(q: np.ndarray, k: np.ndarray, v: np.ndarray, rh: int, rs: int, mask: np.ndarray, has_mask: bool,
+               slopes: np.ndarray, scale: float, sinks: np.ndarray, has_sinks: bool,
+               out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """The whole one-query path for F16 K and V, as ggml's loop runs it: for each query row and KV position in
+    order, a position whose mask is -inf is skipped before anything else; the score is ``ggml_vec_dot_f16`` of the
+    K row and the query (float32 holding F16 values) times ``scale``, plus the head's slope times the mask; then
+    the recurrence of :func:`online_rows`.  q float32 (seq, head, rows, dk); k, v uint16 F16 bit patterns (kseq,
+    khead, n_kv, d); mask float32 (m3, m2, rows or more, n_kv or more), repeating over sequences and heads by
+    modulo; slopes float32 (head,); sinks float32 (head,); out float32 (seq, head, rows, dv)."""
+    n_seq, n_head, n_rows, dk = q.shape
+    n_kv, dv = k.shape[2], v.shape[3]
+    m3, m2 = mask.shape[0], mask.shape[1]
+    kf = np.empty(dk, dtype=F32)
+    vf = np.empty(dv, dtype=F32)
+    acc = np.empty(dv, dtype=F32)
+    lanes32 = np.empty(32, dtype=F32)
+    lanes8 = np.empty(8, dtype=F32)
+    neg_inf = F32(-np.inf)
+    one, zero, sc = F32(1), F32(0), F32(scale)
+    for s in range(n_seq):
+        for h in range(n_head):
+            kh, vh = k[s // rs, h // rh], v[s // rs, h // rh]
+            slope = slopes[h]
+            for qi in range(n_rows):
+                qrow = q[s, h, qi]
+                acc[:] = zero
+                m = neg_inf
+                total = zero
+                for ic in range(n_kv):
+                    mv = zero
+                    if has_mask:
+                        mv = F32(slope * mask[s % m3, h % m2, qi, ic])
+                        if mv == neg_inf:
+                            continue
+                    _f16_row(kh[ic], kf)
+                    score = F32(vec_dot_row(kf, qrow, KIND_F16, lanes32, lanes8) * sc)
+                    if has_mask:
+                        score = F32(score + mv)
+                    if score == neg_inf:
+                        continue
+                    ms, vs = one, one
+                    if score > m:
+                        ms = expf(F32(m - score))
+                        m = score
+                        for j in range(dv):
+                            acc[j] = to_half(F32(acc[j] * ms))
+                    else:
+                        vs = expf(F32(score - m))
+                    _f16_row(vh[ic], vf)
+                    for j in range(dv):
+                        acc[j] = to_half(fma32(vf[j], vs, acc[j]))
+                    total = fma32(total, ms, vs)
+                _finish(acc, m, total, sinks[h], has_sinks, out[s, h, qi])
+
+
+@njit(cache=True, inline="always")
+def _f16_row(src, dst):  # type: ignore[no-untyped-def]
+    # F16 bit patterns (uint16, contiguous) to float32, eight at a time.
+    n = src.shape[0]
+    whole = n - n % 8
+    for i in range(0, whole, 8):
+        _halves_to(src, i, dst, i)
+    for i in range(whole, n):
+        dst[i] = half_value(src[i])

@@ -94,3 +94,21 @@ def _fma_lanes(typingctx, w, x, i, acc, at):  # type: ignore[no-untyped-def]
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@intrinsic
+def _halves_to(typingctx, src, i, dst, at):  # type: ignore[no-untyped-def]
+    """dst[at + j] = the F16 value of src[i + j] (uint16 bit patterns) for j < 8, exactly (one vector conversion, as
+    ggml's F16C loads); src and dst have contiguous elements."""
+    sig = types.void(src, i, dst, at)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        v8h, v8f = ir.VectorType(ir.HalfType(), 8), ir.VectorType(ir.FloatType(), 8)
+        s = context.make_array(signature.args[0])(context, builder, args[0])
+        d = context.make_array(signature.args[2])(context, builder, args[2])
+        halves = builder.load(builder.bitcast(builder.gep(s.data, [args[1]]), v8h.as_pointer()), align=2)
+        where = builder.bitcast(builder.gep(d.data, [args[3]]), v8f.as_pointer())
+        builder.store(builder.fpext(halves, v8f), where, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen

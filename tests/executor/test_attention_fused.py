@@ -1,0 +1,65 @@
+"""FLASH_ATTN_EXT's compiled one-query path for F16 K and V (scores and recurrence in one loop) against the same
+step by step: ggml_vec_dot_f16 of each K row and the query rounded to F16, times the scale, plus the head's ALiBi
+slope times the mask, then the online recurrence (:func:`_online_f16`, itself checked against ggml's loop)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from ggml_rpc.reference.executor import execute
+from ggml_rpc.reference.executor.arena import Arena, params
+from ggml_rpc.reference.executor.attention import _online_f16, dot_f16_rows
+from ggml_rpc.reference.executor.softmax import alibi_slopes
+from ggml_rpc.spec import GgmlOp, GgmlType
+
+F32, F16 = int(GgmlType.F32), int(GgmlType.F16)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_fused_f16_attention_is_the_step_by_step_form(seed: int) -> None:
+    r = np.random.default_rng(seed)
+    d = int(r.choice([8, 40, 64, 80]))  # with and without a tail past the last 32
+    dv = d if seed % 5 else 16
+    n_q, n_kv = int(r.integers(1, 5)), int(r.integers(1, 40))
+    khead, rh, k3, rs = int(r.integers(1, 3)), int(r.choice([1, 2, 4])), int(r.integers(1, 3)), int(r.choice([1, 2]))
+    n_head, n_seq = khead * rh, k3 * rs
+    max_bias = 8.0 if seed % 4 == 1 else 0.0
+    arena = Arena(1 << 20)
+    q_vals = (r.standard_normal((n_seq, n_head, n_q, d)) * 2).astype(np.float32)
+    k_vals = r.standard_normal((k3, khead, n_kv, d)).astype(np.float32)
+    v_vals = r.standard_normal((k3, khead, n_kv, dv)).astype(np.float32)
+    q = arena.tensor(F32, (d, n_q, n_head, n_seq))
+    k = arena.tensor(F16, (d, n_kv, khead, k3))
+    v = arena.tensor(F16, (dv, n_kv, khead, k3))
+    for t, vals in ((q, q_vals), (k, k_vals), (v, v_vals)):
+        arena.set(t, vals)
+    srcs: list = [q, k, v, None, None]
+    m_seq, m_head = (1, 1) if seed % 3 else (k3, n_head)  # a mask broadcast or one per sequence and head
+    mask = None
+    if seed % 6:
+        mask = r.standard_normal((m_seq, m_head, n_q, n_kv)).astype(np.float32)
+        mask[r.random(mask.shape) < 0.3] = -np.inf
+        srcs[3] = arena.tensor(F16, (n_kv, n_q, m_head, m_seq))
+        arena.set(srcs[3], mask)
+        mask = arena.get(srcs[3])
+    sinks = None
+    if seed % 2:
+        sinks = r.standard_normal(n_head).astype(np.float32)
+        srcs[4] = arena.tensor(F32, (n_head,))
+        arena.set(srcs[4], sinks)
+    scale = np.float32(1 / math.sqrt(d))
+    out = arena.tensor(F32, (dv, n_head, n_q, n_seq), op=GgmlOp.FLASH_ATTN_EXT, src=tuple(srcs),
+                       params=params(float(scale), max_bias, 0.0))
+    execute([out])
+    got = arena.get(out).swapaxes(1, 2)  # (seq, head, rows, dv)
+
+    qh = q_vals.astype(np.float16).astype(np.float32)
+    scores = dot_f16_rows(qh, arena.get(k), rh, rs) * scale
+    if mask is not None:
+        full = np.tile(mask, (n_seq // m_seq, n_head // m_head, 1, 1))
+        slopes = alibi_slopes(n_head, max_bias)[None, :, None, None]
+        scores = scores + (slopes * full if max_bias > 0 else full)
+    want = _online_f16(scores, arena.get(v), None if sinks is None else sinks[None, :, None], rh, rs)
+    assert got.tobytes() == want.tobytes()
