@@ -54,8 +54,10 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
     mask = None
     if mask_t is not None:
         need_types(node, mask_t, (F16, F32), "mask")
-        mask = read(mem, mask_t)
+        mask = mem.raw(mask_t)
         broadcast_mask(node, mask, n_q, n_head, n_seq, n_kv, 0, 0)  # shape check before any work
+        # Only the rows and columns the scores use are read (a decoding step's mask is padded to many rows).
+        mask = convert(mask_t.type, mask[:, :, :n_q, :n_kv])
     sinks = None
     if sinks_t is not None:
         need_types(node, sinks_t, (F32,), "sinks")
