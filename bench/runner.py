@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Generic, TypeVar
 
+from ggml_rpc.conformance.provenance import git_state
+
 State = TypeVar("State")
 
 #: Bumped when the JSON record changes shape (BENCHMARKS.md documents it).
@@ -228,8 +230,10 @@ def machine() -> dict[str, Any]:
         load = list(os.getloadavg())
     except OSError:
         load = None
-    return {"kit_version": version, "python": sys.version.split()[0], "platform": platform.platform(),
-            "machine": platform.machine(), "cpus": os.cpu_count(), "load_average": load}
+    commit, dirty = git_state()
+    return {"kit_version": version, "commit": commit, "dirty": dirty, "python": sys.version.split()[0],
+            "platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count(),
+            "load_average": load}
 
 
 def record(

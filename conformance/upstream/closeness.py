@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..provenance import git_state
+
 if TYPE_CHECKING:
     from .peers import Peer
 
@@ -100,15 +102,8 @@ def measure_op(peer: Peer, op: str, workdir: Path, timeout: float = 900.0,
 
 
 def _commit() -> str:
-    root = Path(__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True,
-                               check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + (" (dirty tree)" if dirty else " (clean tree)")
+    head, dirty = git_state(untracked=True)
+    return head if dirty is None else head + (" (dirty tree)" if dirty else " (clean tree)")
 
 
 def measure(peer: Peer, ops: Sequence[str], timeout: float = 900.0, max_capture: int = MAX_CAPTURE) -> dict[str, Any]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import platform
 import re
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+from ..provenance import git_state
 from .cells import RowResult
 
 TITLE = "# Interop matrix: ggml-rpc-kit against genuine upstream llama.cpp"
@@ -20,17 +20,8 @@ def metadata(versions: list[str], repo: Path | None = None) -> dict[str, Any]:
     """Date, commit, machine and the upstream builds a run was taken with."""
     from .peers import PEERS
 
-    commit, dirty = "unknown", None
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=repo or Path.cwd(), timeout=10).stdout.strip() or "unknown"
-        # A run is credited to a commit only with a clean tree: uncommitted changes are named as such.
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                text=True, cwd=repo or Path.cwd(), timeout=10)
-        if status.returncode == 0:
-            dirty = bool(status.stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        pass
+    # A run is credited to a commit only with a clean tree: uncommitted changes are named as such.
+    commit, dirty = git_state(repo or Path.cwd())
     upstream = {}
     for v in versions:
         info = PEERS[v].info()
