@@ -58,7 +58,10 @@ def online_rows(scores: np.ndarray, v: np.ndarray, v_of: np.ndarray, sinks: np.n
 
 @njit(cache=True, inline="always")
 def _finish(acc, m, total, sink, has_sink, out):  # type: ignore[no-untyped-def]
-    # The sink's share (as one more position that adds no value), then the division by the denominator.
+    # The sink's share (as one more position that adds no value), then the division by the denominator.  Unlike the
+    # loop's, this S * ms + vs is not fused in upstream's build: the product is rounded before the addition
+    # (measured: test-backend-ops' FLASH_ATTN_EXT hsk=64, nb=3, no mask, sinks, against upstream 7.0.0, where a fused
+    # one differed in one row of 12).
     one, zero = F32(1), F32(0)
     scale = one
     if has_sink:
@@ -68,7 +71,7 @@ def _finish(acc, m, total, sink, has_sink, out):  # type: ignore[no-untyped-def]
         else:
             vs = expf(F32(sink - m))
         scale = ms
-        total = fma32(total, ms, vs)
+        total = F32(F32(total * ms) + vs)
     inv = one / total if total != zero else zero
     for j in range(acc.shape[0]):
         out[j] = F32(acc[j] * scale) * inv

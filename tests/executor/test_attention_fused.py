@@ -63,3 +63,21 @@ def test_fused_f16_attention_is_the_step_by_step_form(seed: int) -> None:
         scores = scores + (slopes * full if max_bias > 0 else full)
     want = _online_f16(scores, arena.get(v), None if sinks is None else sinks[None, :, None], rh, rs)
     assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize(("n_head", "max_bias"), [(4, 8.0), (12, 8.0), (16, 8.0), (32, 3.5), (40, 8.0)])
+def test_alibi_slopes_are_the_c_librarys_powers(n_head: int, max_bias: float) -> None:
+    """ggml's slopes: m0 = powf(2, -max_bias / n_head_log2), m1 = powf(2, -(max_bias / 2) / n_head_log2), then
+    powf(m0, h + 1) or powf(m1, 2 (h - n_head_log2) + 1), every powf the C library's."""
+    import ctypes
+    import ctypes.util
+
+    c = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+    c.powf.restype, c.powf.argtypes = ctypes.c_float, [ctypes.c_float, ctypes.c_float]
+    f = np.float32
+    log2 = 1 << math.floor(math.log2(n_head))
+    m0 = f(c.powf(2.0, float(f(-f(max_bias) / f(log2)))))
+    m1 = f(c.powf(2.0, float(f(-(f(max_bias) / f(2)) / f(log2)))))
+    want = [f(c.powf(float(m0), float(h + 1))) if h < log2 else f(c.powf(float(m1), float(2 * (h - log2) + 1)))
+            for h in range(n_head)]
+    assert alibi_slopes(n_head, max_bias).tobytes() == np.array(want, dtype=f).tobytes()

@@ -5,7 +5,7 @@ skip masked (-inf) ones, on a new maximum rescale the F16 accumulator (rounded t
 otherwise weight the row by exp(s - max); add the weighted V row with a fused multiply-add (rounded once to
 float32) and round to F16 after every step; the denominator S = S * ms + vs fused too; exp the C library's expf.
 Those are the roundings upstream's build makes (its compiler fuses the multiply-adds), measured against its
-FLASH_ATTN_EXT results.
+FLASH_ATTN_EXT results.  The sink's own S * ms + vs, after the loop, is not fused there.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _one_row(s: np.ndarray, v: np.ndarray, sink: float | None) -> np.ndarray:
     if sink is not None:
         sink = np.float32(sink)
         ms, vs = (_expf(np.float32(m - sink)), np.float32(1)) if sink > m else (np.float32(1), _expf(sink - m))
-        out, total = out * np.float32(ms), _fma(total, ms, vs)
+        out, total = out * np.float32(ms), np.float32(np.float32(total * ms) + vs)  # not fused in upstream's build
     return (out * (np.float32(1) / total if total != 0 else np.float32(0))).astype(np.float32)
 
 
