@@ -69,9 +69,10 @@ def _try_side(pcap: Path, address: str, op: str, timeout: float) -> dict[str, An
 
 
 def measure_op(peer: Peer, op: str, workdir: Path, timeout: float = 900.0,
-               max_capture: int = MAX_CAPTURE) -> dict[str, Any]:
+               max_capture: int = MAX_CAPTURE, params: str | None = None) -> dict[str, Any]:
     """One op: test-backend-ops through the recording proxy to upstream, then the two replays (not made of a
-    recording larger than ``max_capture`` bytes: FLASH_ATTN_EXT's is 35 GB)."""
+    recording larger than ``max_capture`` bytes: FLASH_ATTN_EXT's is 35 GB, whose cases can be taken a subset at a
+    time with ``params``, test-backend-ops' filter of the cases' parameters)."""
     from ggml_rpc.conformance.harness import parse_address
     from ggml_rpc.conformance.sessions.proxy import running_proxy
 
@@ -82,9 +83,10 @@ def measure_op(peer: Peer, op: str, workdir: Path, timeout: float = 900.0,
     try:
         with UpstreamServer(peer, cache=False) as up, \
                 running_proxy(parse_address(up.address), pcap=pcap, check=False) as proxy:
-            run = run_backend_ops(peer, f"{proxy.host}:{proxy.port}", op, timeout=timeout)
+            run = run_backend_ops(peer, f"{proxy.host}:{proxy.port}", op, timeout=timeout, params=params)
         entry: dict[str, Any] = {"cases": run.total(op), "passed": run.passed.get(op, 0), "aborted": run.aborted,
-                                 "capture_bytes": pcap.stat().st_size if pcap.exists() else 0}
+                                 "capture_bytes": pcap.stat().st_size if pcap.exists() else 0,
+                                 **({"params": params} if params else {})}
         if not pcap.exists() or entry["cases"] == 0:
             return {**entry, "reference": None, "upstream": None}
         if entry["capture_bytes"] > max_capture:
@@ -106,14 +108,17 @@ def _commit() -> str:
     return head if dirty is None else head + (" (dirty tree)" if dirty else " (clean tree)")
 
 
-def measure(peer: Peer, ops: Sequence[str], timeout: float = 900.0, max_capture: int = MAX_CAPTURE) -> dict[str, Any]:
-    """Every op of ``ops``, one after the other; the run's date, commit, upstream build and machine with them."""
+def measure(peer: Peer, ops: Sequence[str], timeout: float = 900.0, max_capture: int = MAX_CAPTURE,
+            params: str | None = None) -> dict[str, Any]:
+    """Every op of ``ops``, one after the other; the run's date, commit, upstream build and machine with them.  With
+    ``params``, only the cases whose parameters match it, recorded as the op's own row ``OP [PARAMS]``."""
     start = datetime.datetime.now(datetime.UTC)
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="ggml-rpc-closeness-") as tmp:
         for op in ops:
-            result[op] = measure_op(peer, op, Path(tmp), timeout, max_capture)
-            print(f"{op}: {line(result[op])}", file=sys.stderr, flush=True)
+            key = f"{op} [{params}]" if params else op
+            result[key] = measure_op(peer, op, Path(tmp), timeout, max_capture, params)
+            print(f"{key}: {line(result[key])}", file=sys.stderr, flush=True)
     end = datetime.datetime.now(datetime.UTC)
     run = {"date": f"{start:%Y-%m-%d %H:%M} UTC to {end:%Y-%m-%d %H:%M} UTC", "commit": _commit(),
            "upstream": f"{peer.version} ({peer.requirement})",
@@ -214,7 +219,8 @@ def section(data: dict[str, Any] | None = None) -> list[str]:
     for op, e in data["ops"].items():
         ref, up = e.get("reference") or {}, e.get("upstream") or {}
         reads = f"{ref.get('reads', 0)}" + (f" + {ref['exact_reads']} exact" if ref.get("exact_reads") else "")
-        lines.append(f"| {op} | {e.get('passed', 0)}/{e.get('cases', 0)} | {reads} | "
+        cell = op.replace("|", "\\|")  # a case filter's alternatives must not split the table's row
+        lines.append(f"| {cell} | {e.get('passed', 0)}/{e.get('cases', 0)} | {reads} | "
                      f"{_nmse(ref.get('worst_nmse'))} | {_nmse(up.get('worst_nmse'))} | {verdict(e)} | "
                      f"{above_bar(ref)} | {e['run'] + 1} |")
     lines.append("")
@@ -231,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per test-backend-ops run and per replay")
     p.add_argument("--max-capture-gb", type=float, default=MAX_CAPTURE / 1e9,
                    help="recordings larger than this are not replayed (default %(default)g)")
+    p.add_argument("--params", metavar="REGEX", default=None,
+                   help="only the cases whose parameters match REGEX (test-backend-ops -p), recorded as 'OP [REGEX]'")
     p.add_argument("--record", action="store_true", help="merge the result into op_closeness.json")
     p.add_argument("--json", metavar="FILE", help="also write this run's result here")
     args = p.parse_args(argv)
@@ -239,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: upstream {peer.version} is not installed: run `ggml-rpc upstream install`", file=sys.stderr)
         return 2
     ops = ops_from_option(None if args.ops in (None, "CI") else args.ops)
-    result = measure(peer, ops, args.timeout, int(args.max_capture_gb * 1e9))
+    result = measure(peer, ops, args.timeout, int(args.max_capture_gb * 1e9), args.params)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     if args.record:

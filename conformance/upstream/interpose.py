@@ -103,11 +103,14 @@ def parse_backend_ops(text: str) -> BackendOpsResult:
     return res
 
 
-def run_backend_ops(peer: Peer, server: str, op: str | None, *, timeout: float = 600.0) -> BackendOpsResult:
-    """``test-backend-ops test -b RPC0 [-o OP]`` with ``server`` as RPC0."""
+def run_backend_ops(peer: Peer, server: str, op: str | None, *, timeout: float = 600.0,
+                    params: str | None = None) -> BackendOpsResult:
+    """``test-backend-ops test -b RPC0 [-o OP] [-p PARAMS]`` with ``server`` as RPC0 (``params``: a regular
+    expression the cases' parameter strings must match, test-backend-ops' own filter)."""
     import time
 
-    argv = [str(peer.test_backend_ops), "test", "-b", "RPC0"] + (["-o", op] if op else [])
+    argv = [str(peer.test_backend_ops), "test", "-b", "RPC0"] + (["-o", op] if op else []) + \
+        (["-p", params] if params else [])
     started = time.monotonic()
     try:
         p = subprocess.run(argv, env=backend_ops_env(peer, [server]), stdin=subprocess.DEVNULL, capture_output=True,

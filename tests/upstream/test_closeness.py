@@ -81,3 +81,33 @@ def test_invocations_of_one_commit_are_one_run_spanning_their_dates() -> None:
     assert merged["runs"] == [{"date": "2026-12-05 08:00 UTC to 2026-12-05 08:09 UTC", "commit": "aaa",
                                "upstream": "u", "machine": "m"}]
     assert merged["ops"]["ADD"]["run"] == merged["ops"]["MUL"]["run"] == 0
+
+
+def test_a_subset_of_cases_is_its_own_row_and_keeps_the_table_whole() -> None:
+    key = "FLASH_ATTN_EXT [nb=(1|3),.*type_K=f16]"
+    merged = closeness.merge(_run({"FLASH_ATTN_EXT": _entry(None, None, cases=0)}, "aaa"),
+                             _run({key: _entry(0.0, 0.0)}, "bbb"))
+    assert set(merged["ops"]) == {"FLASH_ATTN_EXT", key}  # the whole op's row stays beside the subset's
+    row = next(line for line in closeness.section(merged) if line.startswith("| FLASH_ATTN_EXT ["))
+    assert row.startswith(r"| FLASH_ATTN_EXT [nb=(1\|3),.*type_K=f16] | 4/4 |")
+    assert row.count(" | ") == 8 - 1  # eight cells: the filter's '|' does not add any
+
+
+def test_the_case_filter_reaches_test_backend_ops(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from types import SimpleNamespace
+
+    from ggml_rpc.conformance.upstream import interpose
+
+    seen: list[list[str]] = []
+
+    def fake_run(argv, **_kw):  # type: ignore[no-untyped-def]
+        seen.append(argv)
+        return SimpleNamespace(stdout=b"", stderr=b"", returncode=0)
+
+    monkeypatch.setattr(interpose.subprocess, "run", fake_run)
+    monkeypatch.setattr(interpose, "backend_ops_env", lambda peer, servers: {})
+    peer = SimpleNamespace(test_backend_ops="/x/test-backend-ops")
+    interpose.run_backend_ops(peer, "127.0.0.1:1", "FLASH_ATTN_EXT", params="nb=1")  # type: ignore[arg-type]
+    interpose.run_backend_ops(peer, "127.0.0.1:1", "ADD")  # type: ignore[arg-type]
+    assert seen[0][-4:] == ["-o", "FLASH_ATTN_EXT", "-p", "nb=1"]
+    assert "-p" not in seen[1]
