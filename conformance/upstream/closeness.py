@@ -113,6 +113,7 @@ def measure(peer: Peer, ops: Sequence[str], timeout: float = 900.0, max_capture:
     """Every op of ``ops``, one after the other; the run's date, commit, upstream build and machine with them.  With
     ``params``, only the cases whose parameters match it, recorded as the op's own row ``OP [PARAMS]``."""
     start = datetime.datetime.now(datetime.UTC)
+    commit = _commit()  # the code measured is the code of the start: the tree may change while a long run goes on
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="ggml-rpc-closeness-") as tmp:
         for op in ops:
@@ -120,7 +121,7 @@ def measure(peer: Peer, ops: Sequence[str], timeout: float = 900.0, max_capture:
             result[key] = measure_op(peer, op, Path(tmp), timeout, max_capture, params)
             print(f"{key}: {line(result[key])}", file=sys.stderr, flush=True)
     end = datetime.datetime.now(datetime.UTC)
-    run = {"date": f"{start:%Y-%m-%d %H:%M} UTC to {end:%Y-%m-%d %H:%M} UTC", "commit": _commit(),
+    run = {"date": f"{start:%Y-%m-%d %H:%M} UTC to {end:%Y-%m-%d %H:%M} UTC", "commit": commit,
            "upstream": f"{peer.version} ({peer.requirement})",
            "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}"}
     return {"format": FORMAT, "runs": [run], "ops": {op: {**e, "run": 0} for op, e in result.items()}}

@@ -3,8 +3,8 @@
 ggml's CPU backend (the one-query-at-a-time path) converts Q to K's vec-dot type, walks the KV positions in
 order with an online softmax, and for an F16 V keeps the running weighted sum in F16 (rounded after every
 step); positions whose mask is -inf are skipped.  That recurrence is compiled in :mod:`.flash_steps`, one query
-row at a time as ggml runs it; for 64 or more query rows with F16/F32 K and V ggml takes its tiled path, which
-accumulates in float32 without converting Q, and so does this code.
+row at a time as ggml runs it; for 64 or more query rows with F16/F32 K and V ggml takes its tiled path (64 by 64
+tiles, float32 scores without converting Q), compiled tile for tile in :mod:`.flash_steps` too.
 """
 
 from __future__ import annotations
@@ -70,6 +70,11 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
         out = _attend_f16(q, k_raw, v_raw, rh, rs, mask, alibi_slopes(n_head, max_bias), scale, sinks)
         write(mem, node, out.swapaxes(1, 2))
         return
+    if tiled:
+        out = _attend_tiled(q, convert(k_t.type, k_raw), convert(v_t.type, v_raw), rh, rs, mask,
+                            alibi_slopes(n_head, max_bias), scale, softcap, sinks)
+        write(mem, node, out.swapaxes(1, 2))
+        return
     if online and mask is not None:
         # ggml's one-query path skips a KV position whose mask is -inf before touching K or V: only positions some
         # row can see are converted and scored (a decoding step sees a few of a long cache).
@@ -120,6 +125,23 @@ def _attend_f16(q: np.ndarray, k_raw: np.ndarray, v_raw: np.ndarray, rh: int, rs
     attend_f16(np.ascontiguousarray(q, dtype=np.float32), k_raw.view(np.uint16), v_raw.view(np.uint16), rh, rs,
                no_mask if mask is None else mask, mask is not None, slopes, float(scale), head_sinks,
                sinks is not None, out)
+    return out
+
+
+def _attend_tiled(q: np.ndarray, k: np.ndarray, v: np.ndarray, rh: int, rs: int, mask: np.ndarray | None,
+                  slopes: np.ndarray, scale: np.float32, softcap: np.float32, sinks: np.ndarray | None) -> np.ndarray:
+    """:func:`.flash_steps.attend_tiled` on the node's arrays (K and V as float32 values): (seq, head, rows, dv)."""
+    from .flash_steps import attend_tiled
+
+    n_seq, n_head, n_rows, _ = q.shape
+    out = np.empty((n_seq, n_head, n_rows, v.shape[3]), dtype=np.float32)
+    if out.size == 0:
+        return out
+    head_sinks = np.zeros(n_head, dtype=np.float32) if sinks is None else np.ascontiguousarray(sinks.reshape(-1))
+    attend_tiled(np.ascontiguousarray(q, dtype=np.float32), np.ascontiguousarray(k, dtype=np.float32),
+                 np.ascontiguousarray(v, dtype=np.float32), rh, rs,
+                 np.zeros((1, 1, 1, 1), dtype=np.float32) if mask is None else mask, mask is not None, slopes,
+                 float(scale), float(softcap), head_sinks, sinks is not None, out)
     return out
 
 

@@ -38,10 +38,11 @@ def _unary(name: str):  # type: ignore[no-untyped-def]
     return call
 
 
-#: The C library's expf, cosf and sinf of a float32 (as ggml's kernels call them).
+#: The C library's expf, cosf, sinf and tanhf of a float32 (as ggml's kernels call them).
 expf = _unary("expf")
 cosf = _unary("cosf")
 sinf = _unary("sinf")
+tanhf = _unary("tanhf")
 
 
 @intrinsic

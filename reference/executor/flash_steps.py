@@ -14,10 +14,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .cmath32 import expf, half_value, to_half
-from .compiled import fma32, vec_dot_row
+from .cmath32 import expf, half_value, tanhf, to_half
+from .compiled import _hsum8, fma32, vec_dot_row
 from .lanes8 import _halves_to
 from .simd_sums import KIND_F16
+from .vsilu import v_expf
 
 F32 = np.float32
 
@@ -57,11 +58,11 @@ def online_rows(scores: np.ndarray, v: np.ndarray, v_of: np.ndarray, sinks: np.n
 
 
 @njit(cache=True, inline="always")
-def _finish(acc, m, total, sink, has_sink, out):  # type: ignore[no-untyped-def]
-    # The sink's share (as one more position that adds no value), then the division by the denominator.  Unlike the
-    # loop's, this S * ms + vs is not fused in upstream's build: the product is rounded before the addition
-    # (measured: test-backend-ops' FLASH_ATTN_EXT hsk=64, nb=3, no mask, sinks, against upstream 7.0.0, where a fused
-    # one differed in one row of 12).
+def _finish(acc, m, total, sink, has_sink, out, fused=False):  # type: ignore[no-untyped-def]
+    # The sink's share (as one more position that adds no value), then the division by the denominator.  Upstream's
+    # build fuses this S * ms + vs in the tiled path (``fused``) but not in the one-query path, where the product is
+    # rounded before the addition (both measured: test-backend-ops' FLASH_ATTN_EXT cases with sinks, hsk=64, nb=3
+    # and nb=75, against upstream 7.0.0; the other form differed in a row of each).
     one, zero = F32(1), F32(0)
     scale = one
     if has_sink:
@@ -71,7 +72,7 @@ def _finish(acc, m, total, sink, has_sink, out):  # type: ignore[no-untyped-def]
         else:
             vs = expf(F32(sink - m))
         scale = ms
-        total = F32(F32(total * ms) + vs)
+        total = fma32(total, ms, vs) if fused else F32(F32(total * ms) + vs)
     inv = one / total if total != zero else zero
     for j in range(acc.shape[0]):
         out[j] = F32(acc[j] * scale) * inv
@@ -142,3 +143,110 @@ def _f16_row(src, dst):  # type: ignore[no-untyped-def]
         _halves_to(src, i, dst, i)
     for i in range(whole, n):
         dst[i] = half_value(src[i])
+
+
+_TILE = 64  # ggml_fa_tile_config: 64 query rows by 64 KV positions
+
+
+@njit(cache=True, nogil=True)
+def attend_tiled(q: np.ndarray, k: np.ndarray, v: np.ndarray, rh: int, rs: int, mask: np.ndarray, has_mask: bool,
+                 slopes: np.ndarray, scale: float, softcap: float, sinks: np.ndarray, has_sinks: bool,
+                 out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """ggml's tiled path (64 query rows or more, F32 or F16 K and V), tile for tile: 64 query rows of one head at a
+    time against 64 KV positions at a time; the scores a chain of fused multiply-adds over the head dimension per
+    (row, position) in float32 (Q not rounded to F16); a tile whose every mask value is -inf skipped; per row the
+    tile's maximum, the rescale of the running sum and output, ggml_vec_soft_max_f32 (ggml's vector exp eight at a
+    time, each group's float sum added to a double); the output a chain of fused multiply-adds over the positions,
+    continued from tile to tile; then the sink and the division.  q float32 (seq, head, rows, dk), k and v float32
+    (kseq, khead, n_kv, d) holding the cache's values, the rest as for :func:`attend_f16`."""
+    n_seq, n_head, n_rows, dk = q.shape
+    n_kv, dv = k.shape[2], v.shape[3]
+    m3, m2 = mask.shape[0], mask.shape[1]
+    neg_inf, zero = F32(-np.inf), F32(0)
+    sc, cap = F32(scale), F32(softcap)
+    kq = np.empty((_TILE, _TILE), dtype=F32)
+    mask32 = np.empty((_TILE, _TILE), dtype=F32)
+    kt = np.empty((dk, _TILE), dtype=F32)
+    v32 = np.empty((_TILE, dv), dtype=F32)
+    vkq = np.empty((_TILE, dv), dtype=F32)
+    s_sum = np.empty(_TILE, dtype=F32)
+    m_max = np.empty(_TILE, dtype=F32)
+    skip = np.empty(_TILE, dtype=np.bool_)
+    for s in range(n_seq):
+        for h in range(n_head):
+            kh, vh = k[s // rs, h // rh], v[s // rs, h // rh]
+            slope = slopes[h]
+            for t0 in range(0, n_rows, _TILE):
+                rows = min(_TILE, n_rows - t0)
+                s_sum[:] = zero
+                m_max[:] = neg_inf
+                vkq[:, :] = zero
+                mask32[:, :] = zero
+                kt[:, :] = zero
+                v32[:, :] = zero
+                for ic in range(0, n_kv, _TILE):
+                    kv_tile = min(_TILE, n_kv - ic)
+                    if has_mask:
+                        can_skip = True
+                        for tq in range(rows):
+                            for tk in range(_TILE):
+                                val = neg_inf
+                                if tk < kv_tile:
+                                    val = F32(slope * mask[s % m3, h % m2, t0 + tq, ic + tk])
+                                mask32[tq, tk] = val
+                                if val != neg_inf:
+                                    can_skip = False
+                        if can_skip:
+                            continue
+                    for tk in range(kv_tile):
+                        for d in range(dk):
+                            kt[d, tk] = kh[ic + tk, d]
+                    for tq in range(rows):
+                        qrow = q[s, h, t0 + tq]
+                        for tk in range(_TILE):
+                            acc = zero
+                            for d in range(dk):
+                                acc = fma32(qrow[d], kt[d, tk], acc)
+                            val = F32(acc * sc)
+                            if cap != zero:
+                                val = F32(tanhf(val) * cap)
+                            if tk >= kv_tile:
+                                val = neg_inf
+                            elif has_mask:
+                                val = F32(val + mask32[tq, tk])
+                            kq[tq, tk] = val
+                    for tq in range(rows):
+                        row = kq[tq]
+                        tile_max = neg_inf
+                        for tk in range(_TILE):
+                            tile_max = tile_max if tile_max > row[tk] else row[tk]
+                        skip[tq] = tile_max == neg_inf
+                        if skip[tq]:
+                            continue
+                        m_old = m_max[tq]
+                        m_new = max(m_old, tile_max) if not np.isnan(tile_max) else m_old
+                        if m_new > m_old:
+                            ms = expf(F32(m_old - m_new))
+                            for d in range(dv):
+                                vkq[tq, d] = F32(vkq[tq, d] * ms)
+                            s_sum[tq] = F32(s_sum[tq] * ms)
+                        m_max[tq] = m_new
+                        total = np.float64(0)
+                        for g in range(0, _TILE, 8):
+                            for i in range(8):
+                                row[g + i] = v_expf(F32(row[g + i] - m_new))
+                            total += np.float64(_hsum8(row[g:g + 8]))
+                        s_sum[tq] = F32(np.float64(s_sum[tq]) + total)
+                    for tk in range(kv_tile):
+                        for d in range(dv):
+                            v32[tk, d] = vh[ic + tk, d]
+                    for tq in range(rows):
+                        if skip[tq]:
+                            kq[tq, :] = zero
+                        for d in range(dv):
+                            acc = vkq[tq, d]
+                            for tk in range(_TILE):
+                                acc = fma32(kq[tq, tk], v32[tk, d], acc)
+                            vkq[tq, d] = acc
+                for tq in range(rows):
+                    _finish(vkq[tq], m_max[tq], s_sum[tq], sinks[h], has_sinks, out[s, h, t0 + tq], True)
