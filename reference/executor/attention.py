@@ -65,9 +65,9 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
             raise node_error(node, "sinks need one value per head")
         sinks = read(mem, sinks_t).reshape(-1)[:n_head][None, :, None]
     k_raw, v_raw = mem.raw(k_t), mem.raw(v_t)  # positions on axis 2 (plain and block layouts alike)
-    if online and k_t.type == F16 and softcap == 0 and k_raw.strides[-1] == 2 and v_raw.strides[-1] == 2:
+    if online and k_t.type == F16 and k_raw.strides[-1] == 2 and v_raw.strides[-1] == 2:
         # F16 K and V one query at a time (a decoding step): the whole loop compiled, scores included.
-        out = _attend_f16(q, k_raw, v_raw, rh, rs, mask, alibi_slopes(n_head, max_bias), scale, sinks)
+        out = _attend_f16(q, k_raw, v_raw, rh, rs, mask, alibi_slopes(n_head, max_bias), scale, softcap, sinks)
         write(mem, node, out.swapaxes(1, 2))
         return
     if tiled:
@@ -112,7 +112,7 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
 
 
 def _attend_f16(q: np.ndarray, k_raw: np.ndarray, v_raw: np.ndarray, rh: int, rs: int, mask: np.ndarray | None,
-                slopes: np.ndarray, scale: np.float32, sinks: np.ndarray | None) -> np.ndarray:
+                slopes: np.ndarray, scale: np.float32, softcap: np.float32, sinks: np.ndarray | None) -> np.ndarray:
     """:func:`.flash_steps.attend_f16` on the node's arrays: (seq, head, rows, dv)."""
     from .flash_steps import attend_f16
 
@@ -123,7 +123,7 @@ def _attend_f16(q: np.ndarray, k_raw: np.ndarray, v_raw: np.ndarray, rh: int, rs
     no_mask = np.zeros((1, 1, 1, 1), dtype=np.float32)
     head_sinks = np.zeros(n_head, dtype=np.float32) if sinks is None else np.ascontiguousarray(sinks.reshape(-1))
     attend_f16(np.ascontiguousarray(q, dtype=np.float32), k_raw.view(np.uint16), v_raw.view(np.uint16), rh, rs,
-               no_mask if mask is None else mask, mask is not None, slopes, float(scale), head_sinks,
+               no_mask if mask is None else mask, mask is not None, slopes, float(scale), float(softcap), head_sinks,
                sinks is not None, out)
     return out
 

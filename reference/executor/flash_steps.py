@@ -80,11 +80,12 @@ def _finish(acc, m, total, sink, has_sink, out, fused=False):  # type: ignore[no
 
 @njit(cache=True, nogil=True)
 def attend_f16(q: np.ndarray, k: np.ndarray, v: np.ndarray, rh: int, rs: int, mask: np.ndarray, has_mask: bool,
-               slopes: np.ndarray, scale: float, sinks: np.ndarray, has_sinks: bool,
+               slopes: np.ndarray, scale: float, softcap: float, sinks: np.ndarray, has_sinks: bool,
                out: np.ndarray) -> None:  # pragma: no cover - compiled
     """The whole one-query path for F16 K and V, as ggml's loop runs it: for each query row and KV position in
     order, a position whose mask is -inf is skipped before anything else; the score is ``ggml_vec_dot_f16`` of the
-    K row and the query (float32 holding F16 values) times ``scale``, plus the head's slope times the mask; then
+    K row and the query (float32 holding F16 values) times ``scale`` (with a ``softcap``: that times the C library's
+    tanhf of it), plus the head's slope times the mask; then
     the recurrence of :func:`online_rows`.  q float32 (seq, head, rows, dk); k, v uint16 F16 bit patterns (kseq,
     khead, n_kv, d); mask float32 (m3, m2, rows or more, n_kv or more), repeating over sequences and heads by
     modulo; slopes float32 (head,); sinks float32 (head,); out float32 (seq, head, rows, dv)."""
@@ -97,7 +98,7 @@ def attend_f16(q: np.ndarray, k: np.ndarray, v: np.ndarray, rh: int, rs: int, ma
     lanes32 = np.empty(32, dtype=F32)
     lanes8 = np.empty(8, dtype=F32)
     neg_inf = F32(-np.inf)
-    one, zero, sc = F32(1), F32(0), F32(scale)
+    one, zero, sc, cap = F32(1), F32(0), F32(scale), F32(softcap)
     for s in range(n_seq):
         for h in range(n_head):
             kh, vh = k[s // rs, h // rh], v[s // rs, h // rh]
@@ -115,6 +116,8 @@ def attend_f16(q: np.ndarray, k: np.ndarray, v: np.ndarray, rh: int, rs: int, ma
                             continue
                     _f16_row(kh[ic], kf)
                     score = F32(vec_dot_row(kf, qrow, KIND_F16, lanes32, lanes8) * sc)
+                    if cap != zero:
+                        score = F32(cap * tanhf(score))
                     if has_mask:
                         score = F32(score + mv)
                     if score == neg_inf:

@@ -26,6 +26,7 @@ def test_fused_f16_attention_is_the_step_by_step_form(seed: int) -> None:
     khead, rh, k3, rs = int(r.integers(1, 3)), int(r.choice([1, 2, 4])), int(r.integers(1, 3)), int(r.choice([1, 2]))
     n_head, n_seq = khead * rh, k3 * rs
     max_bias = 8.0 if seed % 4 == 1 else 0.0
+    cap = np.float32(10) if seed % 5 == 2 else np.float32(0)  # logit softcap: cap * tanhf(score), tanhf the C library's
     arena = Arena(1 << 20)
     q_vals = (r.standard_normal((n_seq, n_head, n_q, d)) * 2).astype(np.float32)
     k_vals = r.standard_normal((k3, khead, n_kv, d)).astype(np.float32)
@@ -51,12 +52,19 @@ def test_fused_f16_attention_is_the_step_by_step_form(seed: int) -> None:
         arena.set(srcs[4], sinks)
     scale = np.float32(1 / math.sqrt(d))
     out = arena.tensor(F32, (dv, n_head, n_q, n_seq), op=GgmlOp.FLASH_ATTN_EXT, src=tuple(srcs),
-                       params=params(float(scale), max_bias, 0.0))
+                       params=params(float(scale * cap) if cap else float(scale), max_bias, float(cap)))
     execute([out])
     got = arena.get(out).swapaxes(1, 2)  # (seq, head, rows, dv)
 
     qh = q_vals.astype(np.float16).astype(np.float32)
-    scores = dot_f16_rows(qh, arena.get(k), rh, rs) * scale
+    scores = dot_f16_rows(qh, arena.get(k), rh, rs) * (np.float32(np.float32(scale * cap) / cap) if cap else scale)
+    if cap:
+        import ctypes
+        import ctypes.util
+
+        libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+        libm.tanhf.restype, libm.tanhf.argtypes = ctypes.c_float, [ctypes.c_float]
+        scores = (cap * np.vectorize(lambda x: np.float32(libm.tanhf(float(x))), otypes=[np.float32])(scores))
     if mask is not None:
         full = np.tile(mask, (n_seq // m_seq, n_head // m_head, 1, 1))
         slopes = alibi_slopes(n_head, max_bias)[None, :, None, None]
