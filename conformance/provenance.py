@@ -14,9 +14,16 @@ KIT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def git_state(repo: Path | None = None, *, untracked: bool = False) -> tuple[str, bool | None]:
-    """(short commit, dirty) of the checkout at ``repo`` (default: the kit's source), or ("unknown", None) outside
-    a git checkout.  ``dirty``: tracked files changed; with ``untracked``, untracked files count as changes too."""
-    where = repo or KIT_ROOT
+    """(short commit, dirty) of the checkout at ``repo`` (default: the kit's source, else the working directory: a
+    clone the kit was installed from without ``-e``), or ("unknown", None) outside a git checkout.  ``dirty``:
+    tracked files changed; with ``untracked``, untracked files count as changes too."""
+    if repo is None:
+        found = _state(KIT_ROOT, untracked)
+        return found if found[0] != "unknown" else _state(Path.cwd(), untracked)
+    return _state(repo, untracked)
+
+
+def _state(where: Path, untracked: bool) -> tuple[str, bool | None]:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=where,
                                 timeout=10).stdout.strip()

@@ -36,3 +36,18 @@ def test_bench_records_name_their_commit_and_tree() -> None:
     info = machine()
     assert isinstance(info["commit"], str) and info["commit"]
     assert info["dirty"] in (True, False, None)
+
+
+def test_an_installed_kit_outside_any_checkout_names_the_clone_it_runs_in(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from ggml_rpc.conformance import provenance
+
+    clone, elsewhere = tmp_path / "clone", tmp_path / "site-packages"
+    clone.mkdir()
+    elsewhere.mkdir()
+    _git(clone, "init", "-q")
+    (clone / "a.txt").write_text("one\n")
+    _git(clone, "add", "a.txt")
+    _git(clone, "commit", "-q", "-m", "first")
+    monkeypatch.setattr(provenance, "KIT_ROOT", elsewhere)
+    monkeypatch.chdir(clone)
+    assert git_state() == (_git(clone, "rev-parse", "--short", "HEAD"), False)
