@@ -41,6 +41,7 @@ def _function(name: str, arity: int) -> Callable[..., float] | None:
 
 
 _COSF, _SINF, _EXPF, _POWF = _function("cosf", 1), _function("sinf", 1), _function("expf", 1), _function("powf", 2)
+_LOGF = _function("logf", 1)
 #: Half-widths, in float32 ulps, of the band around a rounding boundary where the library is asked.
 _WINDOW = {"cos": 0.12, "sin": 0.12, "exp": 0.02}
 
@@ -91,3 +92,10 @@ def powf(base: float, exponent: float) -> np.float32:
     if _POWF is None:
         return F(np.float64(F(base)) ** np.float64(F(exponent)))
     return F(_POWF(float(F(base)), float(F(exponent))))
+
+
+def logf(x: float) -> np.float32:
+    """The C library's logf (one call)."""
+    if _LOGF is None:
+        return F(np.log(np.float64(F(x))))
+    return F(_LOGF(float(F(x))))

@@ -13,8 +13,9 @@ from ggml_rpc.spec import GgmlOp
 
 from ..graph import GraphTensor
 from .core import FLOATS, kernel, need_types, params_f32, params_i32, read, same_shape, src, write
-from .libm import powf
+from .libm import logf, powf
 from .memory import F32, I32, Memory, node_error
+from .simd_sums import fma32
 
 MODE_NEOX = 2
 MODE_MROPE = 8
@@ -41,7 +42,7 @@ def yarn_corr_dims(n_dims: int, n_ctx_orig: int, base: float, beta_fast: float,
     with np.errstate(divide="ignore", invalid="ignore"):
         def corr_dim(n_rot: float) -> np.float32:
             ratio = F(n_ctx_orig) / (F(n_rot) * F(2) * F(math.pi))
-            return F(n_dims) * np.log(ratio) / (F(2) * np.log(F(base)))
+            return F(F(F(n_dims) * logf(ratio)) / F(F(2) * logf(F(base))))
 
         start = np.floor(corr_dim(beta_fast))
         end = np.ceil(corr_dim(beta_slow))
@@ -111,7 +112,8 @@ def _angles(node: GraphTensor, pos: np.ndarray, ne0: int, n_dims: int, mode: int
     if ext_factor != 0:
         low, high = yarn_corr_dims(n_dims, n_ctx_orig, float(freq_base), float(beta_fast), float(beta_slow))
         with np.errstate(divide="ignore"):
-            mscale = F(mscale * (F(1) + F(0.1) * np.log(F(1) / freq_scale)))
+            # 1 + 0.1 * logf(1 / freq_scale), the product fused into the sum by upstream's compiler.
+            mscale = F(mscale * fma32(F(0.1), logf(F(F(1) / freq_scale)), F(1)))
     cos, sin = np.empty_like(theta), np.empty_like(theta)
     cos_sin(theta, ff if ff is not None else theta[:0, 0], ff is not None, freq_scale, ext_factor, low, high, mscale,
             sin_sign, cos, sin)

@@ -51,7 +51,8 @@ def cos_sin(theta: np.ndarray, ff: np.ndarray, has_ff: bool, freq_scale: float, 
             if ext != zero:
                 y = F32(F32(F32(i) - lo) / width)
                 ramp = F32(F32(one - _cmin(one, _cmax(zero, y))) * ext)
-                t = F32(F32(interp * F32(one - ramp)) + F32(t * ramp))
+                # interp * (1 - ramp) + t * ramp: upstream's compiler fuses the first product into the sum.
+                t = fma32(interp, F32(one - ramp), F32(t * ramp))
             else:
                 t = interp
             cos[p, i] = F32(cosf(t) * ms)

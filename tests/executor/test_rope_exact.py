@@ -1,12 +1,12 @@
 """ROPE bit for bit against ggml's rope written out per value in Python: the angle recurrence, frequency factors,
-YaRN's ramp, the C library's cosf/sinf and the rotation with its first product fused (as upstream's build computes
-it, measured against its ROPE results)."""
+YaRN's ramp and magnitude (its mix and 1 + 0.1 logf(1 / freq_scale) with their first product fused), the C
+library's cosf/sinf/logf and the rotation with its first product fused (as upstream's build computes it, measured
+against its ROPE results: test-backend-ops' YaRN cases replay bit for bit)."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import math
 
 import numpy as np
 import pytest
@@ -17,9 +17,9 @@ from ggml_rpc.spec import GgmlOp, GgmlType
 
 F = np.float32
 _C = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
-for _name in ("cosf", "sinf", "powf"):
+for _name in ("cosf", "sinf", "powf", "logf"):
     getattr(_C, _name).restype = ctypes.c_float
-_C.cosf.argtypes = _C.sinf.argtypes = [ctypes.c_float]
+_C.cosf.argtypes = _C.sinf.argtypes = _C.logf.argtypes = [ctypes.c_float]
 _C.powf.argtypes = [ctypes.c_float, ctypes.c_float]
 
 
@@ -34,7 +34,7 @@ def _rope_row(x: np.ndarray, pos: int, n_dims: int, neox: bool, base: float, fs:
     low, high = yarn_corr_dims(n_dims, 64, base, 32.0, 1.0)
     mscale = F(attn)
     if ext:
-        mscale = F(mscale * (F(1) + F(0.1) * F(math.log(F(1) / F(fs)))))
+        mscale = F(mscale * _fma(F(0.1), F(_C.logf(float(F(1) / F(fs)))), F(1)))  # fused, logf the library's
     theta = F(pos)
     for i in range(n_dims // 2):
         t = theta if ff is None else F(theta / ff[i])
@@ -42,7 +42,7 @@ def _rope_row(x: np.ndarray, pos: int, n_dims: int, neox: bool, base: float, fs:
         if ext:
             y = F(F(F(i) - low) / max(F(0.001), F(high - low)))
             ramp = F(F(F(1) - min(F(1), max(F(0), y))) * F(ext))
-            t = F(F(interp * F(F(1) - ramp)) + F(t * ramp))
+            t = _fma(interp, F(F(1) - ramp), F(t * ramp))  # the first product fused into the sum
         else:
             t = interp
         c, s = F(F(_C.cosf(float(t))) * mscale), F(F(F(_C.sinf(float(t))) * mscale) * F(sign))
