@@ -32,7 +32,7 @@ from .core import (
     write,
 )
 from .memory import F32, Memory, node_error
-from .simd_math import silu_rows
+from .simd_math import silu_libm, silu_rows
 from .types import round_away
 
 _SQRT_2_OVER_PI = np.float32(0.7978845608028654)
@@ -255,6 +255,9 @@ def _unary(node: GraphTensor, mem: Memory) -> None:
         return
     if sub == UnaryOp.SILU and a_t.type == F32 and node.type == F32:
         write(mem, node, silu_rows(read(mem, a_t)))  # ggml_vec_silu_f32's order, row by row
+        return
+    if sub == UnaryOp.SILU and a_t.type != F32:
+        write(mem, node, silu_libm(read(mem, a_t)))  # F16/BF16: the scalar form, value by value
         return
     fn = _UNARY.get(sub)
     if fn is None:

@@ -24,3 +24,13 @@ def silu_rows(x: np.ndarray) -> np.ndarray:
     if out.size:
         compiled(rows, out)
     return out.reshape(x.shape)
+
+
+def silu_libm(x: np.ndarray) -> np.ndarray:
+    """``x / (1 + expf(-x))`` per element with the C library's expf, float32: ggml's scalar SILU, which its unary
+    op runs for F16 and BF16 tensors (each value converted to float32 and back)."""
+    from .libm import expf
+
+    x = np.asarray(x, dtype=F)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return (x / (F(1) + expf(-x))).astype(F)

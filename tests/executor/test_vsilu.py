@@ -67,3 +67,21 @@ def test_silu_is_ggmls_vector_and_tail_arithmetic() -> None:
         assert got.tobytes() == want.tobytes()
         for n in (1, 7, 8, 9, 16, 33):  # every tail length through the same function
             assert silu_rows(x[:3, :n]).tobytes() == np.stack([_silu_row(row) for row in x[:3, :n]]).tobytes()
+
+
+def test_f16_silu_is_the_scalar_form_with_the_c_librarys_expf() -> None:
+    """ggml's unary SILU on F16 converts each value to float32, takes x / (1 + expf(-x)) with the C library's expf
+    and rounds back; these three F16 inputs are among those where numpy's exp would round to another F16."""
+    from ggml_rpc.reference.executor import execute
+    from ggml_rpc.reference.executor.arena import Arena, params
+    from ggml_rpc.spec import GgmlOp, GgmlType, UnaryOp
+
+    x = np.array([-6.9046021e-04, -7.1386719e-01, -2.7246094e+00, 0.5, -30.0, 3.0, -1.0, 8.0], dtype=np.float16)
+    arena = Arena(1 << 12)
+    a = arena.tensor(int(GgmlType.F16), (8,))
+    arena.set(a, x.astype(F))
+    out = arena.tensor(int(GgmlType.F16), (8,), op=GgmlOp.UNARY, src=(a,), params=params(int(UnaryOp.SILU)))
+    execute([out])
+    v = x.astype(F)
+    want = np.array([F(t / (F(1) + F(_C.expf(float(-t))))) for t in v], dtype=F).astype(np.float16)
+    assert arena.raw(out).view(np.uint16).tobytes() == want.view(np.uint16).tobytes()
