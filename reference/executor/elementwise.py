@@ -31,13 +31,11 @@ from .core import (
     tile_to,
     write,
 )
-from .memory import F32, Memory, node_error
+from .gelu import gelu, gelu_brain, gelu_half, gelu_quick, gelu_quick_brain
+from .memory import BF16, F16, F32, Memory, node_error
 from .simd_math import silu_libm, silu_rows
 from .types import round_away
 
-_SQRT_2_OVER_PI = np.float32(0.7978845608028654)
-_GELU_COEF_A = np.float32(0.044715)
-_GELU_QUICK_COEF = np.float32(-1.702)
 _INV_SQRT2 = np.float32(0.7071067811865476)
 
 
@@ -53,21 +51,6 @@ def erf(x: np.ndarray) -> np.ndarray:
     t = 1.0 / (1.0 + 0.3275911 * a)
     poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
     return s * (1.0 - poly * np.exp(-a * a))
-
-
-def gelu(x: np.ndarray) -> np.ndarray:
-    """ggml's GELU (tanh form) for float32: via an f16 table inside (-10, 10), x itself above, 0 below."""
-    h = _f16_round(x)
-    y = np.float32(0.5) * h * (1 + np.tanh(_SQRT_2_OVER_PI * h * (1 + _GELU_COEF_A * h * h)))
-    y = _f16_round(y.astype(np.float32))
-    return np.where(x <= -10, np.float32(0), np.where(x >= 10, x, y)).astype(np.float32)
-
-
-def gelu_quick(x: np.ndarray) -> np.ndarray:
-    """ggml's quick GELU, x * sigmoid(1.702 x), through its f16 table."""
-    h = _f16_round(x)
-    y = h * (1 / (1 + np.exp(_GELU_QUICK_COEF * h)))
-    return _f16_round(y.astype(np.float32))
 
 
 def gelu_erf(x: np.ndarray) -> np.ndarray:
@@ -262,6 +245,7 @@ def _unary(node: GraphTensor, mem: Memory) -> None:
     fn = _UNARY.get(sub)
     if fn is None:
         raise node_error(node, f"UNARY sub-op {sub} is not supported")
+    fn = _BY_TYPE.get((a_t.type, sub), fn)
     if node.type == F32 and a_t.type == F32 and isinstance(fn, np.ufunc):
         fn(mem.raw(a_t), out=mem.raw(node))
         return
@@ -296,6 +280,15 @@ def _swiglu_clamp(a: np.ndarray, b: np.ndarray, node: GraphTensor) -> np.ndarray
     limit = params_f32(node)[3]
     return silu(np.minimum(a, limit)) * np.clip(b, -limit, limit)
 
+
+#: GELU of other source types as ggml computes them: F16 straight from the table (no clamp at +-10), BF16 by the
+#: formula value by value (ggml_vec_gelu_f16 / _bf16, ggml_vec_geglu_f16 / _bf16, and the quick forms).
+_BY_TYPE: dict[tuple[int, int], Callable[[np.ndarray], np.ndarray]] = {
+    (F16, UnaryOp.GELU): gelu_half, (F16, UnaryOp.GELU_QUICK): gelu_quick,
+    (BF16, UnaryOp.GELU): gelu_brain, (BF16, UnaryOp.GELU_QUICK): gelu_quick_brain}
+_BY_TYPE_GLU: dict[tuple[int, int], Callable[[np.ndarray], np.ndarray]] = {
+    (F16, GluOp.GEGLU): gelu_half, (F16, GluOp.GEGLU_QUICK): gelu_quick,
+    (BF16, GluOp.GEGLU): gelu_brain, (BF16, GluOp.GEGLU_QUICK): gelu_quick_brain}
 
 _GLU: dict[int, Callable[[np.ndarray], np.ndarray]] = {
     GluOp.REGLU: lambda x: np.maximum(x, np.float32(0)),
@@ -340,4 +333,8 @@ def _glu(node: GraphTensor, mem: Memory) -> None:
         raise node_error(node, f"GLU sub-op {sub} is not supported")
     if sub == GluOp.SWIGLU and a_t.type == F32 and node.type == F32 and (b_t is None or b_t.type == F32):
         fn = silu_rows  # ggml_vec_swiglu_f32's own order (its vector exp, then libm for the row's tail)
+    elif sub == GluOp.SWIGLU:
+        fn = silu_libm  # F16/BF16: the scalar form with the C library's expf, value by value
+    else:
+        fn = _BY_TYPE_GLU.get((a_t.type, sub), fn)
     write(mem, node, fn(a) * b)
