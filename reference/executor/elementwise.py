@@ -39,10 +39,6 @@ from .types import round_away
 _INV_SQRT2 = np.float32(0.7071067811865476)
 
 
-def _f16_round(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float16).astype(np.float32)
-
-
 def erf(x: np.ndarray) -> np.ndarray:
     """erf in float64 (Abramowitz & Stegun 7.1.26, |error| < 1.5e-7: below float32 resolution of GELU's output)."""
     x64 = np.asarray(x, dtype=np.float64)
