@@ -1,4 +1,5 @@
-"""SOFT_MAX (scale, mask, ALiBi slopes, attention sinks) and DIAG_MASK_INF."""
+"""SOFT_MAX (scale, mask, ALiBi slopes, attention sinks; its rows compiled in :mod:`.softmax_rows`, in upstream's
+arithmetic) and DIAG_MASK_INF."""
 
 from __future__ import annotations
 
@@ -45,29 +46,30 @@ def _soft_max(node: GraphTensor, mem: Memory) -> None:
     a_t = src(node, 0)
     need_types(node, a_t, FLOATS, "source 0")
     same_shape(node, a_t)
+    from .softmax_rows import soft_max_rows
+
     p = params_f32(node)
     scale, max_bias = p[0], float(p[1])
-    x = read(mem, a_t) * scale
+    x = np.ascontiguousarray(read(mem, a_t), dtype=np.float32)
     n3, n2, n1, n0 = x.shape
-    mask_t = node.src[1]
+    mask_t, sinks_t = node.src[1], node.src[2]
+    mask = np.zeros((1, 1, 1, 1), dtype=np.float32)
     if mask_t is not None:
         need_types(node, mask_t, (F16, F32), "mask")
-        mask = broadcast_mask(node, read(mem, mask_t), n1, n2, n3, n0)
-        slopes = alibi_slopes(n2, max_bias)[None, :, None, None]
-        x = x + (slopes * mask if max_bias > 0 else mask)
-    sinks_t = node.src[2]
-    mx = x.max(axis=-1, keepdims=True)
+        raw = mem.raw(mask_t)
+        broadcast_mask(node, raw, n1, n2, n3, n0, 0, 0)  # the shape check
+        mask = np.ascontiguousarray(read(mem, mask_t)[:, :, :n1, :n0], dtype=np.float32)
+    sinks = np.zeros(n2, dtype=np.float32)
     if sinks_t is not None:
         need_types(node, sinks_t, (F32,), "sinks")
         if sinks_t.ne[0] < n2:
             raise node_error(node, "sinks need one value per head")
-        sinks = read(mem, sinks_t).reshape(-1)[:n2][None, :, None, None]
-        mx = np.maximum(mx, sinks)
-    e = np.exp(x - mx)
-    total = e.sum(axis=-1, keepdims=True, dtype=np.float64)
-    if sinks_t is not None:
-        total = total + np.exp(sinks - mx)
-    write(mem, node, e * (1.0 / total).astype(np.float32))
+        sinks = np.ascontiguousarray(read(mem, sinks_t).reshape(-1)[:n2], dtype=np.float32)
+    out = np.empty(x.shape, dtype=np.float32)
+    if out.size:
+        soft_max_rows(x, float(scale), mask, mask_t is not None, alibi_slopes(n2, max_bias), sinks,
+                      sinks_t is not None, out)
+    write(mem, node, out)
 
 
 @kernel(GgmlOp.DIAG_MASK_INF, src=FLOATS, dst=FLOATS)

@@ -1,0 +1,61 @@
+"""SOFT_MAX's rows as ggml's CPU backend computes them, compiled (numba): each row scaled, the mask added (times the
+head's ALiBi slope, the product fused into the sum by upstream's compiler), its maximum (with the sink's), then
+``ggml_vec_soft_max_f32``: ggml's vector exp eight values at a time (the row's last ``n % 8`` with the C library's
+expf), each group's float sum added to a double; the sink's expf added to that sum; the row multiplied by the float
+of ``1.0 / sum``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .cmath32 import expf
+from .compiled import _hsum8, fma32
+from .vsilu import v_expf
+
+F32 = np.float32
+
+
+@njit(cache=True, nogil=True)
+def soft_max_rows(x: np.ndarray, scale: float, mask: np.ndarray, has_mask: bool, slopes: np.ndarray,
+                  sinks: np.ndarray, has_sinks: bool, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """out (n3, n2, n1, n0) = SOFT_MAX of x (same shape, float32); mask float32 (m3, m2, n1 or more, n0 or more)
+    repeating over dims 3 and 2 by modulo; slopes, sinks float32 (n2,)."""
+    n3, n2, n1, n0 = x.shape
+    m3, m2 = mask.shape[0], mask.shape[1]
+    sc = F32(scale)
+    wp = np.empty(n0, dtype=F32)
+    group = np.empty(8, dtype=F32)
+    whole = n0 - n0 % 8
+    for i3 in range(n3):
+        for i2 in range(n2):
+            slope = slopes[i2]
+            for i1 in range(n1):
+                row, dst = x[i3, i2, i1], out[i3, i2, i1]
+                for i in range(n0):
+                    wp[i] = F32(row[i] * sc)
+                if has_mask:
+                    mrow = mask[i3 % m3, i2 % m2, i1]
+                    for i in range(n0):
+                        wp[i] = fma32(slope, mrow[i], wp[i])
+                mx = F32(-np.inf)
+                for i in range(n0):
+                    mx = mx if mx > wp[i] else wp[i]
+                if has_sinks:
+                    mx = mx if mx > sinks[i2] else sinks[i2]
+                total = np.float64(0)
+                for g in range(0, whole, 8):
+                    for i in range(8):
+                        group[i] = v_expf(F32(wp[g + i] - mx))
+                        dst[g + i] = group[i]
+                    total += np.float64(_hsum8(group))
+                for i in range(whole, n0):
+                    val = expf(F32(wp[i] - mx))
+                    total += np.float64(val)
+                    dst[i] = val
+                if has_sinks:
+                    total += np.float64(expf(F32(sinks[i2] - mx)))
+                inv = F32(1.0 / total)
+                for i in range(n0):
+                    dst[i] = F32(dst[i] * inv)
