@@ -92,10 +92,11 @@ def run(args: argparse.Namespace) -> int:
         def progress(res: matrix.RowResult) -> None:
             print(f"{res.id:<44} {res.status:<11} {res.seconds:>6.1f}s  {res.detail}", file=rows_out, flush=True)
 
+        # The commit and tree of the start: the code measured (the tree may change during a run of many minutes).
+        meta = interop_report.metadata(versions)
         started = time.monotonic()
         results = matrix.run_rows(iter(selected), progress)
         seconds = time.monotonic() - started
-    meta = interop_report.metadata(versions)
     passed = sum(r.status == matrix.PASS for r in results)
     print(f"interop: {passed}/{len(results)} rows pass in {seconds:.0f} s", file=sys.stderr)
     if args.json:
