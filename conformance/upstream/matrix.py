@@ -285,6 +285,17 @@ def proxy_upstream_row(peer: Peer, ws: Workspace, model: str) -> Cell:
                       f"({pcap.stat().st_size:,} bytes)", figures)
 
 
+def abort_reason(stderr: str) -> str:
+    """A client's abort message, comparable between runs: its last ``FILE.cpp:LINE:`` line without the log's
+    timestamp (upstream's logger prefixes one when the line goes through its log thread, not when it aborts at
+    once: the same refusal was printed both ways), the build path, the line number and the port."""
+    import re
+
+    aborts = [ln for ln in stderr.splitlines() if re.search(r"\.cpp:\d+: ", ln)]
+    text = re.sub(r"^(?:\d+(?:\.\d+)+\s+)?\S*\.cpp:\d+:\s*", "", aborts[-1] if aborts else reason_line(stderr))
+    return re.sub(r"127\.0\.0\.1:\d+", "SERVER", text)
+
+
 def cross_version_row(client: Peer, server: Peer, ws: Workspace, model: str) -> Cell:
     """A client of one major version against a server of the other refuses, upstream and reference alike."""
     from ggml_rpc.conformance.harness import parse_address
@@ -304,16 +315,7 @@ def cross_version_row(client: Peer, server: Peer, ws: Workspace, model: str) -> 
               scenario="version-mismatch")
     with reference_server(server.major, None) as address:
         outcomes["reference"] = completion(client, ws.models(client)[model], address, timeout=120)
-    import re
-
-    def reason(done: Any) -> str:
-        # The client's abort message (its log lines are written by a thread and may be lost in the abort),
-        # without the build path, line number and port, so both refusals compare.
-        aborts = [ln for ln in done.stderr.splitlines() if re.search(r"\.cpp:\d+: ", ln)]
-        text = re.sub(r"^\S*\.cpp:\d+:\s*", "", aborts[-1] if aborts else reason_line(done.stderr))
-        return re.sub(r"127\.0\.0\.1:\d+", "SERVER", text)
-
-    figures: dict[str, Any] = {name: reason(done) for name, done in outcomes.items()}
+    figures: dict[str, Any] = {name: abort_reason(done.stderr) for name, done in outcomes.items()}
     figures["upstream_server_alive_after"] = up_alive
     refused = {name: not done.ok for name, done in outcomes.items()}
     if not all(refused.values()):

@@ -14,3 +14,15 @@ def test_a_thousand_connections_do_not_fill_the_servers_log_pipe() -> None:
         for _ in range(1000):
             with RpcClient.connect(host, int(port), timeout=10) as c:
                 assert c.device_count() == 1
+
+
+def test_a_refusal_compares_with_or_without_the_log_timestamp() -> None:
+    """The same client abort, printed through upstream's log thread (timestamped) or at once (not), is one reason;
+    the build path, line number and port never count."""
+    from ggml_rpc.conformance.upstream.matrix import abort_reason
+
+    timed = ("0.00.010.804 /tmp/pip-req-build-x/llama.cpp/ggml/src/ggml-rpc/ggml-rpc.cpp:550: RPC handshake failed "
+             "for 127.0.0.1:41234")
+    plain = "/build/llama.cpp/ggml/src/ggml-rpc/ggml-rpc.cpp:551: RPC handshake failed for 127.0.0.1:5555"
+    assert abort_reason("noise\n" + timed + "\n") == abort_reason(plain) == "RPC handshake failed for SERVER"
+    assert abort_reason(plain.replace("handshake", "version")) != abort_reason(plain)
