@@ -32,7 +32,7 @@ def online_rows(scores: np.ndarray, v: np.ndarray, v_of: np.ndarray, sinks: np.n
     dv = v.shape[2]
     acc = np.empty(dv, dtype=F32)
     neg_inf = F32(-np.inf)
-    one, zero = F32(1), F32(0)
+    zero = F32(0)
     for r in range(n_rows):
         acc[:] = zero
         m = neg_inf
@@ -42,19 +42,27 @@ def online_rows(scores: np.ndarray, v: np.ndarray, v_of: np.ndarray, sinks: np.n
             s = scores[r, ic]
             if s == neg_inf:
                 continue
-            ms, vs = one, one
-            if s > m:
-                ms = expf(F32(m - s))
-                m = s
-                for j in range(dv):
-                    acc[j] = to_half(F32(acc[j] * ms))
-            else:
-                vs = expf(F32(s - m))
-            row = vr[ic]
-            for j in range(dv):
-                acc[j] = to_half(fma32(row[j], vs, acc[j]))
-            total = fma32(total, ms, vs)
+            m, total = _step(acc, vr[ic], s, m, total)
         _finish(acc, m, total, sinks[r], has_sinks, out[r])
+
+
+@njit(cache=True, inline="always")
+def _step(acc, row, s, m, total):  # type: ignore[no-untyped-def]
+    # One KV position of ggml's F16 recurrence: on a new maximum the accumulator is rescaled (each value back to F16)
+    # and the weight is 1, else the weight is expf(s - max); the weighted V row added by fused multiply-adds, each
+    # result rounded to F16; the denominator S * ms + vs fused.  Returns the maximum and the denominator.
+    one = F32(1)
+    ms, vs = one, one
+    if s > m:
+        ms = expf(F32(m - s))
+        m = s
+        for j in range(acc.shape[0]):
+            acc[j] = to_half(F32(acc[j] * ms))
+    else:
+        vs = expf(F32(s - m))
+    for j in range(acc.shape[0]):
+        acc[j] = to_half(fma32(row[j], vs, acc[j]))
+    return m, fma32(total, ms, vs)
 
 
 @njit(cache=True, inline="always")
@@ -98,7 +106,7 @@ def attend_f16(q: np.ndarray, k: np.ndarray, v: np.ndarray, rh: int, rs: int, ma
     lanes32 = np.empty(32, dtype=F32)
     lanes8 = np.empty(8, dtype=F32)
     neg_inf = F32(-np.inf)
-    one, zero, sc, cap = F32(1), F32(0), F32(scale), F32(softcap)
+    zero, sc, cap = F32(0), F32(scale), F32(softcap)
     for s in range(n_seq):
         for h in range(n_head):
             kh, vh = k[s // rs, h // rh], v[s // rs, h // rh]
@@ -122,18 +130,8 @@ def attend_f16(q: np.ndarray, k: np.ndarray, v: np.ndarray, rh: int, rs: int, ma
                         score = F32(score + mv)
                     if score == neg_inf:
                         continue
-                    ms, vs = one, one
-                    if score > m:
-                        ms = expf(F32(m - score))
-                        m = score
-                        for j in range(dv):
-                            acc[j] = to_half(F32(acc[j] * ms))
-                    else:
-                        vs = expf(F32(score - m))
                     _f16_row(vh[ic], vf)
-                    for j in range(dv):
-                        acc[j] = to_half(fma32(vf[j], vs, acc[j]))
-                    total = fma32(total, ms, vs)
+                    m, total = _step(acc, vf, score, m, total)
                 _finish(acc, m, total, sinks[h], has_sinks, out[s, h, qi])
 
 
