@@ -19,7 +19,7 @@ from .gguf_tensors import tensor_infos
 from .models import ensure_models
 from .peers import PEERS, Peer
 from .replay_rows import replay_row
-from .runs import UpstreamServer, completion, completion_argv, generated_text, kit, reason_line, reference_server
+from .runs import UpstreamServer, abort_reason, completion, completion_argv, generated_text, kit, reference_server
 from .split_rows import split_rows
 from .zoo import ensure_zoo
 
@@ -283,17 +283,6 @@ def proxy_upstream_row(peer: Peer, ws: Workspace, model: str) -> Cell:
     return Cell(PASS, f"0 violations, the text it gives without the proxy"
                       f"{'' if same_as_cpu else ' (not the CPU-only one)'}; recorded {pcap.name} "
                       f"({pcap.stat().st_size:,} bytes)", figures)
-
-
-def abort_reason(stderr: str) -> str:
-    """A client's abort message, comparable between runs: its last ``FILE.cpp:LINE:`` line without the log's
-    timestamp (upstream's logger prefixes one when the line goes through its log thread, not when it aborts at
-    once: the same refusal was printed both ways), the build path, the line number and the port."""
-    import re
-
-    aborts = [ln for ln in stderr.splitlines() if re.search(r"\.cpp:\d+: ", ln)]
-    text = re.sub(r"^(?:\d+(?:\.\d+)+\s+)?\S*\.cpp:\d+:\s*", "", aborts[-1] if aborts else reason_line(stderr))
-    return re.sub(r"127\.0\.0\.1:\d+", "SERVER", text)
 
 
 def cross_version_row(client: Peer, server: Peer, ws: Workspace, model: str) -> Cell:

@@ -68,6 +68,17 @@ def reason_line(text: str) -> str:
     return lines[-1][:200] if lines else ""
 
 
+def abort_reason(stderr: str) -> str:
+    """A client's abort message, comparable between runs: its last ``FILE.cpp:LINE:`` line without the log's
+    timestamp (upstream's logger prefixes one when the line goes through its log thread, not when it aborts at
+    once: the same refusal was printed both ways), the build path, the line number and the port."""
+    import re
+
+    aborts = [ln for ln in stderr.splitlines() if re.search(r"\.cpp:\d+: ", ln)]
+    text = re.sub(r"^(?:\d+(?:\.\d+)+\s+)?\S*\.cpp:\d+:\s*", "", aborts[-1] if aborts else reason_line(stderr))
+    return re.sub(r"127\.0\.0\.1:\d+", "SERVER", text)
+
+
 def run(argv: list[str], *, env: dict[str, str] | None = None, timeout: float = 300.0) -> Finished:
     import time
 

@@ -19,7 +19,7 @@ def test_a_thousand_connections_do_not_fill_the_servers_log_pipe() -> None:
 def test_a_refusal_compares_with_or_without_the_log_timestamp() -> None:
     """The same client abort, printed through upstream's log thread (timestamped) or at once (not), is one reason;
     the build path, line number and port never count."""
-    from ggml_rpc.conformance.upstream.matrix import abort_reason
+    from ggml_rpc.conformance.upstream.runs import abort_reason
 
     timed = ("0.00.010.804 /tmp/pip-req-build-x/llama.cpp/ggml/src/ggml-rpc/ggml-rpc.cpp:550: RPC handshake failed "
              "for 127.0.0.1:41234")
