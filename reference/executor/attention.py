@@ -67,12 +67,12 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
     k_raw, v_raw = mem.raw(k_t), mem.raw(v_t)  # positions on axis 2 (plain and block layouts alike)
     if online and k_t.type == F16 and k_raw.strides[-1] == 2 and v_raw.strides[-1] == 2:
         # F16 K and V one query at a time (a decoding step): the whole loop compiled, scores included.
-        out = _attend_f16(q, k_raw, v_raw, rh, rs, mask, alibi_slopes(n_head, max_bias), scale, softcap, sinks)
+        out = _attend(False, q, k_raw, v_raw, rh, rs, mask, alibi_slopes(n_head, max_bias), scale, softcap, sinks)
         write(mem, node, out.swapaxes(1, 2))
         return
     if tiled:
-        out = _attend_tiled(q, convert(k_t.type, k_raw), convert(v_t.type, v_raw), rh, rs, mask,
-                            alibi_slopes(n_head, max_bias), scale, softcap, sinks)
+        out = _attend(True, q, convert(k_t.type, k_raw), convert(v_t.type, v_raw), rh, rs, mask,
+                      alibi_slopes(n_head, max_bias), scale, softcap, sinks)
         write(mem, node, out.swapaxes(1, 2))
         return
     if online and mask is not None:
@@ -87,8 +87,9 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
     v = convert(v_t.type, v_raw)  # (k3, n_head_kv, n_kv, dv)
     slopes = alibi_slopes(n_head, max_bias)[None, :, None, None] if max_bias > 0 else None
     k_t_view = k.swapaxes(-1, -2)
-    # One query at a time against an F16 K, ggml scores with ggml_vec_dot_f16: its order, not BLAS's.
-    exact_dot = not tiled and k_t.type == F16
+    # One query at a time (the tiled path has returned) against an F16 K, ggml scores with ggml_vec_dot_f16: its
+    # order, not BLAS's.  (An F16 K with an F16 V took the compiled path above; this is an F16 K with another V.)
+    exact_dot = k_t.type == F16
     out = np.empty((n_seq, n_head, n_q, dv), dtype=np.float32)
     # Query rows in chunks, so the score block stays small however long the context is.
     step = max(1, _CHUNK_SCORES // max(1, n_seq * n_head * n_kv))
@@ -111,37 +112,25 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
     write(mem, node, out.swapaxes(1, 2))
 
 
-def _attend_f16(q: np.ndarray, k_raw: np.ndarray, v_raw: np.ndarray, rh: int, rs: int, mask: np.ndarray | None,
-                slopes: np.ndarray, scale: np.float32, softcap: np.float32, sinks: np.ndarray | None) -> np.ndarray:
-    """:func:`.flash_steps.attend_f16` on the node's arrays: (seq, head, rows, dv)."""
-    from .flash_steps import attend_f16
-
-    n_seq, n_head, n_rows, _ = q.shape
-    out = np.empty((n_seq, n_head, n_rows, v_raw.shape[3]), dtype=np.float32)
-    if n_rows == 0 or out.size == 0:
-        return out
-    no_mask = np.zeros((1, 1, 1, 1), dtype=np.float32)
-    head_sinks = np.zeros(n_head, dtype=np.float32) if sinks is None else np.ascontiguousarray(sinks.reshape(-1))
-    attend_f16(np.ascontiguousarray(q, dtype=np.float32), k_raw.view(np.uint16), v_raw.view(np.uint16), rh, rs,
-               no_mask if mask is None else mask, mask is not None, slopes, float(scale), float(softcap), head_sinks,
-               sinks is not None, out)
-    return out
-
-
-def _attend_tiled(q: np.ndarray, k: np.ndarray, v: np.ndarray, rh: int, rs: int, mask: np.ndarray | None,
-                  slopes: np.ndarray, scale: np.float32, softcap: np.float32, sinks: np.ndarray | None) -> np.ndarray:
-    """:func:`.flash_steps.attend_tiled` on the node's arrays (K and V as float32 values): (seq, head, rows, dv)."""
-    from .flash_steps import attend_tiled
+def _attend(tiled: bool, q: np.ndarray, k: np.ndarray, v: np.ndarray, rh: int, rs: int, mask: np.ndarray | None,
+            slopes: np.ndarray, scale: np.float32, softcap: np.float32, sinks: np.ndarray | None) -> np.ndarray:
+    """The node's arrays through :func:`.flash_steps.attend_tiled` (K and V as float32 values) or
+    :func:`.flash_steps.attend_f16` (K and V as their F16 bits): (seq, head, rows, dv)."""
+    from .flash_steps import attend_f16, attend_tiled
 
     n_seq, n_head, n_rows, _ = q.shape
     out = np.empty((n_seq, n_head, n_rows, v.shape[3]), dtype=np.float32)
     if out.size == 0:
         return out
     head_sinks = np.zeros(n_head, dtype=np.float32) if sinks is None else np.ascontiguousarray(sinks.reshape(-1))
-    attend_tiled(np.ascontiguousarray(q, dtype=np.float32), np.ascontiguousarray(k, dtype=np.float32),
-                 np.ascontiguousarray(v, dtype=np.float32), rh, rs,
-                 np.zeros((1, 1, 1, 1), dtype=np.float32) if mask is None else mask, mask is not None, slopes,
-                 float(scale), float(softcap), head_sinks, sinks is not None, out)
+    the_mask = np.zeros((1, 1, 1, 1), dtype=np.float32) if mask is None else mask
+    if tiled:
+        k, v = np.ascontiguousarray(k, dtype=np.float32), np.ascontiguousarray(v, dtype=np.float32)
+    else:
+        k, v = k.view(np.uint16), v.view(np.uint16)
+    (attend_tiled if tiled else attend_f16)(np.ascontiguousarray(q, dtype=np.float32), k, v, rh, rs, the_mask,
+                                            mask is not None, slopes, float(scale), float(softcap), head_sinks,
+                                            sinks is not None, out)
     return out
 
 

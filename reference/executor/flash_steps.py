@@ -1,4 +1,5 @@
-"""FLASH_ATTN_EXT's one-query recurrence with an F16 V, compiled (numba): ggml's loop, one query row at a time.
+"""FLASH_ATTN_EXT compiled (numba) as ggml's CPU backend runs it: the one-query recurrence with an F16 V (one query
+row at a time; :func:`attend_f16` computes the scores too) and the tiled path (:func:`attend_tiled`).
 
 For each KV position in order: a position whose score is -inf is skipped; on a new maximum the F16 accumulator is
 rescaled by ``expf(old - new)`` (each value rounded back to F16) and the position's weight is 1, otherwise its weight
@@ -15,10 +16,10 @@ import numpy as np
 from numba import njit
 
 from .cmath32 import expf, half_value, tanhf, to_half
-from .compiled import _hsum8, fma32, vec_dot_row
+from .compiled import fma32, vec_dot_row
 from .lanes8 import _halves_to
 from .simd_sums import KIND_F16
-from .vsilu import v_expf
+from .softmax_rows import vec_max, vec_soft_max
 
 F32 = np.float32
 
@@ -218,9 +219,7 @@ def attend_tiled(q: np.ndarray, k: np.ndarray, v: np.ndarray, rh: int, rs: int, 
                             kq[tq, tk] = val
                     for tq in range(rows):
                         row = kq[tq]
-                        tile_max = neg_inf
-                        for tk in range(_TILE):
-                            tile_max = tile_max if tile_max > row[tk] else row[tk]
+                        tile_max = vec_max(row)
                         skip[tq] = tile_max == neg_inf
                         if skip[tq]:
                             continue
@@ -232,12 +231,7 @@ def attend_tiled(q: np.ndarray, k: np.ndarray, v: np.ndarray, rh: int, rs: int, 
                                 vkq[tq, d] = F32(vkq[tq, d] * ms)
                             s_sum[tq] = F32(s_sum[tq] * ms)
                         m_max[tq] = m_new
-                        total = np.float64(0)
-                        for g in range(0, _TILE, 8):
-                            for i in range(8):
-                                row[g + i] = v_expf(F32(row[g + i] - m_new))
-                            total += np.float64(_hsum8(row[g:g + 8]))
-                        s_sum[tq] = F32(np.float64(s_sum[tq]) + total)
+                        s_sum[tq] = F32(np.float64(s_sum[tq]) + vec_soft_max(row, row, m_new))
                     for tk in range(kv_tile):
                         for d in range(dv):
                             v32[tk, d] = vh[ic + tk, d]

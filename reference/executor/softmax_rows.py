@@ -17,6 +17,32 @@ from .vsilu import v_expf
 F32 = np.float32
 
 
+@njit(cache=True, inline="always")
+def vec_max(x):  # type: ignore[no-untyped-def]
+    """ggml_vec_max_f32: C's MAX(max, x[i]) over the row, from -inf (a NaN value comes through)."""
+    mx = F32(-np.inf)
+    for i in range(x.shape[0]):
+        mx = mx if mx > x[i] else x[i]
+    return mx
+
+
+@njit(cache=True, inline="always")
+def vec_soft_max(x, y, mx):  # type: ignore[no-untyped-def]
+    """ggml_vec_soft_max_f32: y = exp(x - mx), ggml's vector exp for whole groups of eight (each group's float sum,
+    in hsum order, added to a double) and the C library's expf for the rest; returns the double sum.  y may be x."""
+    n = x.shape[0]
+    whole = n - n % 8
+    total = np.float64(0)
+    for g in range(0, whole, 8):
+        for i in range(8):
+            y[g + i] = v_expf(F32(x[g + i] - mx))
+        total += np.float64(_hsum8(y[g : g + 8]))
+    for i in range(whole, n):
+        y[i] = expf(F32(x[i] - mx))
+        total += np.float64(y[i])
+    return total
+
+
 @njit(cache=True, nogil=True)
 def soft_max_rows(x: np.ndarray, scale: float, mask: np.ndarray, has_mask: bool, slopes: np.ndarray,
                   sinks: np.ndarray, has_sinks: bool, out: np.ndarray) -> None:  # pragma: no cover - compiled
@@ -26,8 +52,6 @@ def soft_max_rows(x: np.ndarray, scale: float, mask: np.ndarray, has_mask: bool,
     m3, m2 = mask.shape[0], mask.shape[1]
     sc = F32(scale)
     wp = np.empty(n0, dtype=F32)
-    group = np.empty(8, dtype=F32)
-    whole = n0 - n0 % 8
     for i3 in range(n3):
         for i2 in range(n2):
             slope = slopes[i2]
@@ -39,21 +63,10 @@ def soft_max_rows(x: np.ndarray, scale: float, mask: np.ndarray, has_mask: bool,
                     mrow = mask[i3 % m3, i2 % m2, i1]
                     for i in range(n0):
                         wp[i] = fma32(slope, mrow[i], wp[i])
-                mx = F32(-np.inf)
-                for i in range(n0):
-                    mx = mx if mx > wp[i] else wp[i]
+                mx = vec_max(wp)
                 if has_sinks:
                     mx = mx if mx > sinks[i2] else sinks[i2]
-                total = np.float64(0)
-                for g in range(0, whole, 8):
-                    for i in range(8):
-                        group[i] = v_expf(F32(wp[g + i] - mx))
-                        dst[g + i] = group[i]
-                    total += np.float64(_hsum8(group))
-                for i in range(whole, n0):
-                    val = expf(F32(wp[i] - mx))
-                    total += np.float64(val)
-                    dst[i] = val
+                total = vec_soft_max(wp, dst, mx)
                 if has_sinks:
                     total += np.float64(expf(F32(sinks[i2] - mx)))
                 inv = F32(1.0 / total)
