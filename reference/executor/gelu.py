@@ -10,11 +10,12 @@ here are made the same way, once per process, on first use.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 from functools import cache
 
 import numpy as np
+
+from .formats import HALVES, bf16_to_f32
+from .libm import expf, tanhf
 
 F = np.float32
 _SQRT_2_OVER_PI = F(0.79788456080286535587989211986876)
@@ -22,51 +23,36 @@ _GELU_COEF_A = F(0.044715)
 _GELU_QUICK_COEF = F(-1.702)
 
 
-def _libm() -> ctypes.CDLL:
-    lib = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
-    for name in ("tanhf", "expf"):
-        getattr(lib, name).restype, getattr(lib, name).argtypes = ctypes.c_float, [ctypes.c_float]
-    return lib
-
-
-def _halves() -> np.ndarray:
-    return np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(F)
-
-
 def _brains() -> np.ndarray:
-    return (np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)).view(F)
+    return bf16_to_f32(np.arange(1 << 16, dtype=np.uint16))
 
 
 def _gelu_formula(x: np.ndarray) -> np.ndarray:
     """ggml_gelu_f32 of every value of x (float32), the innermost product fused into its ``1 +``."""
-    lib = _libm()
     with np.errstate(all="ignore"):
         inner = (np.float64(_GELU_COEF_A * x) * x + np.float64(1)).astype(F)  # fused: rounded once
         arg = ((_SQRT_2_OVER_PI * x) * inner).astype(F)
-        th = np.array([lib.tanhf(float(v)) for v in arg], dtype=F)
-        return ((F(0.5) * x) * (F(1) + th)).astype(F)
+        return ((F(0.5) * x) * (F(1) + tanhf(arg))).astype(F)
 
 
 def _gelu_quick_formula(x: np.ndarray) -> np.ndarray:
     """ggml_gelu_quick_f32 of every value of x (float32)."""
-    lib = _libm()
     with np.errstate(all="ignore"):
-        e = np.array([lib.expf(float(v)) for v in (_GELU_QUICK_COEF * x).astype(F)], dtype=F)
-        return (x * (F(1) / (F(1) + e))).astype(F)
+        return (x * (F(1) / (F(1) + expf((_GELU_QUICK_COEF * x).astype(F))))).astype(F)
 
 
 @cache
 def gelu_table() -> np.ndarray:
     """ggml_table_gelu_f16 as float32: GELU of every F16 value, rounded to F16."""
     with np.errstate(over="ignore"):
-        return _gelu_formula(_halves()).astype(np.float16).astype(F)
+        return _gelu_formula(HALVES).astype(np.float16).astype(F)
 
 
 @cache
 def gelu_quick_table() -> np.ndarray:
     """ggml_table_gelu_quick_f16 as float32: quick GELU of every F16 value, rounded to F16."""
     with np.errstate(over="ignore"):
-        return _gelu_quick_formula(_halves()).astype(np.float16).astype(F)
+        return _gelu_quick_formula(HALVES).astype(np.float16).astype(F)
 
 
 @cache

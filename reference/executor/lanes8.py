@@ -1,5 +1,6 @@
-"""One block's eight lanes of an 8-bit-activation product, folded into float32 accumulators as one 8-wide vector
-operation (an LLVM intrinsic for numba kernels; :mod:`.compiled` and :mod:`.raw_q8` use it).
+"""Eight float32 lanes as one 8-wide vector operation, LLVM intrinsics for the numba kernels: an 8-bit-activation
+block folded into its accumulators (:mod:`.compiled`, :mod:`.raw_q8`), eight lanes of the float vector dots, and
+eight F16 values converted (:mod:`.flash_steps`).
 
 LLVM does not vectorise the same work written with scalars (eight lanes of four int32 products, each converted and
 fused into its accumulator): it took three times as long.  The integer sums are exact in any order; the conversion
@@ -67,8 +68,6 @@ def _block_fma(p, o, s, acc, at, quads):  # type: ignore[no-untyped-def]
         _quads_fma(p, o, s, acc, at)
     else:
         _lanes_fma(p, o, s, acc, at)
-
-
 
 
 @intrinsic

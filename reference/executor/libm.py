@@ -41,7 +41,7 @@ def _function(name: str, arity: int) -> Callable[..., float] | None:
 
 
 _COSF, _SINF, _EXPF, _POWF = _function("cosf", 1), _function("sinf", 1), _function("expf", 1), _function("powf", 2)
-_LOGF = _function("logf", 1)
+_LOGF, _TANHF = _function("logf", 1), _function("tanhf", 1)
 #: Half-widths, in float32 ulps, of the band around a rounding boundary where the library is asked.
 _WINDOW = {"cos": 0.12, "sin": 0.12, "exp": 0.02}
 
@@ -99,3 +99,12 @@ def logf(x: float) -> np.float32:
     if _LOGF is None:
         return F(np.log(np.float64(F(x))))
     return F(_LOGF(float(F(x))))
+
+
+def tanhf(x: np.ndarray) -> np.ndarray:
+    """The C library's tanhf of every element, each asked of the library (no float64 shortcut: for tables made
+    once, such as GELU's)."""
+    x = np.asarray(x, dtype=F)
+    if _TANHF is None:
+        return np.tanh(x.astype(np.float64)).astype(F)
+    return np.array([_TANHF(float(v)) for v in x.reshape(-1)], dtype=F).reshape(x.shape)

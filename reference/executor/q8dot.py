@@ -23,6 +23,7 @@ from ggml_rpc.spec import TYPES
 
 from .formats import (
     E2M1_DOUBLED,
+    HALVES,
     IQ4_NL,
     IQ4NL_LEVELS,
     LAYOUT,
@@ -72,9 +73,6 @@ def _block_form(type_id: int) -> tuple[int, int, bool, int, int, int, bool, np.n
     return (TYPES[type_id].size, at("e") if mx else at("d"), mx, at("m"), at("qh"), at("qs"), type_id != Q8_0,
             _code_table(type_id))
 
-
-#: The float32 value of every fp16 bit pattern, for the raw-block kernel's scales.
-HALVES = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
 
 #: Each type's block form, worked out once.
 _FORMS = {t: _block_form(t) for t in EXACT_TYPES}

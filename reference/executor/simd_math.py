@@ -2,8 +2,9 @@
 bit for bit.
 
 Upstream runs a row's elements eight at a time through these polynomial approximations and the last ``n % 8`` through
-libm (``expf``, correctly rounded).  Their results differ from numpy's exp by an ulp now and then, which is enough to
-change one of the next matmul's 8-bit activation codes.  The steps are compiled in :mod:`.vsilu`.
+the C library's ``expf`` (not correctly rounded either: see :mod:`.libm`).  Their results differ from numpy's exp by
+an ulp now and then, which is enough to change one of the next matmul's 8-bit activation codes.  The steps are
+compiled in :mod:`.vsilu`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The compiled kernels' expf, cosf and sinf are the C library's (what upstream's kernels call), and their F16
+"""The compiled kernels' expf, cosf, sinf and tanhf are the C library's (what upstream's kernels call), and their F16
 rounding is a conversion to F16 and back, for every value tried."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from numba import njit
 
 F = np.float32
 _C = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
-for _name in ("expf", "cosf", "sinf"):
+for _name in ("expf", "cosf", "sinf", "tanhf"):
     getattr(_C, _name).restype, getattr(_C, _name).argtypes = ctypes.c_float, [ctypes.c_float]
 
 
@@ -31,7 +31,7 @@ def _over(fn):  # type: ignore[no-untyped-def]
     return run
 
 
-@pytest.mark.parametrize(("name", "scale"), [("expf", 20.0), ("cosf", 300.0), ("sinf", 300.0)])
+@pytest.mark.parametrize(("name", "scale"), [("expf", 20.0), ("cosf", 300.0), ("sinf", 300.0), ("tanhf", 3.0)])
 def test_every_value_is_the_libraries(name: str, scale: float) -> None:
     x = (np.random.default_rng(11).standard_normal(100_000) * scale).astype(F)
     x[:6] = [0.0, -0.0, 88.8, -104.0, np.inf, -np.inf]
@@ -39,7 +39,7 @@ def test_every_value_is_the_libraries(name: str, scale: float) -> None:
     got = _over(getattr(cmath32, name))(x)
     assert got.tobytes() == want.tobytes()
     # The library differs from the correctly rounded value for some of these: the test can tell the two apart.
-    wide = {"expf": np.exp, "cosf": np.cos, "sinf": np.sin}[name](x[6:].astype(np.float64))
+    wide = {"expf": np.exp, "cosf": np.cos, "sinf": np.sin, "tanhf": np.tanh}[name](x[6:].astype(np.float64))
     with np.errstate(over="ignore"):
         assert (wide.astype(F) != want[6:]).any()
 
