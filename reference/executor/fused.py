@@ -77,37 +77,26 @@ def fuse(steps: Sequence[Step], nodes: Sequence[Any], kinds: Sequence[str]) -> t
                                                                                        list[str]]:
     """``steps`` (with their nodes and kinds) with every run of at least :data:`MIN_RUN` fusable binary steps
     replaced by one step (kind "fused", the run's first node)."""
+    rows = [_row(args) if kinds[i] == "prepared" and fn in OPS else None for i, (fn, args) in enumerate(steps)]
     out_steps: list[Step] = []
     out_nodes: list[Any] = []
     out_kinds: list[str] = []
-    run: list[tuple[int, tuple[int, ...], tuple[np.ndarray, ...]]] = []
-
-    def flush() -> None:
-        if len(run) >= MIN_RUN:
-            table = np.array([(code, *row) for code, row, _ in run], dtype=np.int64)
-            keep = tuple(x for _, _, views in run for x in views)
+    i = 0
+    while i < len(steps):
+        end = i
+        while end < len(steps) and rows[end] is not None:
+            end += 1
+        if end - i >= MIN_RUN:
+            table = np.array([(OPS[steps[t][0]], *rows[t]) for t in range(i, end)], dtype=np.int64)
+            keep = tuple(x for t in range(i, end) for x in steps[t][1])  # the views whose memory the table names
             out_steps.append((_run, (table, keep)))
-            out_nodes.append(nodes[first[0]])
-            out_kinds.append("fused")
-        else:
-            for i in range(first[0], first[0] + len(run)):
-                out_steps.append(steps[i])
-                out_nodes.append(nodes[i])
-                out_kinds.append(kinds[i])
-        run.clear()
-
-    first = [0]
-    for i, (fn, args) in enumerate(steps):
-        code = OPS.get(fn) if kinds[i] == "prepared" else None
-        row = _row(args) if code is not None else None
-        if row is None:
-            flush()
-            out_steps.append((fn, args))
             out_nodes.append(nodes[i])
-            out_kinds.append(kinds[i])
+            out_kinds.append("fused")
+            i = end
             continue
-        if not run:
-            first[0] = i
-        run.append((code, row, args))
-    flush()
+        for t in range(i, max(end, i + 1)):  # too short a run (or no run): the steps as they were
+            out_steps.append(steps[t])
+            out_nodes.append(nodes[t])
+            out_kinds.append(kinds[t])
+        i = max(end, i + 1)
     return out_steps, out_nodes, out_kinds
