@@ -2,7 +2,8 @@
 
 ggml fills a 65,536-entry table per function when the backend starts: for every F16 value f, the float32 formula of
 f rounded to F16 (GELU: ``0.5 x (1 + tanhf(sqrt(2/pi) x (1 + 0.044715 x x)))``, its compiler fusing the innermost
-product into the ``1 +``; quick GELU: ``x (1 / (1 + expf(-1.702 x)))``), with the C library's tanhf and expf.  A float32
+product into the ``1 +``: of the 65,536 entries only -1.9990234's depends on that, and upstream 7.0.0's GELU of it is
+the fused form's; quick GELU: ``x (1 / (1 + expf(-1.702 x)))``), with the C library's tanhf and expf.  A float32
 input is rounded to F16 and looked up; GELU returns 0 at -10 and below and x itself at 10 and above.  A BF16 tensor
 takes the formula itself, value by value (here: looked up in the formula's values for every BF16 input).  The tables
 here are made the same way, once per process, on first use.
