@@ -23,6 +23,9 @@ def test_a_refusal_compares_with_or_without_the_log_timestamp() -> None:
 
     timed = ("0.00.010.804 /tmp/pip-req-build-x/llama.cpp/ggml/src/ggml-rpc/ggml-rpc.cpp:550: RPC handshake failed "
              "for 127.0.0.1:41234")
+    levelled = ("0.00.006.546 E /tmp/pip-req-build-ko22_seq/llama.cpp/ggml/src/ggml-rpc/ggml-rpc.cpp:550: RPC "
+                "handshake failed for 127.0.0.1:40001")
     plain = "/build/llama.cpp/ggml/src/ggml-rpc/ggml-rpc.cpp:551: RPC handshake failed for 127.0.0.1:5555"
     assert abort_reason("noise\n" + timed + "\n") == abort_reason(plain) == "RPC handshake failed for SERVER"
+    assert abort_reason(levelled) == abort_reason(plain)
     assert abort_reason(plain.replace("handshake", "version")) != abort_reason(plain)
