@@ -20,8 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "server and through the checking proxy, replays of the recorded sessions, cross-version refusals and "
         "upstream test-backend-ops through the reference server. Exit code 0 only when every row passes."
     )
-    p.add_argument("--proto", default="all", help="the upstream releases: 6 or 7 (or in full: 6.0.0, 7.0), all "
-                   "(both; default)")
+    p.add_argument("--proto", default="all", help="the upstream releases: 6, 7 or 8 (or in full: 6.0.0, 7.0), "
+                   "all (every one; default)")
     p.add_argument("--rows", metavar="PATTERNS", help="comma-separated shell patterns on row IDs (default: all)")
     p.add_argument("--models", metavar="NAMES", help="comma-separated tiny models (default: all of them)")
     p.add_argument("--zoo", metavar="MODELS", nargs="?", const="all", default="ci",

@@ -70,14 +70,14 @@ def reason_line(text: str) -> str:
 
 def abort_reason(stderr: str) -> str:
     """A client's abort message, comparable between runs: its last ``FILE.cpp:LINE:`` line without the log's
-    timestamp and level letter (upstream's logger prefixes ``0.00.006.546 E`` or just the time when the line goes
-    through its log thread, nothing when it aborts at once: the same refusal was printed all three ways), the build
-    path, the line number and the port."""
+    prefix (upstream's logger puts ``0.00.006.546 E`` or just the time in front when the line goes through its log
+    thread, nothing when it aborts at once: the same refusal was printed all three ways, so whatever precedes the
+    source location is dropped), the build path, the line number and the port."""
     import re
 
     aborts = [ln for ln in stderr.splitlines() if re.search(r"\.cpp:\d+: ", ln)]
     line = aborts[-1] if aborts else reason_line(stderr)
-    text = re.sub(r"^(?:\d+(?:\.\d+)+\s+(?:[A-Z]\s+)?)?\S*\.cpp:\d+:\s*", "", line)
+    text = re.sub(r"^.*?\S*\.cpp:\d+:\s*", "", line)
     return re.sub(r"127\.0\.0\.1:\d+", "SERVER", text)
 
 
