@@ -11,14 +11,19 @@ function pointers (MAP_CUSTOM1/2/3, CUSTOM) are refused outright.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ggml_rpc.spec import NATIVE_CALLBACK_OPS, GgmlOp, GluOp, UnaryOp, op_name
 
 from ..graph import ExecutorError, GraphTensor
-from . import attention, conv, creation, elementwise, matmul, movement, norm, reduce, rope, rows, softmax
+from . import attention, conv, creation, elementwise, kernel_cache, matmul, movement, norm, reduce, rope, rows, softmax
 from .core import KERNELS, SUPPORT
 from .grids import available
 from .plan import FREE_OPS, Plan, execute, prepare
 from .table import supported_ops
+
+# numba reads a kernel's cached machine code at its first call, not at import: refreshed here, before any call.
+kernel_cache.refresh(Path(__file__).parent)
 
 __all__ = ["FREE_OPS", "ExecutorError", "Plan", "execute", "prepare", "supported_ops",
            "supports_op"]

@@ -25,7 +25,7 @@ from numba import njit
 from numba.core import types
 from numba.extending import intrinsic
 
-from .lanes8 import _block_fma, _fma_lanes
+from .lanes8 import _block_fma, _fma_lanes, _tile_4x1, _tile_4x2, _tile_4x3
 from .simd_sums import (
     K_CORRECTED,
     K_MINS_FIRST,
@@ -253,28 +253,46 @@ def vec_dot_row(wr, xr, kind, acc, lanes):  # type: ignore[no-untyped-def]
 @njit(cache=True, nogil=True)
 def tinyblas(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
     """out[r, c] as llamafile's tinyBLAS computes it: one accumulator of eight lanes, a fused multiply-add per 8
-    elements (the last partial 8 padded with zeros: 0 * 0 + lane), then hsum_float_8."""
+    elements (the last partial 8 padded with zeros: 0 * 0 + lane), then hsum_float_8.  Four weight rows by up to
+    three activation rows at a time (:func:`.lanes8._tile_fma`: every output its own chain, in the same order)."""
     m, k = w.shape
     n = x.shape[0]
     whole = k - k % 8
-    zero = F32(0)
-    acc = np.empty(8, dtype=F32)
+    acc = np.empty(96, dtype=F32)
     tw = np.zeros(8, dtype=F32)
     tx = np.zeros(8, dtype=F32)
-    for c in range(m):
-        wr = w[c]
+    for c in range(0, m - m % 4, 4):
+        for r in range(0, n, 3):
+            rn = min(3, n - r)
+            acc[:] = F32(0)
+            if rn == 3:
+                _tile_4x3(w, c, x, r, whole, acc)
+            elif rn == 2:
+                _tile_4x2(w, c, x, r, whole, acc)
+            else:
+                _tile_4x1(w, c, x, r, whole, acc)
+            for a in range(4):
+                for b in range(rn):
+                    _tinyblas_end(w[c + a], x[r + b], whole, acc, 8 * (a * rn + b), tw, tx)
+                    out[r + b, c + a] = _hsum8(acc[8 * (a * rn + b):8 * (a * rn + b) + 8])
+    for c in range(m - m % 4, m):
         for r in range(n):
-            xr = x[r]
-            for j in range(8):
-                acc[j] = zero
+            acc[:8] = F32(0)
             for i in range(0, whole, 8):
-                _fma_lanes(wr, xr, i, acc, 0)
-            if whole < k:
-                for j in range(8):
-                    tw[j] = wr[whole + j] if whole + j < k else zero
-                    tx[j] = xr[whole + j] if whole + j < k else zero
-                _fma_lanes(tw, tx, 0, acc, 0)
-            out[r, c] = _hsum8(acc)
+                _fma_lanes(w[c], x[r], i, acc, 0)
+            _tinyblas_end(w[c], x[r], whole, acc, 0, tw, tx)
+            out[r, c] = _hsum8(acc[:8])
+
+
+@njit(cache=True, inline="always")
+def _tinyblas_end(wr, xr, whole, acc, at, tw, tx):  # type: ignore[no-untyped-def]
+    # The last partial 8 of a row, padded with zeros, fused into acc[at:at + 8].
+    k = wr.shape[0]
+    if whole < k:
+        for j in range(8):
+            tw[j] = wr[whole + j] if whole + j < k else F32(0)
+            tx[j] = xr[whole + j] if whole + j < k else F32(0)
+        _fma_lanes(tw, tx, 0, acc, at)
 
 
 @njit(cache=True, nogil=True)

@@ -111,3 +111,71 @@ def _halves_to(typingctx, src, i, dst, at):  # type: ignore[no-untyped-def]
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _tile_fma(rm: int, rn: int):  # type: ignore[no-untyped-def]
+    """An intrinsic running tinyBLAS's loop over a tile of ``rm`` weight rows by ``rn`` activation rows: for every
+    i < whole (a multiple of 8), acc[8 (a rn + b) + j] = w[c + a, i + j] * x[r + b, i + j] + acc[...], one fused
+    multiply-add per lane, rounded once.  Each output keeps its own chain of fused multiply-adds in the order
+    tinyBLAS runs it, so the tile changes nothing but speed: the rm x rn chains are independent, which hides the
+    multiply-add's latency (one chain at a time waited on it), and each loaded vector serves rn or rm outputs.
+    The accumulators are read from acc at the start and written back at the end (kept in registers between); w and
+    x are 2-D float32 arrays with contiguous elements in a row."""
+
+    @intrinsic
+    def tile_fma(typingctx, w, c, x, r, whole, acc):  # type: ignore[no-untyped-def]
+        sig = types.void(w, c, x, r, whole, acc)
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            i64 = ir.IntType(64)
+            f32p = ir.FloatType().as_pointer()
+            v8f = ir.VectorType(ir.FloatType(), 8)
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f, v8f, v8f]),
+                                                 "llvm.fma.v8f32")
+
+            def rows(k, first, count):  # type: ignore[no-untyped-def]
+                arr = context.make_array(signature.args[k])(context, builder, args[k])
+                stride = cgutils.unpack_tuple(builder, arr.strides, 2)[0]
+                base = builder.bitcast(arr.data, ir.IntType(8).as_pointer())
+                return [builder.bitcast(builder.gep(base, [builder.mul(builder.add(first, ir.Constant(i64, j)),
+                                                                         stride)]), f32p) for j in range(count)]
+
+            w_rows, x_rows = rows(0, args[1], rm), rows(2, args[3], rn)
+            store = context.make_array(signature.args[5])(context, builder, args[5])
+            slots = [builder.bitcast(builder.gep(store.data, [ir.Constant(i64, 8 * t)]), v8f.as_pointer())
+                     for t in range(rm * rn)]
+            start = [builder.load(s, align=4) for s in slots]
+            entry = builder.block
+            head = builder.append_basic_block("tile.head")
+            body = builder.append_basic_block("tile.body")
+            done = builder.append_basic_block("tile.done")
+            builder.branch(head)
+            builder.position_at_end(head)
+            i = builder.phi(i64)
+            accs = [builder.phi(v8f) for _ in slots]
+            i.add_incoming(ir.Constant(i64, 0), entry)
+            for a, s in zip(accs, start, strict=True):
+                a.add_incoming(s, entry)
+            builder.cbranch(builder.icmp_signed("<", i, args[4]), body, done)
+            builder.position_at_end(body)
+            xs = [builder.load(builder.bitcast(builder.gep(p, [i]), v8f.as_pointer()), align=4) for p in x_rows]
+            nxt = []
+            for a in range(rm):
+                wv = builder.load(builder.bitcast(builder.gep(w_rows[a], [i]), v8f.as_pointer()), align=4)
+                nxt += [builder.call(fma, [wv, xs[b], accs[a * rn + b]]) for b in range(rn)]
+            i.add_incoming(builder.add(i, ir.Constant(i64, 8)), body)
+            for a, v in zip(accs, nxt, strict=True):
+                a.add_incoming(v, body)
+            builder.branch(head)
+            builder.position_at_end(done)
+            for a, s in zip(accs, slots, strict=True):
+                builder.store(a, s, align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return tile_fma
+
+
+#: tinyBLAS tiles: four weight rows by one to three activation rows.
+_tile_4x1, _tile_4x2, _tile_4x3 = _tile_fma(4, 1), _tile_fma(4, 2), _tile_fma(4, 3)

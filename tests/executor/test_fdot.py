@@ -17,20 +17,29 @@ def lib(upstream_peer) -> GgmlLibrary:
     return GgmlLibrary(upstream_peer.test_backend_ops.parent)
 
 
+def _tinyblas_loop(w: np.ndarray, x: np.ndarray, r: int, c: int) -> np.float32:
+    k = w.shape[1]
+    acc = np.zeros(8, F)
+    for i in range(0, k, 8):
+        a, b = np.zeros(8), np.zeros(8)
+        a[: min(8, k - i)], b[: min(8, k - i)] = w[c, i : i + 8], x[r, i : i + 8]
+        acc = (a * b + acc).astype(F)
+    t = acc[4:] + acc[:4]  # tinyBLAS's hsum: the halves, then (0 + 2) + (1 + 3)
+    return F((t[0] + t[2]) + (t[1] + t[3]))
+
+
 def test_tinyblas_is_its_loop() -> None:
+    """Every output one chain in tinyBLAS's order, whichever tile of the compiled loop computes it: whole 4 x 3
+    tiles, the 4 x 2 and 4 x 1 edges, the weight rows past the last four, rows with a partial last 8, and rows
+    further apart than their length (views into wider arrays)."""
     rng = np.random.default_rng(1)
     for k in (8, 13, 64, 100):
-        w, x = rng.standard_normal((4, k)).astype(F), rng.standard_normal((3, k)).astype(F)
-        got = fdot.tinyblas(w, x)
-        for r in range(3):
-            for c in range(4):
-                acc = np.zeros(8, F)
-                for i in range(0, k, 8):
-                    a, b = np.zeros(8), np.zeros(8)
-                    a[: min(8, k - i)], b[: min(8, k - i)] = w[c, i : i + 8], x[r, i : i + 8]
-                    acc = (a * b + acc).astype(F)
-                t = acc[4:] + acc[:4]  # tinyBLAS's hsum: the halves, then (0 + 2) + (1 + 3)
-                assert got[r, c] == F((t[0] + t[2]) + (t[1] + t[3]))
+        for m, n in ((4, 3), (8, 7), (5, 2), (11, 4), (3, 1)):
+            w, x = rng.standard_normal((m, k)).astype(F), rng.standard_normal((n, k)).astype(F)
+            for w_in, x_in in ((w, x), (np.pad(w, ((0, 0), (0, 5)))[:, :k], np.pad(x, ((0, 0), (0, 3)))[:, :k])):
+                got = fdot.tinyblas(w_in, x_in)
+                want = np.array([[_tinyblas_loop(w, x, r, c) for c in range(m)] for r in range(n)], dtype=F)
+                assert got.tobytes() == want.tobytes(), (k, m, n)
 
 
 @pytest.mark.upstream
