@@ -23,7 +23,6 @@ from ggml_rpc.spec import TYPES
 
 from .formats import (
     E2M1_DOUBLED,
-    HALVES,
     IQ4_NL,
     IQ4NL_LEVELS,
     LAYOUT,
@@ -169,5 +168,5 @@ def raw_products(type_id: int, blocks: np.ndarray, x: np.ndarray, *, batch: bool
     summed = EXACT_TYPES[type_id]
     ac, ad, as_ = activation_codes(x, summed)
     out = np.empty((ac.shape[0], raw.shape[0]), dtype=np.float32)
-    raw_q8_products(raw, *_FORMS[type_id], HALVES, ac, ad, as_, _two(type_id, batch), summed, out)
+    raw_q8_products(raw, *_FORMS[type_id], ac, ad, as_, _two(type_id, batch), summed, out)
     return out
