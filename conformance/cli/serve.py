@@ -47,6 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"keep reading a connection's socket this many microseconds for its next request before "
                         f"sleeping (default {DEFAULT_POLL_US}; 0: sleep at once): a sleeping server is woken "
                         f"through its CPU, which costs tens of microseconds per request on virtual machines")
+    p.add_argument("--no-preload", dest="preload", action="store_false",
+                   help="do not load the compiled kernels this machine has cached before listening (by default they "
+                        "are, a fraction of a second, so that the first graph does not pay for them)")
     p.add_argument("--verbose", action="store_true", help="log one line per command")
     p.add_argument("--list-ops", action="store_true", help="print the ops x types the executor computes, and exit")
     p.set_defaults(func=run)
@@ -86,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     config = make_config(protocol, devices=args.devices, mem=mem, alignment=args.alignment, max_size=max_size,
                          cache_dir=args.cache_dir, cache_max_bytes=cache_max, concurrent=args.concurrent,
                          verbose=args.verbose, codebooks=tables, poll_us=args.poll_us)
+    preloaded = _preload() if args.preload else None
     try:
         server = Server(config, args.host, args.port)
     except OSError as exc:
@@ -94,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot listen on {format_address(args.host, args.port)}: {os_reason(exc)}") from None
     print(f"ggml-rpc serve: protocol {protocol.label} listening on {format_address(args.host, server.port)}",
           file=sys.stderr, flush=True)
+    if preloaded:  # logged after the listening line, which scripts read first
+        logging.info("%s", preloaded)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -101,3 +107,15 @@ def run(args: argparse.Namespace) -> int:
     finally:
         server.stop()
     return 0
+
+
+def _preload() -> str:
+    """Load the kernels the cache holds (before listening: a client's first graph then finds them loaded)."""
+    import time
+
+    from ggml_rpc.reference.executor import kernel_cache
+
+    started = time.monotonic()
+    loaded, skipped = kernel_cache.preload()
+    return (f"loaded {loaded} compiled kernels from the cache in {time.monotonic() - started:.2f} s"
+            + (f" ({skipped} cached for another processor or from other sources, skipped)" if skipped else ""))

@@ -28,3 +28,19 @@ def test_the_cache_follows_every_source_file(tmp_path: Path) -> None:
     assert kernel_cache.refresh(tmp_path)
     assert not list(cache.glob("*.nb*"))
     assert (cache / "kernels.sources.sha256").read_text() == kernel_cache.sources_digest(tmp_path)
+
+
+def test_preload_loads_what_a_former_process_compiled() -> None:
+    """A kernel one process called is loaded by the next one's preload, from the cache, before any call."""
+    import subprocess
+    import sys
+
+    use = ("import numpy as np; from ggml_rpc.reference.executor import fdot; "
+           "fdot.tinyblas(np.ones((4, 8), np.float32), np.ones((3, 8), np.float32))")
+    subprocess.run([sys.executable, "-c", use], check=True, timeout=300)
+    probe = ("from ggml_rpc.reference.executor import compiled, kernel_cache; loaded, _ = kernel_cache.preload(); "
+             "print(loaded, len(compiled.tinyblas.signatures), compiled.tinyblas._cache_hits.total())")
+    out = subprocess.run([sys.executable, "-c", probe], check=True, timeout=300, capture_output=True, text=True)
+    loaded, signatures, hits = (int(v) for v in out.stdout.split())
+    assert loaded >= 1 and signatures >= 1
+    assert hits == signatures  # every one found in the cache, none compiled
