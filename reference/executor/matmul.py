@@ -13,7 +13,7 @@ from collections.abc import Callable
 from functools import partial
 
 import numpy as np
-from ggml_rpc.spec import TYPES, GgmlOp, TensorFlag, type_name
+from ggml_rpc.spec import TYPES, GgmlOp, type_name
 
 from ..graph import GraphTensor
 from . import fdot, kdot, lowbit_dot
@@ -70,26 +70,19 @@ def _exact_product(mem: Memory, a_t: GraphTensor, rows: np.ndarray, batch: bool)
     return products(a_t.type, packed, rows, m, batch=batch)
 
 
-_FLAG_OUTPUT = int(TensorFlag.OUTPUT)  # a graph output: the client reads it
-#: F32/F16 products up to this many weights (m x k) are computed in upstream's order; larger ones with BLAS.
-_FLOAT_EXACT_MAX = 1 << 22
-
-
-def _exact(node: GraphTensor, a_t: GraphTensor, b_t: GraphTensor, k: int, ne02: int, ne03: int, n: int) -> bool:
+def _exact(a_t: GraphTensor, b_t: GraphTensor, k: int, ne02: int, ne03: int) -> bool:
     """Whether this product goes through :func:`_exact_product` (one weight matrix, whole blocks).
 
-    F32, F16 and BF16 weights take it for one token (``n`` 1) always: their compiled vector dot reads the weights as
-    fast as single-threaded BLAS's matrix-vector product (32,000 x 256 F32: 0.84 against 0.93 ms; 4096 x 4096:
-    2.0 against 1.9 ms), so even a graph output (the logits) is upstream's own sums.  A batch takes it only for a
-    product the graph goes on with (not a graph output: the logits' last bits end there, NMSE about 1e-14, and
-    reach no rounding point), of at most :data:`_FLOAT_EXACT_MAX` weights: tinyBLAS's loop takes several times
-    BLAS's time, which a small model's layers afford and a large one's do not.  src1 must be F32 (a batch of F32
-    weights with a non-contiguous src1 takes upstream's vector dot: see the kernel)."""
+    F32, F16 and BF16 weights take it whenever src1 is F32: one token through their compiled vector dot, which
+    reads the weights as fast as single-threaded BLAS's matrix-vector product (32,000 x 256 F32: 0.84 against
+    0.93 ms), a batch through tinyBLAS's tiled loop, as fast as BLAS for the batches of generation and short prompts
+    (2048 x 2048 F32 by 14 rows: 1.6 against 1.7-1.9 ms; 5632 x 2048: 4.4 against 5.1-6.8) and 2.5 times slower for
+    long prompts (4096 x 4096 by 512: 180 against 72-137 ms), as upstream's own single-threaded loop is.  A batch of
+    F32 weights with a non-contiguous src1 takes upstream's vector dot (see the kernel)."""
     if ne02 != 1 or ne03 != 1:
         return False
     if a_t.type in (F32, F16, BF16):
-        small = int(a_t.ne[1]) * k <= _FLOAT_EXACT_MAX
-        return b_t.type == F32 and (n == 1 or (not node.flags & _FLAG_OUTPUT and small))
+        return b_t.type == F32
     return _exact_type(a_t.type, k)
 
 
@@ -103,13 +96,13 @@ def _exact_type(type_id: int, k: int) -> bool:
 
 
 @kernel(GgmlOp.MUL_MAT, src=READABLE, dst=(F32,), note="src1 F32/F16/BF16; broadcast over dims 2 and 3; F32, F16, BF16 "
-        "(one token always; batches up to 4M weights, graph outputs aside), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
+        "(src1 F32), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
         "IQ4_NL, MXFP4, Q1_0, Q2_0, Q2_K-Q6_K, IQ4_XS, TQ1_0, TQ2_0, IQ2_XXS/XS/S and IQ3_XXS/S in the order of "
         "upstream's AVX2 kernels")
 def _mul_mat(node: GraphTensor, mem: Memory) -> None:
     # dst[i0, i1, i2, i3] = sum_k src0[k, i0, i2 / r2, i3 / r3] * src1[k, i1, i2, i3]
     a_t, b_t, k, _m, n, ne02, ne03, ne12, ne13 = _operands(node)
-    if _exact(node, a_t, b_t, k, ne02, ne03, n * ne12 * ne13):
+    if _exact(a_t, b_t, k, ne02, ne03):
         out = mem.raw(node)
         if out.size:
             rows = np.ascontiguousarray(read(mem, b_t), dtype=np.float32).reshape(-1, k)
@@ -224,18 +217,13 @@ def _prepare_mul_mat(node: GraphTensor, mem: Memory) -> tuple[Callable[[], objec
     vt = VEC_DOT_TYPE.get(a_t.type)
     if vt is None or (vt != F32 and k % TYPES[vt].blck):
         return None  # the kernel refuses it, with its own message
-    if _exact(node, a_t, b_t, k, ne02, ne03, 1):
+    if _exact(a_t, b_t, k, ne02, ne03):
         rows = b.reshape(1, k)
 
         def exact() -> None:
             np.copyto(out.reshape(1, -1), _exact_product(mem, a_t, rows, batch=False))
 
         return exact, ()
-    if a_t.type == F32:
-        a = mem.raw(a_t)
-        if _short_rows(a, b, out):
-            return partial(np.einsum, "mk,k->m", a[0, 0], b[0, 0, 0], out=out.reshape(-1)), ()
-        return partial(np.matmul, b, a.swapaxes(-1, -2), out=out), ()
     conv = partial(convert, a_t.type)
 
     raw = mem.raw(a_t)
@@ -286,7 +274,7 @@ def _mul_mat_id(node: GraphTensor, mem: Memory) -> None:
     summed = VEC_DOT_TYPE.get(as_t.type) == Q8_1
     out = np.zeros((n_tok, n_used, m), dtype=np.float32)
     # Upstream dots every (expert row, token) pair with the one-token kernel: exact where the executor has it.
-    exact = _exact_type(as_t.type, k) and (as_t.type not in (F32, F16, BF16) or m * k <= _FLOAT_EXACT_MAX)
+    exact = _exact_type(as_t.type, k)
     for e in np.unique(ids):
         t_idx, u_idx = np.nonzero(ids == e)
         expert = _expert(as_t, int(e))
