@@ -22,21 +22,22 @@ F = np.float32
 _KINDS = {"f32": KIND_F32, "f16": KIND_F16, "bf16": KIND_BF16}
 
 
-def vec_dot(w: np.ndarray, x: np.ndarray, kind: str) -> np.ndarray:
+def vec_dot(w: np.ndarray, x: np.ndarray, kind: str, out: np.ndarray | None = None) -> np.ndarray:
     """``x @ w^T`` as ``ggml_vec_dot_f32``, ``_f16`` or ``_bf16`` (``kind``) computes each dot: w ``(m, k)``, x
     ``(n, k)``, both float32 holding the operands' values.  The three share the four-accumulator loop (BF16's is a
     multiply and an add, which the compiler fuses); F32 and F16 fold the lanes with horizontal adds, BF16 as
     hsum_float_8; the elements past the last whole 32 are added one product at a time (F32: into a float32 sum;
-    F16/BF16: each float32 product into a double).  Returns float32 ``(n, m)``."""
-    out = np.empty((x.shape[0], w.shape[0]), dtype=F)
+    F16/BF16: each float32 product into a double).  Returns float32 ``(n, m)``: ``out`` when given (C-contiguous
+    float32 of that shape)."""
+    out = np.empty((x.shape[0], w.shape[0]), dtype=F) if out is None else out
     kernels().float_vec_dot(_rows(w), _rows(x), _KINDS[kind], out)
     return out
 
 
-def tinyblas(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+def tinyblas(w: np.ndarray, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``x @ w^T`` as llamafile's tinyBLAS computes each output (one 8-lane accumulator, a fused multiply-add per 8
-    elements, the tail padded with zeros).  Returns float32 ``(n, m)``."""
-    out = np.empty((x.shape[0], w.shape[0]), dtype=F)
+    elements, the tail padded with zeros).  Returns float32 ``(n, m)``: ``out`` when given."""
+    out = np.empty((x.shape[0], w.shape[0]), dtype=F) if out is None else out
     kernels().tinyblas(_rows(w), _rows(x), out)
     return out
 
@@ -46,14 +47,16 @@ def _rows(a: np.ndarray) -> np.ndarray:
     return a if a.dtype == F and a.strides[-1] == 4 else np.ascontiguousarray(a, dtype=F)
 
 
-def products(w: np.ndarray, x: np.ndarray, *, half: bool, batch: bool, brain: bool = False) -> np.ndarray:
+def products(w: np.ndarray, x: np.ndarray, *, half: bool, batch: bool, brain: bool = False,
+             out: np.ndarray | None = None) -> np.ndarray:
     """The product upstream runs for these shapes: tinyBLAS for a batch of weights with a multiple of 4 rows, the
     vector dot otherwise.  ``half``: F16 weights, ``brain``: BF16 weights (the activations are rounded to the
-    weights' type first, as ggml converts them)."""
+    weights' type first, as ggml converts them).  ``out``: where to write it (C-contiguous float32 ``(n, m)``), so
+    that a graph's product lands in its node's memory without a copy."""
     if half:
         x = x.astype(np.float16).astype(F)
     if brain:
         x = bf16_to_f32(f32_to_bf16(np.ascontiguousarray(x, dtype=F)))
     if batch and w.shape[0] % 4 == 0:
-        return tinyblas(w, x)
-    return vec_dot(w, x, "bf16" if brain else "f16" if half else "f32")
+        return tinyblas(w, x, out)
+    return vec_dot(w, x, "bf16" if brain else "f16" if half else "f32", out)

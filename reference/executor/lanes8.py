@@ -177,5 +177,6 @@ def _tile_fma(rm: int, rn: int):  # type: ignore[no-untyped-def]
     return tile_fma
 
 
-#: tinyBLAS tiles: four weight rows by one to three activation rows.
+#: tinyBLAS tiles: eight or four weight rows by one to three activation rows.
 _tile_4x1, _tile_4x2, _tile_4x3 = _tile_fma(4, 1), _tile_fma(4, 2), _tile_fma(4, 3)
+_tile_8x1, _tile_8x2, _tile_8x3 = _tile_fma(8, 1), _tile_fma(8, 2), _tile_fma(8, 3)

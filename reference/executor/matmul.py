@@ -49,13 +49,15 @@ def _operands(node: GraphTensor) -> tuple[GraphTensor, GraphTensor, int, int, in
     return a_t, b_t, k, m, n, ne02, ne03, ne12, ne13
 
 
-def _exact_product(mem: Memory, a_t: GraphTensor, rows: np.ndarray, batch: bool) -> np.ndarray:
+def _exact_product(mem: Memory, a_t: GraphTensor, rows: np.ndarray, batch: bool,
+                   out: np.ndarray | None = None) -> np.ndarray:
     """``rows @ w^T`` in upstream's arithmetic (:mod:`.q8dot`, :mod:`.kdot`), the weights in their packed form kept
     between graphs like the float32 conversions; the 8-bit types' weights that the cache has no room for are read
-    from their blocks instead (:func:`.q8dot.raw_products`)."""
+    from their blocks instead (:func:`.q8dot.raw_products`).  Float weights write into ``out`` when it is given
+    (the other types return their own array)."""
     if a_t.type in (F32, F16, BF16):
         w = read(mem, a_t) if a_t.type == F32 else mem.converted(a_t, partial(convert, a_t.type))
-        return fdot.products(w[0, 0], rows, half=a_t.type == F16, batch=batch, brain=a_t.type == BF16)
+        return fdot.products(w[0, 0], rows, half=a_t.type == F16, batch=batch, brain=a_t.type == BF16, out=out)
     if a_t.type in K_TYPES:
         packed = mem.converted(a_t, lambda raw: kdot.pack_weights(a_t.type, raw[0, 0]), kind="kdot")
         return kdot.products(a_t.type, packed, rows, int(a_t.ne[1]))
@@ -109,8 +111,10 @@ def _mul_mat(node: GraphTensor, mem: Memory) -> None:
             # Upstream runs its batch kernel per (i12, i13) slice of n rows, its one-token kernel for n == 1; F32
             # weights take the batch kernel only for a contiguous src1 (ggml_compute_forward_mul_mat's src1_cont).
             batch = n > 1 and (a_t.type != F32 or bool(mem.raw(b_t).flags.c_contiguous))
-            res = _exact_product(mem, a_t, rows, batch=batch)
-            np.copyto(out, res.reshape(out.shape))
+            direct = out.reshape(-1, out.shape[-1]) if out.flags.c_contiguous else None
+            res = _exact_product(mem, a_t, rows, batch=batch, out=direct)
+            if res is not direct:
+                np.copyto(out, res.reshape(out.shape))
         return
     # Weights converted to float32 once and reused by later runs while their buffer is not written (the per-token
     # logits matmul of a Q8_0 model otherwise dequantises 8 MB every token).
@@ -220,8 +224,12 @@ def _prepare_mul_mat(node: GraphTensor, mem: Memory) -> tuple[Callable[[], objec
     if _exact(a_t, b_t, k, ne02, ne03):
         rows = b.reshape(1, k)
 
+        flat = out.reshape(1, -1)
+
         def exact() -> None:
-            np.copyto(out.reshape(1, -1), _exact_product(mem, a_t, rows, batch=False))
+            res = _exact_product(mem, a_t, rows, batch=False, out=flat)
+            if res is not flat:
+                np.copyto(flat, res)
 
         return exact, ()
     conv = partial(convert, a_t.type)

@@ -29,12 +29,12 @@ def _tinyblas_loop(w: np.ndarray, x: np.ndarray, r: int, c: int) -> np.float32:
 
 
 def test_tinyblas_is_its_loop() -> None:
-    """Every output one chain in tinyBLAS's order, whichever tile of the compiled loop computes it: whole 4 x 3
-    tiles, the 4 x 2 and 4 x 1 edges, the weight rows past the last four, rows with a partial last 8, and rows
-    further apart than their length (views into wider arrays)."""
+    """Every output one chain in tinyBLAS's order, whichever tile of the compiled loop computes it: whole 8 x 3
+    and 4 x 3 tiles, their x 2 and x 1 edges, the weight rows past the last four, rows with a partial last 8, and
+    rows further apart than their length (views into wider arrays)."""
     rng = np.random.default_rng(1)
     for k in (8, 13, 64, 100):
-        for m, n in ((4, 3), (8, 7), (5, 2), (11, 4), (3, 1)):
+        for m, n in ((4, 3), (8, 7), (5, 2), (11, 4), (3, 1), (12, 5), (16, 8)):
             w, x = rng.standard_normal((m, k)).astype(F), rng.standard_normal((n, k)).astype(F)
             for w_in, x_in in ((w, x), (np.pad(w, ((0, 0), (0, 5)))[:, :k], np.pad(x, ((0, 0), (0, 3)))[:, :k])):
                 got = fdot.tinyblas(w_in, x_in)
