@@ -280,10 +280,11 @@ def tinyblas(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:  # pragma: 
 
 @njit(cache=True, inline="always")
 def _tinyblas_block(w, c, rm, x, whole, acc, tw, tx, out):  # type: ignore[no-untyped-def]
-    # Weight rows c .. c + rm (rm 8 or 4) against every activation row, three at a time.
+    # Weight rows c .. c + rm (rm 8 or 4) against every activation row, three (or two) at a time.
     n = x.shape[0]
-    for r in range(0, n, 3):
-        rn = min(3, n - r)
+    r = 0
+    while r < n:
+        rn = 2 if n - r == 4 else min(3, n - r)  # 3 + 1 rows as 2 + 2: a lone row loads a weight per product
         acc[:] = F32(0)
         if rm == 8:
             if rn == 3:
@@ -303,6 +304,7 @@ def _tinyblas_block(w, c, rm, x, whole, acc, tw, tx, out):  # type: ignore[no-un
                 t = 8 * (a * rn + b)
                 _tinyblas_end(w[c + a], x[r + b], whole, acc, t, tw, tx)
                 out[r + b, c + a] = _hsum8(acc[t:t + 8])
+        r += rn
 
 
 @njit(cache=True, inline="always")
