@@ -237,6 +237,10 @@ class TcpLinks:
         return link
 
 
+#: How often a waiting accept() returns to the interpreter (so that SIGINT and SIGTERM are acted on).
+_ACCEPT_WAKE_SECONDS = 0.2
+
+
 class Server:
     """A listening reference server.  :meth:`serve_forever` blocks; :meth:`stop` ends it from any thread."""
 
@@ -269,9 +273,14 @@ class Server:
         log.info("reference server for protocol %s on %s:%d (%d device(s), %d bytes each%s%s)", c.protocol.label,
                  self.host, self.port, c.devices, c.device.memory,
                  f", cache {c.cache_dir}" if c.cache_dir else "", ", concurrent" if c.concurrent else "")
+        # accept() wakes every 0.2 s: a signal that lands just before the blocking call (or on another thread,
+        # such as a BLAS worker) only sets the interpreter's flag, which the main thread reads when it runs again.
+        self.sock.settimeout(_ACCEPT_WAKE_SECONDS)
         while not self._stopping.is_set():
             try:
                 conn, peer = self.sock.accept()
+            except TimeoutError:
+                continue
             except OSError as exc:
                 if self._stopping.is_set():
                     break

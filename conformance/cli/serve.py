@@ -98,9 +98,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot listen on {format_address(args.host, args.port)}: {os_reason(exc)}") from None
     print(f"ggml-rpc serve: protocol {protocol.label} listening on {format_address(args.host, server.port)}",
           file=sys.stderr, flush=True)
-    if preloaded:  # logged after the listening line, which scripts read first
-        logging.info("%s", preloaded)
     try:
+        # Inside the try: a signal right after the listening line must still stop the server's threads.
+        if preloaded:  # logged after the listening line, which scripts read first
+            logging.info("%s", preloaded)
         server.serve_forever()
     except KeyboardInterrupt:
         pass

@@ -210,9 +210,13 @@ class Proxy:
 
     def _accept(self, sock: socket.socket, upstream: Address) -> None:
         listen = sock.getsockname()[:2]
+        # Woken every 0.2 s: a signal that lands just before a blocking accept() would otherwise wait for a client.
+        sock.settimeout(0.2)
         while not self._stopping.is_set():
             try:
                 client, peer = sock.accept()
+            except TimeoutError:
+                continue
             except OSError:
                 break
             with self._stats_lock:
