@@ -155,10 +155,16 @@ def _store(writer: Any, name: str, data: np.ndarray, kind: str, info: ModelInfo)
 
 #: Architectures :func:`write_model` writes besides llama, each as upstream's loader reads it: qwen2 (biases on
 #: the query, key and value projections), qwen3 (RMS norms of each query and key head), gemma (GELU feed-forward,
-#: embeddings scaled by sqrt(n_embd), output tied to token_embd). llama itself also takes ``n_expert``: a mixture of
-#: experts, as Mixtral's files are. (phi3 is not among them: upstream's loader refuses the SentencePiece vocabulary
-#: the kit's models carry for it: "error loading model vocabulary: unordered_map::at", 7.0.0's llama-completion.)
-ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma")
+#: embeddings scaled by sqrt(n_embd), output tied to token_embd) and mamba, a recurrent model (selective state
+#: space layers: SSM_CONV and SSM_SCAN over a state the client keeps on the server; no attention, so the head counts
+#: are not used). llama itself also takes ``n_expert``: a mixture of experts, as Mixtral's files are. (phi3 is not
+#: among them: upstream's loader refuses the SentencePiece vocabulary the kit's models carry for it: "error loading
+#: model vocabulary: unordered_map::at", 7.0.0's llama-completion.)
+ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma", "mamba")
+
+#: A mamba layer's sizes (upstream's loader takes only an expansion of 2: d_inner = 2 n_embd): the convolution's
+#: width and the state size of the published models.
+MAMBA_D_CONV, MAMBA_D_STATE = 4, 16
 
 
 def write_model(path: Path, *, ftype: str, vocab_path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 2,
@@ -196,12 +202,20 @@ def write_model(path: Path, *, ftype: str, vocab_path: Path, seed: int = 0, n_em
     writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(n_embd)
     writer.add_block_count(n_layer)
-    writer.add_feed_forward_length(n_ff)
-    writer.add_head_count(n_head)
-    writer.add_head_count_kv(n_head_kv)
-    writer.add_rope_dimension_count(head_dim)
-    # Written out rather than left to loader defaults, so a change of default cannot change the text generated.
-    writer.add_rope_freq_base(10000.0)
+    if arch == "mamba":  # as upstream's converter writes a mamba: no feed-forward, no attention heads
+        writer.add_feed_forward_length(0)
+        writer.add_head_count(0)
+        writer.add_ssm_conv_kernel(MAMBA_D_CONV)
+        writer.add_ssm_inner_size(2 * n_embd)
+        writer.add_ssm_state_size(MAMBA_D_STATE)
+        writer.add_ssm_time_step_rank(-(-n_embd // 16))
+    else:
+        writer.add_feed_forward_length(n_ff)
+        writer.add_head_count(n_head)
+        writer.add_head_count_kv(n_head_kv)
+        writer.add_rope_dimension_count(head_dim)
+        # Written out rather than left to loader defaults, so a change of default cannot change the text generated.
+        writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(FILE_TYPES[ftype])
     if n_expert:
@@ -223,6 +237,9 @@ def write_model(path: Path, *, ftype: str, vocab_path: Path, seed: int = 0, n_em
     for i in range(n_layer):
         blk = f"blk.{i}"
         _store(writer, f"{blk}.attn_norm.weight", ones, "F32", info)
+        if arch == "mamba":
+            _store_mamba_layer(writer, blk, n_embd, ftype, weights, info)
+            continue
         _store(writer, f"{blk}.attn_q.weight", weights(q_rows, n_embd), ftype, info)
         _store(writer, f"{blk}.attn_k.weight", weights(kv_rows, n_embd), ftype, info)
         _store(writer, f"{blk}.attn_v.weight", weights(kv_rows, n_embd), ftype, info)
@@ -249,6 +266,24 @@ def write_model(path: Path, *, ftype: str, vocab_path: Path, seed: int = 0, n_em
         _store(writer, "output.weight", weights(n_vocab, n_embd), "Q8_0" if ftype == "Q4_0" else ftype, info)
     _finish(writer)
     return info
+
+
+def _store_mamba_layer(writer: Any, blk: str, n_embd: int, ftype: str,
+                       weights: Callable[[int, int], np.ndarray], info: ModelInfo) -> None:
+    """One mamba layer's tensors, in upstream's shapes.  A is negative (``-exp(A_log)``, as the converter stores
+    it, with the published models' initialisation -1..-d_state) and the time step's bias gives a step near 0.01
+    (softplus of the bias), so the state neither explodes nor vanishes."""
+    d_inner, dt_rank = 2 * n_embd, -(-n_embd // 16)
+    _store(writer, f"{blk}.ssm_in.weight", weights(2 * d_inner, n_embd), ftype, info)
+    _store(writer, f"{blk}.ssm_conv1d.weight", weights(d_inner, MAMBA_D_CONV) * np.float32(10), "F32", info)
+    _store(writer, f"{blk}.ssm_conv1d.bias", weights(1, d_inner)[0], "F32", info)
+    _store(writer, f"{blk}.ssm_x.weight", weights(dt_rank + 2 * MAMBA_D_STATE, d_inner), ftype, info)
+    _store(writer, f"{blk}.ssm_dt.weight", weights(d_inner, dt_rank), "F32", info)
+    _store(writer, f"{blk}.ssm_dt.bias", np.full(d_inner, np.log(np.expm1(0.01)), np.float32), "F32", info)
+    a = -np.tile(np.arange(1, MAMBA_D_STATE + 1, dtype=np.float32), (d_inner, 1))
+    _store(writer, f"{blk}.ssm_a", a, "F32", info)
+    _store(writer, f"{blk}.ssm_d", np.ones(d_inner, np.float32), "F32", info)
+    _store(writer, f"{blk}.ssm_out.weight", weights(n_embd, d_inner), ftype, info)
 
 
 #: The models ``ggml-rpc bench`` generates tokens with: big enough that per-token work dominates (a 32,000 x 256

@@ -40,6 +40,8 @@ SHAPES: dict[str, dict[str, Any]] = {
     "qwen3": {"arch": "qwen3", "n_embd": 256, "n_head": 4, "n_head_kv": 2, "n_ff": 512, **_COMMON},
     "gemma": {"arch": "gemma", "n_embd": 256, "n_head": 4, "n_head_kv": 1, "n_ff": 512, **_COMMON},
     "moe": {"n_embd": 256, "n_head": 4, "n_head_kv": 2, "n_ff": 256, "n_expert": 4, "n_expert_used": 2, **_COMMON},
+    # Recurrent: no attention (the head counts are the writer's defaults, unused), d_inner 512.
+    "mamba": {"arch": "mamba", "n_embd": 256, "n_head": 4, "n_head_kv": 4, "n_ff": 512, **_COMMON},
 }
 
 #: ``llama-quantize``'s file types the zoo makes without an importance matrix.
@@ -84,6 +86,7 @@ def _zoo() -> dict[str, ZooModel]:
         ("qwen3", ("Q5_K_S", "F16")),
         ("gemma", ("Q4_0", "Q6_K")),
         ("moe", ("Q4_K_M", "Q8_0", "MXFP4_MOE")),
+        ("mamba", ("F16", "Q4_K_M", "Q8_0")),
     ) for t in types]
     return {m.name: m for m in models}
 

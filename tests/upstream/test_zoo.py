@@ -92,6 +92,26 @@ def test_each_architecture_has_its_own_tensors(tmp_path: Path, vocab: Path, shap
     assert tensors["blk.0.attn_k.weight"] == ("F32", (64, kv))
 
 
+def test_mamba_has_upstreams_recurrent_layer(tmp_path: Path, vocab: Path):
+    write_model(tmp_path / "m.gguf", ftype="F32", vocab_path=vocab, **{**SHAPES["mamba"], "n_embd": 64})
+    tensors = _tensors(tmp_path / "m.gguf")
+    # upstream's loader: d_inner = 2 n_embd (128), d_conv 4, d_state 16, dt_rank ceil(64 / 16) = 4.
+    assert tensors["blk.0.ssm_in.weight"] == ("F32", (64, 256))
+    assert tensors["blk.0.ssm_conv1d.weight"] == ("F32", (4, 128))
+    assert tensors["blk.0.ssm_x.weight"] == ("F32", (128, 4 + 2 * 16))
+    assert tensors["blk.1.ssm_dt.weight"] == ("F32", (4, 128))
+    assert tensors["blk.1.ssm_a"] == ("F32", (16, 128))
+    assert tensors["blk.1.ssm_out.weight"] == ("F32", (128, 64))
+    assert not any(".attn_q" in name or ".ffn_" in name for name in tensors)
+    from gguf import GGUFReader
+
+    reader = GGUFReader(tmp_path / "m.gguf")
+    assert reader.fields["mamba.ssm.inner_size"].contents() == 128
+    assert reader.fields["mamba.ssm.time_step_rank"].contents() == 4
+    (a,) = (t.data for t in reader.tensors if t.name == "blk.0.ssm_a")
+    assert float(np.max(a)) < 0  # a stable state: every A negative
+
+
 def test_unknown_architecture_and_experts_outside_llama_are_refused(tmp_path: Path, vocab: Path):
     with pytest.raises(ValueError, match="unsupported architecture"):
         write_model(tmp_path / "m.gguf", ftype="F32", vocab_path=vocab, arch="phi3")
