@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", metavar="NAMES", help="comma-separated tiny models (default: all of them)")
     p.add_argument("--zoo", metavar="MODELS", nargs="?", const="all", default="ci",
                    help="zoo models (tiny models quantised by the peer's own llama-quantize, GQA shapes, qwen2/qwen3/"
-                   "gemma, a mixture of experts, a recurrent mamba): --zoo alone or 'all' for every one, 'none', "
+                   "gemma, phi3, a mixture of experts, a recurrent mamba): --zoo alone or 'all' for every one, 'none', "
                    "or comma-separated names (default: 'ci', a representative subset)")
     p.add_argument("--ops", metavar="OPS", default=None,
                    help="test-backend-ops: comma-separated ops to run, 'all' for every op upstream tests "

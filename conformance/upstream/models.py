@@ -157,10 +157,9 @@ def _store(writer: Any, name: str, data: np.ndarray, kind: str, info: ModelInfo)
 #: the query, key and value projections), qwen3 (RMS norms of each query and key head), gemma (GELU feed-forward,
 #: embeddings scaled by sqrt(n_embd), output tied to token_embd) and mamba, a recurrent model (selective state
 #: space layers: SSM_CONV and SSM_SCAN over a state the client keeps on the server; no attention, so the head counts
-#: are not used). llama itself also takes ``n_expert``: a mixture of experts, as Mixtral's files are. (phi3 is not
-#: among them: upstream's loader refuses the SentencePiece vocabulary the kit's models carry for it: "error loading
-#: model vocabulary: unordered_map::at", 7.0.0's llama-completion.)
-ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma", "mamba")
+#: are not used), and phi3 (one fused query/key/value matrix, gate and up in one matrix, NeoX rotation). llama
+#: itself also takes ``n_expert``: a mixture of experts, as Mixtral's files are.
+ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma", "mamba", "phi3")
 
 #: A mamba layer's sizes (upstream's loader takes only an expansion of 2: d_inner = 2 n_embd): the convolution's
 #: width and the state size of the published models.
@@ -198,7 +197,10 @@ def write_model(path: Path, *, ftype: str, vocab_path: Path, seed: int = 0, n_em
     rng = np.random.default_rng(seed)
     head_dim = n_embd // n_head
     writer = GGUFWriter(str(path), arch)
-    writer.add_name(f"ggml-rpc-kit tiny {arch} {ftype} seed {seed}")
+    # Upstream's vocabulary loader sets token attributes by model name, and a name with "phi3" in it must hold
+    # Phi-3's own tokens ("<|endoftext|>"), which the llama vocabulary the kit copies has not: "unordered_map::at".
+    shown = "phi-three" if arch == "phi3" else arch
+    writer.add_name(f"ggml-rpc-kit tiny {shown} {ftype} seed {seed}")
     writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(n_embd)
     writer.add_block_count(n_layer)
@@ -240,9 +242,12 @@ def write_model(path: Path, *, ftype: str, vocab_path: Path, seed: int = 0, n_em
         if arch == "mamba":
             _store_mamba_layer(writer, blk, n_embd, ftype, weights, info)
             continue
-        _store(writer, f"{blk}.attn_q.weight", weights(q_rows, n_embd), ftype, info)
-        _store(writer, f"{blk}.attn_k.weight", weights(kv_rows, n_embd), ftype, info)
-        _store(writer, f"{blk}.attn_v.weight", weights(kv_rows, n_embd), ftype, info)
+        if arch == "phi3":  # as Phi-3's files hold them: query, key and value rows in one matrix
+            _store(writer, f"{blk}.attn_qkv.weight", weights(q_rows + 2 * kv_rows, n_embd), ftype, info)
+        else:
+            _store(writer, f"{blk}.attn_q.weight", weights(q_rows, n_embd), ftype, info)
+            _store(writer, f"{blk}.attn_k.weight", weights(kv_rows, n_embd), ftype, info)
+            _store(writer, f"{blk}.attn_v.weight", weights(kv_rows, n_embd), ftype, info)
         if arch == "qwen2":
             for name, rows in (("q", q_rows), ("k", kv_rows), ("v", kv_rows)):
                 _store(writer, f"{blk}.attn_{name}.bias", weights(1, rows)[0], "F32", info)
@@ -257,6 +262,9 @@ def write_model(path: Path, *, ftype: str, vocab_path: Path, seed: int = 0, n_em
             _store(writer, f"{blk}.ffn_gate_exps.weight", experts[0], ftype, info)
             _store(writer, f"{blk}.ffn_up_exps.weight", experts[1], ftype, info)
             _store(writer, f"{blk}.ffn_down_exps.weight", experts[2].transpose(0, 2, 1).copy(), ftype, info)
+        elif arch == "phi3":  # gate and up rows in one matrix, split by the graph's SWIGLU
+            _store(writer, f"{blk}.ffn_up.weight", weights(2 * n_ff, n_embd), ftype, info)
+            _store(writer, f"{blk}.ffn_down.weight", weights(n_embd, n_ff), ftype, info)
         else:
             _store(writer, f"{blk}.ffn_gate.weight", weights(n_ff, n_embd), ftype, info)
             _store(writer, f"{blk}.ffn_up.weight", weights(n_ff, n_embd), ftype, info)

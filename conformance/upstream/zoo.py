@@ -41,6 +41,7 @@ SHAPES: dict[str, dict[str, Any]] = {
     "gemma": {"arch": "gemma", "n_embd": 256, "n_head": 4, "n_head_kv": 1, "n_ff": 512, **_COMMON},
     "moe": {"n_embd": 256, "n_head": 4, "n_head_kv": 2, "n_ff": 256, "n_expert": 4, "n_expert_used": 2, **_COMMON},
     # Recurrent: no attention (the head counts are the writer's defaults, unused), d_inner 512.
+    "phi3": {"arch": "phi3", "n_embd": 256, "n_head": 4, "n_head_kv": 2, "n_ff": 512, **_COMMON},
     "mamba": {"arch": "mamba", "n_embd": 256, "n_head": 4, "n_head_kv": 4, "n_ff": 512, **_COMMON},
 }
 
@@ -86,6 +87,7 @@ def _zoo() -> dict[str, ZooModel]:
         ("qwen3", ("Q5_K_S", "F16")),
         ("gemma", ("Q4_0", "Q6_K")),
         ("moe", ("Q4_K_M", "Q8_0", "MXFP4_MOE")),
+        ("phi3", ("Q4_K_M", "Q8_0")),
         ("mamba", ("F16", "Q4_K_M", "Q8_0")),
     ) for t in types]
     return {m.name: m for m in models}

@@ -112,9 +112,23 @@ def test_mamba_has_upstreams_recurrent_layer(tmp_path: Path, vocab: Path):
     assert float(np.max(a)) < 0  # a stable state: every A negative
 
 
+def test_phi3_has_fused_matrices_and_a_name_upstreams_vocabulary_loader_takes(tmp_path: Path, vocab: Path):
+    write_model(tmp_path / "m.gguf", ftype="F32", vocab_path=vocab, **{**SHAPES["phi3"], "n_embd": 64, "n_ff": 96})
+    tensors = _tensors(tmp_path / "m.gguf")
+    kv = SHAPES["phi3"]["n_head_kv"] * 64 // SHAPES["phi3"]["n_head"]
+    assert tensors["blk.0.attn_qkv.weight"] == ("F32", (64, 64 + 2 * kv))
+    assert tensors["blk.1.ffn_up.weight"] == ("F32", (64, 2 * 96))
+    assert not any(n.endswith(("attn_q.weight", "attn_k.weight", "ffn_gate.weight")) for n in tensors)
+    from gguf import GGUFReader
+
+    # A name containing "phi3" makes upstream's loader look for Phi-3's own tokens, absent from a llama vocabulary.
+    name = GGUFReader(tmp_path / "m.gguf").fields["general.name"].contents().lower()
+    assert "phi3" not in name and "phi-3" not in name
+
+
 def test_unknown_architecture_and_experts_outside_llama_are_refused(tmp_path: Path, vocab: Path):
     with pytest.raises(ValueError, match="unsupported architecture"):
-        write_model(tmp_path / "m.gguf", ftype="F32", vocab_path=vocab, arch="phi3")
+        write_model(tmp_path / "m.gguf", ftype="F32", vocab_path=vocab, arch="rwkv6")
     with pytest.raises(ValueError, match="experts need the llama architecture"):
         write_model(tmp_path / "m.gguf", ftype="F32", vocab_path=vocab, arch="qwen2", n_expert=4, n_expert_used=2)
 
