@@ -2,6 +2,10 @@
 
 For each query token t and key position s: ``sum_h w[h, t] * relu(q[:, h, t] . k[:, s]) + mask[s, t]``, with
 the per-head weights already scaled by the caller (ggml.h: "prescaled") and the F16 mask broadcast over dim 3.
+
+In the arithmetic of upstream's CPU backend: each key row converted to float32 (its type's own conversion), each
+head's dot with ``ggml_vec_dot_f32``'s order (q stays float32), the heads summed in order by fused multiply-adds
+(its build fuses ``score += relu * w``), the mask added last.
 """
 
 from __future__ import annotations
@@ -10,9 +14,10 @@ import numpy as np
 from ggml_rpc.spec import GgmlOp
 
 from ..graph import GraphTensor
+from . import fdot
 from .core import FLOATS, READABLE, kernel, need_types, read, src, write
-from .memory import F16, F32, Memory, node_error
-from .types import through_type
+from .memory import F32, Memory, node_error
+from .simd_sums import fma32
 
 
 @kernel(GgmlOp.LIGHTNING_INDEXER, src=FLOATS, dst=(F32,), note="q, k (any readable type), scaled weights, F16 mask")
@@ -29,14 +34,14 @@ def _lightning_indexer(node: GraphTensor, mem: Memory) -> None:
         raise node_error(node, "shapes do not fit the lightning indexer (q [d, h, t, b], k [d, 1, kv, b], "
                                "weights [h, t, 1, b], result [kv, t, 1, b])")
     q = read(mem, q_t)  # (b, t, h, d)
-    if k_t.type not in FLOATS:
-        # Against quantised keys ggml's CPU indexer takes q as F16 (measured: with q in the keys' vec-dot
-        # type instead, 91 of upstream's 210 test-backend-ops cases miss its 1e-6 error bound).
-        q = through_type(F16, np.ascontiguousarray(q, dtype=np.float32))
     k = read(mem, k_t)[:, :, 0]  # (b, kv, d)
     w = read(mem, w_t)[:, 0]  # (b, t, h)
-    dots = np.einsum("bthd,bsd->btsh", q, k, dtype=np.float32)  # (b, t, kv, h)
-    scores = np.einsum("btsh,bth->bts", np.maximum(dots, np.float32(0)), w, dtype=np.float32)
+    scores = np.zeros((ne3, n_batch, n_kv), dtype=np.float32)
+    for b in range(ne3):
+        dots = fdot.vec_dot(k[b], q[b].reshape(n_batch * n_head, d), "f32").reshape(n_batch, n_head, n_kv)
+        relu = np.maximum(dots, np.float32(0))
+        for h in range(n_head):
+            scores[b] = fma32(relu[:, h], w[b, :, h, None], scores[b])
     if m_t is not None:
         if m_t.ne[0] != n_kv or m_t.ne[1] < n_batch or m_t.ne[3] == 0 or ne3 % int(m_t.ne[3]):
             raise node_error(node, "mask must be [kv, >= t, 1, divisor of b]")

@@ -135,8 +135,6 @@ def test_ssm_conv_and_col2im_1d_against_loops(arena):
 
 @pytest.mark.parametrize("k_type", [F32, int(GgmlType.Q8_0)])
 def test_lightning_indexer_against_a_loop(arena, k_type):
-    from ggml_rpc.reference.executor import types as ty
-
     d, nh, nt, nkv, nb = 32, 3, 2, 5, 2
     q = rand(nb, nt, nh, d)
     k = rand(nb, nkv, 1, d, seed=1)
@@ -150,14 +148,14 @@ def test_lightning_indexer_against_a_loop(arena, k_type):
     out = arena.tensor(F32, (nkv, nt, 1, nb), op=GgmlOp.LIGHTNING_INDEXER, src=(qt, kt, wt, mt))
     execute([out])
     kk = arena.get(kt)[:, :, 0]  # keys as stored (quantised keys read back dequantised)
-    qq = q if k_type == F32 else ty.through_type(int(GgmlType.F16), q)
+    qq = q  # float32 whatever the keys' type: ggml converts each key row, never the queries
     want = np.zeros((nb, nt, nkv))
     for b in range(nb):
         for t in range(nt):
             for s in range(nkv):
                 want[b, t, s] = sum(w[b, 0, t, h] * max(0.0, float(qq[b, t, h] @ kk[b, s])) for h in range(nh))
     want += mask[0, 0].astype(np.float64)
-    np.testing.assert_allclose(arena.get(out)[:, 0], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(arena.get(out)[:, 0], want, rtol=1e-6, atol=1e-6)
 
 
 def test_solve_tri_solves_the_lower_triangle_only(arena):
