@@ -16,7 +16,8 @@ from ..graph import GraphTensor
 from . import fdot
 from .core import READABLE, convert, kernel, need_types, params_f32, read, src, write
 from .matmul import broadcast_matmul
-from .memory import F16, F32, Memory, node_error
+from .memory import BF16, F16, F32, Memory, node_error
+from .q8dot import EXACT_TYPES, raw_products
 from .softmax import alibi_slopes, broadcast_mask
 from .types import VEC_DOT_TYPE, through_type
 
@@ -48,7 +49,11 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
     q = read(mem, q_t)  # (n_seq, n_head, n_q, dk)
     tiled = n_q >= _TILE_ROWS and k_t.type == v_t.type and k_t.type in (F32, F16)
     online = v_t.type == F16 and not tiled
-    if not tiled and k_t.type != F32:
+    # Quantised keys in upstream's own vector dot (the queries quantised by it, as ggml converts them); the other
+    # types round the queries to the keys' vec-dot type here.
+    blocks_dot = not tiled and k_t.type in EXACT_TYPES and dk % 32 == 0
+    q_plain = q
+    if not tiled and k_t.type != F32 and not blocks_dot:
         q = through_type(VEC_DOT_TYPE.get(k_t.type, F32), np.ascontiguousarray(q))
     rh, rs = n_head // n_head_kv, n_seq // k3
     mask = None
@@ -75,7 +80,7 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
                       alibi_slopes(n_head, max_bias), scale, softcap, sinks)
         write(mem, node, out.swapaxes(1, 2))
         return
-    if online and mask is not None:
+    if mask is not None:
         # ggml's one-query path skips a KV position whose mask is -inf before touching K or V: only positions some
         # row can see are converted and scored (a decoding step sees a few of a long cache).
         seen = np.flatnonzero(~np.isneginf(mask[:, :, :n_q, :n_kv]).all(axis=(0, 1, 2)))
@@ -83,33 +88,82 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
             k_raw, v_raw = k_raw[:, :, seen], v_raw[:, :, seen]
             mask = mask[..., seen]
             n_kv = len(seen)
-    k = convert(k_t.type, k_raw)  # (k3, n_head_kv, n_kv, dk)
+    k = None if blocks_dot else convert(k_t.type, k_raw)  # (k3, n_head_kv, n_kv, dk)
     v = convert(v_t.type, v_raw)  # (k3, n_head_kv, n_kv, dv)
     slopes = alibi_slopes(n_head, max_bias)[None, :, None, None] if max_bias > 0 else None
-    k_t_view = k.swapaxes(-1, -2)
-    # One query at a time (the tiled path has returned) against an F16 K, ggml scores with ggml_vec_dot_f16: its
-    # order, not BLAS's.  (An F16 K with an F16 V took the compiled path above; this is an F16 K with another V.)
-    exact_dot = k_t.type == F16
     out = np.empty((n_seq, n_head, n_q, dv), dtype=np.float32)
     # Query rows in chunks, so the score block stays small however long the context is.
     step = max(1, _CHUNK_SCORES // max(1, n_seq * n_head * n_kv))
     for lo in range(0, n_q, step):
         hi = min(n_q, lo + step)
-        if exact_dot:
-            scores = dot_f16_rows(q[:, :, lo:hi], k, rh, rs) * scale  # (n_seq, n_head, rows, n_kv)
+        if blocks_dot:
+            scores = _block_scores(k_t.type, k_raw, q_plain[:, :, lo:hi], rh, rs)
         else:
-            scores = broadcast_matmul(q[:, :, lo:hi], k_t_view, rh, rs) * scale
+            scores = _float_scores(k_t.type, q[:, :, lo:hi], k, rh, rs)  # type: ignore[arg-type]
+        scores *= scale
         if softcap != 0:
-            scores = softcap * np.tanh(scores)
+            from .flash_steps import softcapped
+
+            softcapped(scores, float(softcap))
         if mask is not None:
             m = broadcast_mask(node, mask, n_q, n_head, n_seq, n_kv, lo, hi)
-            scores = scores + (slopes * m if slopes is not None else m)
-        if online:
-            out[:, :, lo:hi] = _online_f16(scores, v, sinks, rh, rs)
-        else:
-            out[:, :, lo:hi] = _softmax_v(scores, v, sinks, rh, rs)
+            mv = slopes * m if slopes is not None else m
+            # A position the mask hides is skipped before its dot is taken, whatever its key row holds.
+            scores = np.where(np.isneginf(mv), np.float32(-np.inf), scores + mv).astype(np.float32)
+        out[:, :, lo:hi] = _online(scores, v, sinks, rh, rs, half=online)
     # Result layout is [dv, head, query, seq]: swap head and query.
     write(mem, node, out.swapaxes(1, 2))
+
+
+def _float_scores(k_type: int, q: np.ndarray, k: np.ndarray, rh: int, rs: int) -> np.ndarray:
+    """Every query row dotted with every key as ``ggml_vec_dot_f16``/``_f32``/``_bf16`` computes it (the queries
+    already rounded to the keys' type), or by BLAS for a key type whose dot is not emulated."""
+    if k_type == F16:
+        return dot_f16_rows(q, k, rh, rs)
+    kind = {F32: "f32", BF16: "bf16"}.get(k_type)
+    if kind is None:
+        return broadcast_matmul(q, k.swapaxes(-1, -2), rh, rs)
+    n_seq, n_head, rows, _ = q.shape
+    out = np.empty((n_seq, n_head, rows, k.shape[2]), dtype=np.float32)
+    for s, h in np.ndindex(n_seq, n_head):
+        out[s, h] = fdot.vec_dot(k[s // rs, h // rh], q[s, h], kind)
+    return out
+
+
+def _block_scores(k_type: int, k_raw: np.ndarray, q: np.ndarray, rh: int, rs: int) -> np.ndarray:
+    """Every query row dotted with every quantised key in upstream's own vector dot for the type
+    (:func:`.q8dot.raw_products`, which quantises the queries to the type's activation blocks): (seq, head, rows,
+    n_kv)."""
+    n_seq, n_head, rows, _ = q.shape
+    out = np.empty((n_seq, n_head, rows, k_raw.shape[2]), dtype=np.float32)
+    for s, h in np.ndindex(n_seq, n_head):
+        out[s, h] = raw_products(k_type, np.ascontiguousarray(k_raw[s // rs, h // rh]),
+                                 np.ascontiguousarray(q[s, h], dtype=np.float32), batch=False)
+    return out
+
+
+def _online(scores: np.ndarray, v: np.ndarray, sinks: np.ndarray | None, rh: int, rs: int, *,
+            half: bool) -> np.ndarray:
+    """ggml's one-query recurrence for every row of ``scores`` (seq, head, rows, n_kv): with an F16 accumulator
+    (``half``, an F16 V: :func:`.flash_steps.online_rows`) or a float32 one (any other V:
+    :func:`.flash_steps.online_rows_f32`).  Query head h reads V head h // rh of ``v`` (kseq, khead, n_kv, dv),
+    sequence s V sequence s // rs; ``sinks`` (1, head, 1) or None."""
+    from .flash_steps import online_rows, online_rows_f32
+
+    n_seq, n_head, n_rows, n_kv = scores.shape
+    k3, n_head_kv, _, dv = v.shape
+    heads = (np.arange(n_seq)[:, None] // rs) * n_head_kv + np.arange(n_head)[None, :] // rh
+    v_of = np.repeat(heads.reshape(-1), n_rows)
+    flat_sinks = np.zeros(len(v_of), dtype=np.float32)
+    if sinks is not None:
+        flat_sinks = np.ascontiguousarray(np.broadcast_to(sinks.reshape(1, n_head, 1), (n_seq, n_head, n_rows)),
+                                          dtype=np.float32).reshape(-1)
+    out = np.empty((n_seq * n_head * n_rows, dv), dtype=np.float32)
+    (online_rows if half else online_rows_f32)(
+        np.ascontiguousarray(scores, dtype=np.float32).reshape(-1, n_kv),
+        np.ascontiguousarray(v, dtype=np.float32).reshape(k3 * n_head_kv, n_kv, dv), v_of, flat_sinks,
+        sinks is not None, out)
+    return out.reshape(n_seq, n_head, n_rows, dv)
 
 
 def _attend(tiled: bool, q: np.ndarray, k: np.ndarray, v: np.ndarray, rh: int, rs: int, mask: np.ndarray | None,
@@ -145,37 +199,3 @@ def dot_f16_rows(q: np.ndarray, k: np.ndarray, rh: int, rs: int) -> np.ndarray:
     return out
 
 
-def _softmax_v(scores: np.ndarray, v: np.ndarray, sinks: np.ndarray | None, rh: int, rs: int) -> np.ndarray:
-    mx = scores.max(axis=-1)
-    if sinks is not None:
-        mx = np.maximum(mx, sinks)
-    mx = np.where(np.isneginf(mx), np.float32(0), mx)
-    w = np.exp(scores - mx[..., None])
-    total = w.sum(axis=-1, dtype=np.float32)
-    if sinks is not None:
-        total = total + np.exp(sinks - mx)
-    out = broadcast_matmul(w, v, rh, rs)
-    inv = np.divide(np.float32(1), total, out=np.zeros_like(total), where=total != 0)
-    return (out * inv[..., None]).astype(np.float32)
-
-
-def _online_f16(scores: np.ndarray, v: np.ndarray, sinks: np.ndarray | None, rh: int = 1,
-                rs: int = 1) -> np.ndarray:
-    """ggml's one-query recurrence with an F16 accumulator (:func:`.flash_steps.online_rows`) for every row of
-    ``scores`` (seq, head, rows, n_kv): query head h reads V head h // rh of ``v`` (kseq, khead, n_kv, dv),
-    sequence s V sequence s // rs; ``sinks`` (1, head, 1) or None."""
-    from .flash_steps import online_rows
-
-    n_seq, n_head, n_rows, n_kv = scores.shape
-    k3, n_head_kv, _, dv = v.shape
-    heads = (np.arange(n_seq)[:, None] // rs) * n_head_kv + np.arange(n_head)[None, :] // rh
-    v_of = np.repeat(heads.reshape(-1), n_rows)
-    flat_sinks = np.zeros(len(v_of), dtype=np.float32)
-    if sinks is not None:
-        flat_sinks = np.ascontiguousarray(np.broadcast_to(sinks.reshape(1, n_head, 1), (n_seq, n_head, n_rows)),
-                                          dtype=np.float32).reshape(-1)
-    out = np.empty((n_seq * n_head * n_rows, dv), dtype=np.float32)
-    online_rows(np.ascontiguousarray(scores, dtype=np.float32).reshape(-1, n_kv),
-                np.ascontiguousarray(v, dtype=np.float32).reshape(k3 * n_head_kv, n_kv, dv), v_of, flat_sinks,
-                sinks is not None, out)
-    return out.reshape(n_seq, n_head, n_rows, dv)

@@ -1,5 +1,6 @@
 """FLASH_ATTN_EXT compiled (numba) as ggml's CPU backend runs it: the one-query recurrence with an F16 V (one query
-row at a time; :func:`attend_f16` computes the scores too) and the tiled path (:func:`attend_tiled`).
+row at a time; :func:`attend_f16` computes the scores too) or any other V (:func:`online_rows_f32`), and the tiled
+path (:func:`attend_tiled`).
 
 For each KV position in order: a position whose score is -inf is skipped; on a new maximum the F16 accumulator is
 rescaled by ``expf(old - new)`` (each value rounded back to F16) and the position's weight is 1, otherwise its weight
@@ -45,6 +46,48 @@ def online_rows(scores: np.ndarray, v: np.ndarray, v_of: np.ndarray, sinks: np.n
                 continue
             m, total = _step(acc, vr[ic], s, m, total)
         _finish(acc, m, total, sinks[r], has_sinks, out[r])
+
+
+@njit(cache=True, nogil=True)
+def online_rows_f32(scores: np.ndarray, v: np.ndarray, v_of: np.ndarray, sinks: np.ndarray, has_sinks: bool,
+                    out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """As :func:`online_rows`, for a V that is not F16 (F32, BF16 or quantised: each row converted to float32, as
+    ggml does before adding it): the accumulator stays float32, rescaled by ``ggml_vec_scale_f32`` (a product per
+    value) and added to by ``ggml_vec_mad_f32`` (a fused multiply-add per value)."""
+    n_rows, n_kv = scores.shape
+    dv = v.shape[2]
+    acc = np.empty(dv, dtype=F32)
+    neg_inf, zero, one = F32(-np.inf), F32(0), F32(1)
+    for r in range(n_rows):
+        acc[:] = zero
+        m = neg_inf
+        total = zero
+        vr = v[v_of[r]]
+        for ic in range(n_kv):
+            s = scores[r, ic]
+            if s == neg_inf:
+                continue
+            ms, vs = one, one
+            if s > m:
+                ms = expf(F32(m - s))
+                m = s
+                for j in range(dv):
+                    acc[j] = F32(acc[j] * ms)
+            else:
+                vs = expf(F32(s - m))
+            for j in range(dv):
+                acc[j] = fma32(vr[ic, j], vs, acc[j])
+            total = fma32(total, ms, vs)
+        _finish(acc, m, total, sinks[r], has_sinks, out[r])
+
+
+@njit(cache=True, nogil=True)
+def softcapped(scores: np.ndarray, softcap: float) -> None:  # pragma: no cover - compiled
+    """``softcap * tanhf(s)`` in place over a float32 array, with the C library's tanhf as ggml calls it."""
+    cap = F32(softcap)
+    flat = scores.reshape(-1)
+    for i in range(flat.shape[0]):
+        flat[i] = F32(cap * tanhf(flat[i]))
 
 
 @njit(cache=True, inline="always")

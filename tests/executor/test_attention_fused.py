@@ -1,6 +1,6 @@
 """FLASH_ATTN_EXT's compiled one-query path for F16 K and V (scores and recurrence in one loop) against the same
 step by step: ggml_vec_dot_f16 of each K row and the query rounded to F16, times the scale, plus the head's ALiBi
-slope times the mask, then the online recurrence (:func:`_online_f16`, itself checked against ggml's loop)."""
+slope times the mask, then the online recurrence (:func:`_online`, itself checked against ggml's loop)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from ggml_rpc.reference.executor import execute
 from ggml_rpc.reference.executor.arena import Arena, params
-from ggml_rpc.reference.executor.attention import _online_f16, dot_f16_rows
+from ggml_rpc.reference.executor.attention import _online, dot_f16_rows
 from ggml_rpc.reference.executor.softmax import alibi_slopes
 from ggml_rpc.spec import GgmlOp, GgmlType
 
@@ -69,7 +69,7 @@ def test_fused_f16_attention_is_the_step_by_step_form(seed: int) -> None:
         full = np.tile(mask, (n_seq // m_seq, n_head // m_head, 1, 1))
         slopes = alibi_slopes(n_head, max_bias)[None, :, None, None]
         scores = scores + (slopes * full if max_bias > 0 else full)
-    want = _online_f16(scores, arena.get(v), None if sinks is None else sinks[None, :, None], rh, rs)
+    want = _online(scores, arena.get(v), None if sinks is None else sinks[None, :, None], rh, rs, half=True)
     assert got.tobytes() == want.tobytes()
 
 
