@@ -145,10 +145,10 @@ def _block_scores(k_type: int, k_raw: np.ndarray, q: np.ndarray, rh: int, rs: in
 def _online(scores: np.ndarray, v: np.ndarray, sinks: np.ndarray | None, rh: int, rs: int, *,
             half: bool) -> np.ndarray:
     """ggml's one-query recurrence for every row of ``scores`` (seq, head, rows, n_kv): with an F16 accumulator
-    (``half``, an F16 V: :func:`.flash_steps.online_rows`) or a float32 one (any other V:
-    :func:`.flash_steps.online_rows_f32`).  Query head h reads V head h // rh of ``v`` (kseq, khead, n_kv, dv),
+    (``half``, an F16 V) or a float32 one (any other V), both :func:`.flash_steps.online_rows`.  Query head h
+    reads V head h // rh of ``v`` (kseq, khead, n_kv, dv),
     sequence s V sequence s // rs; ``sinks`` (1, head, 1) or None."""
-    from .flash_steps import online_rows, online_rows_f32
+    from .flash_steps import online_rows
 
     n_seq, n_head, n_rows, n_kv = scores.shape
     k3, n_head_kv, _, dv = v.shape
@@ -159,10 +159,9 @@ def _online(scores: np.ndarray, v: np.ndarray, sinks: np.ndarray | None, rh: int
         flat_sinks = np.ascontiguousarray(np.broadcast_to(sinks.reshape(1, n_head, 1), (n_seq, n_head, n_rows)),
                                           dtype=np.float32).reshape(-1)
     out = np.empty((n_seq * n_head * n_rows, dv), dtype=np.float32)
-    (online_rows if half else online_rows_f32)(
-        np.ascontiguousarray(scores, dtype=np.float32).reshape(-1, n_kv),
-        np.ascontiguousarray(v, dtype=np.float32).reshape(k3 * n_head_kv, n_kv, dv), v_of, flat_sinks,
-        sinks is not None, out)
+    online_rows(np.ascontiguousarray(scores, dtype=np.float32).reshape(-1, n_kv),
+                np.ascontiguousarray(v, dtype=np.float32).reshape(k3 * n_head_kv, n_kv, dv), v_of, flat_sinks,
+                sinks is not None, half, out)
     return out.reshape(n_seq, n_head, n_rows, dv)
 
 

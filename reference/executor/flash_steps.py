@@ -1,5 +1,5 @@
 """FLASH_ATTN_EXT compiled (numba) as ggml's CPU backend runs it: the one-query recurrence with an F16 V (one query
-row at a time; :func:`attend_f16` computes the scores too) or any other V (:func:`online_rows_f32`), and the tiled
+row at a time; :func:`attend_f16` computes the scores too) or any other V (:func:`online_rows`), and the tiled
 path (:func:`attend_tiled`).
 
 For each KV position in order: a position whose score is -inf is skipped; on a new maximum the F16 accumulator is
@@ -27,9 +27,12 @@ F32 = np.float32
 
 @njit(cache=True, nogil=True)
 def online_rows(scores: np.ndarray, v: np.ndarray, v_of: np.ndarray, sinks: np.ndarray, has_sinks: bool,
-                out: np.ndarray) -> None:  # pragma: no cover - compiled
-    """out[r] = the attention of row r: scores (R, n_kv) float32 (scaled, masked), v (G, n_kv, dv) float32 holding
-    F16 values, v_of (R,) the V matrix of each row, sinks (R,) each row's sink (read when ``has_sinks``)."""
+                half: bool, out: np.ndarray) -> None:  # pragma: no cover - compiled
+    """out[r] = the attention of row r: scores (R, n_kv) float32 (scaled, masked), v (G, n_kv, dv) float32, v_of (R,)
+    the V matrix of each row, sinks (R,) each row's sink (read when ``has_sinks``).  ``half``: V is F16 and so is the
+    accumulator (each value rounded back to F16 at every step); otherwise (F32, BF16 or quantised V, each row
+    converted to float32 as ggml does) the accumulator stays float32, rescaled by ``ggml_vec_scale_f32`` and added to
+    by ``ggml_vec_mad_f32``."""
     n_rows, n_kv = scores.shape
     dv = v.shape[2]
     acc = np.empty(dv, dtype=F32)
@@ -44,40 +47,7 @@ def online_rows(scores: np.ndarray, v: np.ndarray, v_of: np.ndarray, sinks: np.n
             s = scores[r, ic]
             if s == neg_inf:
                 continue
-            m, total = _step(acc, vr[ic], s, m, total)
-        _finish(acc, m, total, sinks[r], has_sinks, out[r])
-
-
-@njit(cache=True, nogil=True)
-def online_rows_f32(scores: np.ndarray, v: np.ndarray, v_of: np.ndarray, sinks: np.ndarray, has_sinks: bool,
-                    out: np.ndarray) -> None:  # pragma: no cover - compiled
-    """As :func:`online_rows`, for a V that is not F16 (F32, BF16 or quantised: each row converted to float32, as
-    ggml does before adding it): the accumulator stays float32, rescaled by ``ggml_vec_scale_f32`` (a product per
-    value) and added to by ``ggml_vec_mad_f32`` (a fused multiply-add per value)."""
-    n_rows, n_kv = scores.shape
-    dv = v.shape[2]
-    acc = np.empty(dv, dtype=F32)
-    neg_inf, zero, one = F32(-np.inf), F32(0), F32(1)
-    for r in range(n_rows):
-        acc[:] = zero
-        m = neg_inf
-        total = zero
-        vr = v[v_of[r]]
-        for ic in range(n_kv):
-            s = scores[r, ic]
-            if s == neg_inf:
-                continue
-            ms, vs = one, one
-            if s > m:
-                ms = expf(F32(m - s))
-                m = s
-                for j in range(dv):
-                    acc[j] = F32(acc[j] * ms)
-            else:
-                vs = expf(F32(s - m))
-            for j in range(dv):
-                acc[j] = fma32(vr[ic, j], vs, acc[j])
-            total = fma32(total, ms, vs)
+            m, total = _step(acc, vr[ic], s, m, total, half)
         _finish(acc, m, total, sinks[r], has_sinks, out[r])
 
 
@@ -91,21 +61,24 @@ def softcapped(scores: np.ndarray, softcap: float) -> None:  # pragma: no cover 
 
 
 @njit(cache=True, inline="always")
-def _step(acc, row, s, m, total):  # type: ignore[no-untyped-def]
-    # One KV position of ggml's F16 recurrence: on a new maximum the accumulator is rescaled (each value back to F16)
-    # and the weight is 1, else the weight is expf(s - max); the weighted V row added by fused multiply-adds, each
-    # result rounded to F16; the denominator S * ms + vs fused.  Returns the maximum and the denominator.
+def _step(acc, row, s, m, total, half):  # type: ignore[no-untyped-def]
+    # One KV position of ggml's recurrence: on a new maximum the accumulator is rescaled (each value back to F16 when
+    # ``half``) and the weight is 1, else the weight is expf(s - max); the weighted V row added by fused
+    # multiply-adds, each result rounded to F16 when ``half``; the denominator S * ms + vs fused.  Returns the
+    # maximum and the denominator.
     one = F32(1)
     ms, vs = one, one
     if s > m:
         ms = expf(F32(m - s))
         m = s
         for j in range(acc.shape[0]):
-            acc[j] = to_half(F32(acc[j] * ms))
+            scaled = F32(acc[j] * ms)
+            acc[j] = to_half(scaled) if half else scaled
     else:
         vs = expf(F32(s - m))
     for j in range(acc.shape[0]):
-        acc[j] = to_half(fma32(row[j], vs, acc[j]))
+        added = fma32(row[j], vs, acc[j])
+        acc[j] = to_half(added) if half else added
     return m, fma32(total, ms, vs)
 
 
@@ -175,7 +148,7 @@ def attend_f16(q: np.ndarray, k: np.ndarray, v: np.ndarray, rh: int, rs: int, ma
                     if score == neg_inf:
                         continue
                     _f16_row(vh[ic], vf)
-                    m, total = _step(acc, vf, score, m, total)
+                    m, total = _step(acc, vf, score, m, total, True)
                 _finish(acc, m, total, sinks[h], has_sinks, out[s, h, qi])
 
 

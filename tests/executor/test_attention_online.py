@@ -29,8 +29,11 @@ def _fma(a: np.float32, b: np.float32, c: np.float32) -> np.float32:
     return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
 
 
-def _one_row(s: np.ndarray, v: np.ndarray, sink: float | None) -> np.ndarray:
-    acc = np.zeros(v.shape[-1], dtype=np.float16)
+def _one_row(s: np.ndarray, v: np.ndarray, sink: float | None, half: bool = True) -> np.ndarray:
+    # ``half``: an F16 V, its accumulator rounded back to F16 at every step; otherwise a float32 accumulator,
+    # rescaled by a product per value (ggml_vec_scale_f32) and added to by a fused multiply-add (ggml_vec_mad_f32).
+    store = np.float16 if half else np.float32
+    acc = np.zeros(v.shape[-1], dtype=store)
     m, total = np.float32(-np.inf), np.float32(0)
     for ic in range(len(s)):
         if np.isneginf(s[ic]):
@@ -39,10 +42,10 @@ def _one_row(s: np.ndarray, v: np.ndarray, sink: float | None) -> np.ndarray:
         if s[ic] > m:
             ms = _expf(np.float32(m - s[ic]))
             m = s[ic]
-            acc = (acc.astype(np.float32) * ms).astype(np.float16)
+            acc = (acc.astype(np.float32) * ms).astype(store)
         else:
             vs = _expf(np.float32(s[ic] - m))
-        acc = (acc.astype(np.float64) + v[ic].astype(np.float64) * np.float64(vs)).astype(np.float32).astype(np.float16)
+        acc = (acc.astype(np.float64) + v[ic].astype(np.float64) * np.float64(vs)).astype(np.float32).astype(store)
         total = _fma(total, ms, vs)
     out = acc.astype(np.float32)
     if sink is not None:
@@ -94,30 +97,6 @@ def test_shared_kv_heads_read_their_own_v(rh: int, rs: int) -> None:
         assert got[i].tobytes() == want.tobytes(), i
 
 
-def _one_row_f32(s: np.ndarray, v: np.ndarray, sink: float | None) -> np.ndarray:
-    # The same loop for a V that is not F16: a float32 accumulator, rescaled by a product per value
-    # (ggml_vec_scale_f32) and added to by a fused multiply-add per value (ggml_vec_mad_f32), never rounded to F16.
-    acc = np.zeros(v.shape[-1], dtype=np.float32)
-    m, total = np.float32(-np.inf), np.float32(0)
-    for ic in range(len(s)):
-        if np.isneginf(s[ic]):
-            continue
-        ms, vs = np.float32(1), np.float32(1)
-        if s[ic] > m:
-            ms = _expf(np.float32(m - s[ic]))
-            m = s[ic]
-            acc = (acc * ms).astype(np.float32)
-        else:
-            vs = _expf(np.float32(s[ic] - m))
-        acc = (acc.astype(np.float64) + v[ic].astype(np.float64) * np.float64(vs)).astype(np.float32)
-        total = _fma(total, ms, vs)
-    if sink is not None:
-        sink = np.float32(sink)
-        ms, vs = (_expf(np.float32(m - sink)), np.float32(1)) if sink > m else (np.float32(1), _expf(sink - m))
-        acc, total = acc * np.float32(ms), np.float32(np.float32(total * ms) + vs)
-    return (acc * (np.float32(1) / total if total != 0 else np.float32(0))).astype(np.float32)
-
-
 @pytest.mark.parametrize("seed", range(30))
 def test_float32_accumulator_recurrence_is_ggmls_loop_bit_for_bit(seed: int) -> None:
     r = np.random.default_rng(1000 + seed)
@@ -130,7 +109,7 @@ def test_float32_accumulator_recurrence_is_ggmls_loop_bit_for_bit(seed: int) -> 
     sinks = r.standard_normal((1, head, 1)).astype(np.float32) if seed % 2 else None
     got = _online(scores, v, sinks, 1, 1, half=False)
     for s_, h, i in np.ndindex(seq, head, rows):
-        want = _one_row_f32(scores[s_, h, i], v[s_, h], None if sinks is None else sinks[0, h, 0])
+        want = _one_row(scores[s_, h, i], v[s_, h], None if sinks is None else sinks[0, h, 0], half=False)
         assert got[s_, h, i].tobytes() == want.tobytes(), (s_, h, i)
     # The F16 recurrence on the same input differs (it rounds its accumulator): the two paths are distinct.
     if seed == 0:
