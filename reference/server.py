@@ -56,7 +56,8 @@ _RECV_CHUNK = 1 << 16
 #: One non-blocking read without switching the socket's mode (two system calls fewer per poll).
 _DONTWAIT = socket.MSG_DONTWAIT
 #: Bulk data is taken whole in one blocking call: polled, a megabyte arrives in dozens of partial reads, each a turn
-#: of the interpreted loop below (SET_TENSOR 1 MiB ran at 0.7-0.9x upstream that way).
+#: of the interpreted loop below (SET_TENSOR 1 MiB, interleaved with upstream 7.0.0: 0.87-0.94x polled, 0.91-1.03x
+#: whole, BENCHMARKS.md).
 _WAITALL = socket.MSG_WAITALL
 #: A yield of the CPU that took longer than this (seconds) let another task run there: an idle CPU gives it back in
 #: well under 2 microseconds (99.9th percentile 1.3 us measured here).  Polling then competes with that task, which

@@ -166,6 +166,12 @@ ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma", "mamba", "
 MAMBA_D_CONV, MAMBA_D_STATE = 4, 16
 
 
+def mamba_sizes(n_embd: int) -> tuple[int, int]:
+    """A mamba layer's inner width and time-step rank for ``n_embd``, as upstream's converter derives them
+    (d_inner = 2 n_embd, dt_rank = ceil(n_embd / 16))."""
+    return 2 * n_embd, -(-n_embd // 16)
+
+
 def write_model(path: Path, *, ftype: str, vocab_path: Path, seed: int = 0, n_embd: int = 64, n_layer: int = 2,
                 n_head: int = 2, n_head_kv: int = 2, n_ff: int = 128, n_ctx_train: int = 256,
                 token_embd_ftype: str | None = None, arch: str = "llama", n_expert: int = 0,
@@ -208,9 +214,10 @@ def write_model(path: Path, *, ftype: str, vocab_path: Path, seed: int = 0, n_em
         writer.add_feed_forward_length(0)
         writer.add_head_count(0)
         writer.add_ssm_conv_kernel(MAMBA_D_CONV)
-        writer.add_ssm_inner_size(2 * n_embd)
+        d_inner, dt_rank = mamba_sizes(n_embd)
+        writer.add_ssm_inner_size(d_inner)
         writer.add_ssm_state_size(MAMBA_D_STATE)
-        writer.add_ssm_time_step_rank(-(-n_embd // 16))
+        writer.add_ssm_time_step_rank(dt_rank)
     else:
         writer.add_feed_forward_length(n_ff)
         writer.add_head_count(n_head)
@@ -281,8 +288,9 @@ def _store_mamba_layer(writer: Any, blk: str, n_embd: int, ftype: str,
     """One mamba layer's tensors, in upstream's shapes.  A is negative (``-exp(A_log)``, as the converter stores
     it, with the published models' initialisation -1..-d_state) and the time step's bias gives a step near 0.01
     (softplus of the bias), so the state neither explodes nor vanishes."""
-    d_inner, dt_rank = 2 * n_embd, -(-n_embd // 16)
+    d_inner, dt_rank = mamba_sizes(n_embd)
     _store(writer, f"{blk}.ssm_in.weight", weights(2 * d_inner, n_embd), ftype, info)
+    # Ten times the other weights' scale: a width-4 convolution of 0.02-sized weights would pass almost nothing on.
     _store(writer, f"{blk}.ssm_conv1d.weight", weights(d_inner, MAMBA_D_CONV) * np.float32(10), "F32", info)
     _store(writer, f"{blk}.ssm_conv1d.bias", weights(1, d_inner)[0], "F32", info)
     _store(writer, f"{blk}.ssm_x.weight", weights(dt_rank + 2 * MAMBA_D_STATE, d_inner), ftype, info)

@@ -40,8 +40,8 @@ SHAPES: dict[str, dict[str, Any]] = {
     "qwen3": {"arch": "qwen3", "n_embd": 256, "n_head": 4, "n_head_kv": 2, "n_ff": 512, **_COMMON},
     "gemma": {"arch": "gemma", "n_embd": 256, "n_head": 4, "n_head_kv": 1, "n_ff": 512, **_COMMON},
     "moe": {"n_embd": 256, "n_head": 4, "n_head_kv": 2, "n_ff": 256, "n_expert": 4, "n_expert_used": 2, **_COMMON},
-    # Recurrent: no attention (the head counts are the writer's defaults, unused), d_inner 512.
     "phi3": {"arch": "phi3", "n_embd": 256, "n_head": 4, "n_head_kv": 2, "n_ff": 512, **_COMMON},
+    # Recurrent: no attention (the head counts are the writer's defaults, unused), d_inner 512.
     "mamba": {"arch": "mamba", "n_embd": 256, "n_head": 4, "n_head_kv": 4, "n_ff": 512, **_COMMON},
 }
 
