@@ -25,7 +25,17 @@ from numba import njit
 from numba.core import types
 from numba.extending import intrinsic
 
-from .lanes8 import _block_fma, _fma_lanes, _tile_4x1, _tile_4x2, _tile_4x3, _tile_8x1, _tile_8x2, _tile_8x3
+from .lanes8 import (
+    _block_fma,
+    _dot_row,
+    _fma_lanes,
+    _tile_4x1,
+    _tile_4x2,
+    _tile_4x3,
+    _tile_8x1,
+    _tile_8x2,
+    _tile_8x3,
+)
 from .simd_sums import (
     K_CORRECTED,
     K_MINS_FIRST,
@@ -212,42 +222,45 @@ def float_vec_dot(w: np.ndarray, x: np.ndarray, kind: int, out: np.ndarray) -> N
     """out[r, c] = ggml_vec_dot_f32/_f16/_bf16 (``kind``) of weight row c and row r of x, both float32 holding the
     operands' values: four accumulators of eight lanes per 32 elements, folded (0 + 2) + (1 + 3); the lanes summed
     by horizontal adds (F32/F16) or as hsum_float_8 (BF16); the elements past the last whole 32 one product at a
-    time (F32: into the float32 sum; F16/BF16: each float32 product into a double)."""
-    m = w.shape[0]
-    n = x.shape[0]
-    acc = np.empty(32, dtype=F32)
+    time (F32: into the float32 sum; F16/BF16: each float32 product into a double).  Each output's loop is
+    :func:`.lanes8._dot_row`, its accumulators in registers."""
+    m, k = w.shape
+    whole = k - k % 32
     lanes = np.empty(8, dtype=F32)
     for c in range(m):
-        wr = w[c]
-        for r in range(n):
-            out[r, c] = vec_dot_row(wr, x[r], kind, acc, lanes)
+        for r in range(x.shape[0]):
+            _dot_row(w, c, x, r, whole, lanes)
+            total = _lanes_total(kind, lanes)
+            # The tail's row views only where there is a tail: views in this loop cost more than the row's dot.
+            out[r, c] = total if whole == k else _dot_tail(w[c], x[r], whole, kind, total)
 
 
 @njit(cache=True, inline="always")
-def vec_dot_row(wr, xr, kind, acc, lanes):  # type: ignore[no-untyped-def]
-    # One output of float_vec_dot (rows of contiguous float32 values); acc (32) and lanes (8): float32 scratch.
-    k = wr.shape[0]
-    whole = k - k % 32
-    zero = F32(0)
-    for j in range(32):  # the four accumulators' lanes, 0-7, 8-15, 16-23, 24-31
-        acc[j] = zero
-    for i in range(0, whole, 32):
-        _fma_lanes(wr, xr, i, acc, 0)
-        _fma_lanes(wr, xr, i + 8, acc, 8)
-        _fma_lanes(wr, xr, i + 16, acc, 16)
-        _fma_lanes(wr, xr, i + 24, acc, 24)
-    for j in range(8):
-        lanes[j] = (acc[j] + acc[16 + j]) + (acc[8 + j] + acc[24 + j])
-    total = _hsum8(lanes) if kind == KIND_BF16 else _hadd_sum8(lanes)
+def vec_dot_row(wr, xr, kind, lanes):  # type: ignore[no-untyped-def]
+    # One output of float_vec_dot: wr and xr 1-D rows of contiguous float32 values, lanes float32 scratch (8).
+    whole = wr.shape[0] - wr.shape[0] % 32
+    _dot_row(wr, 0, xr, 0, whole, lanes)
+    return _dot_tail(wr, xr, whole, kind, _lanes_total(kind, lanes))
+
+
+@njit(cache=True, inline="always")
+def _lanes_total(kind, lanes):  # type: ignore[no-untyped-def]
+    # A float vector dot's eight folded lanes summed: horizontal adds (F32, F16) or hsum_float_8 (BF16).
+    return _hsum8(lanes) if kind == KIND_BF16 else _hadd_sum8(lanes)
+
+
+@njit(cache=True, inline="always")
+def _dot_tail(wr, xr, whole, kind, total):  # type: ignore[no-untyped-def]
+    # The elements past the last whole 32, one product at a time: F32 into the float32 sum, F16/BF16 each float32
+    # product into a double.
     if kind == KIND_F32:
-        for i in range(whole, k):
+        for i in range(whole, wr.shape[0]):
             total = total + wr[i] * xr[i]
-    else:
-        wide = F64(total)
-        for i in range(whole, k):
-            wide = wide + F64(wr[i] * xr[i])
-        total = F32(wide)
-    return total
+        return total
+    wide = F64(total)
+    for i in range(whole, wr.shape[0]):
+        wide = wide + F64(wr[i] * xr[i])
+    return F32(wide)
 
 
 @njit(cache=True, nogil=True)

@@ -34,6 +34,16 @@ def vec_dot(w: np.ndarray, x: np.ndarray, kind: str, out: np.ndarray | None = No
     return out
 
 
+def direct(w: np.ndarray, x: np.ndarray) -> bool:
+    """Whether :func:`f32_vec_dot` takes ``w`` and ``x`` as they are (float32 rows of contiguous elements)."""
+    return all(a.dtype == F and a.ndim == 2 and a.strides[-1] == 4 for a in (w, x))
+
+
+def f32_vec_dot(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """:func:`vec_dot` of F32 weights into ``out``, for operands :func:`direct` accepts: no checks, no copies."""
+    kernels().float_vec_dot(w, x, KIND_F32, out)
+
+
 def tinyblas(w: np.ndarray, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``x @ w^T`` as llamafile's tinyBLAS computes each output (one 8-lane accumulator, a fused multiply-add per 8
     elements, the tail padded with zeros).  Returns float32 ``(n, m)``: ``out`` when given."""

@@ -120,7 +120,6 @@ def attend_f16(q: np.ndarray, k: np.ndarray, v: np.ndarray, rh: int, rs: int, ma
     kf = np.empty(dk, dtype=F32)
     vf = np.empty(dv, dtype=F32)
     acc = np.empty(dv, dtype=F32)
-    lanes32 = np.empty(32, dtype=F32)
     lanes8 = np.empty(8, dtype=F32)
     neg_inf = F32(-np.inf)
     zero, sc, cap = F32(0), F32(scale), F32(softcap)
@@ -140,7 +139,7 @@ def attend_f16(q: np.ndarray, k: np.ndarray, v: np.ndarray, rh: int, rs: int, ma
                         if mv == neg_inf:
                             continue
                     _f16_row(kh[ic], kf)
-                    score = F32(vec_dot_row(kf, qrow, KIND_F16, lanes32, lanes8) * sc)
+                    score = F32(vec_dot_row(kf, qrow, KIND_F16, lanes8) * sc)
                     if cap != zero:
                         score = F32(cap * tanhf(score))
                     if has_mask:

@@ -223,8 +223,12 @@ def _prepare_mul_mat(node: GraphTensor, mem: Memory) -> tuple[Callable[[], objec
         return None  # the kernel refuses it, with its own message
     if _exact(a_t, b_t, k, ne02, ne03):
         rows = b.reshape(1, k)
-
         flat = out.reshape(1, -1)
+        w = mem.raw(a_t)[0, 0]
+        if a_t.type == F32 and fdot.direct(w, rows):
+            # F32 weights are their buffer's live view: the compiled dot straight on it, no lookup per run (the
+            # small products of a decoding step are a few microseconds each, as long as the calls around them).
+            return fdot.f32_vec_dot, (w, rows, flat)
 
         def exact() -> None:
             res = _exact_product(mem, a_t, rows, batch=False, out=flat)
