@@ -29,6 +29,10 @@ from .lanes8 import (
     _block_fma,
     _dot_row,
     _fma_lanes,
+    _q8_one,
+    _q8_one4,
+    _q8_two,
+    _q8_two4,
     _tile_4x1,
     _tile_4x2,
     _tile_4x3,
@@ -80,7 +84,13 @@ def _add8(a, b):  # type: ignore[no-untyped-def]
 @njit(cache=True, inline="always")
 def _hsum8(v: np.ndarray) -> np.float32:
     # hsum_float_8: lane i + lane i + 4, then (0 + 2) + (1 + 3)
-    r0, r1, r2, r3 = v[4] + v[0], v[5] + v[1], v[6] + v[2], v[7] + v[3]
+    return _hsum8_at(v, 0)
+
+
+@njit(cache=True, inline="always")
+def _hsum8_at(v: np.ndarray, at: int) -> np.float32:
+    # _hsum8 of v[at:at + 8], without a view of them
+    r0, r1, r2, r3 = v[at + 4] + v[at], v[at + 5] + v[at + 1], v[at + 6] + v[at + 2], v[at + 7] + v[at + 3]
     return (r0 + r2) + (r1 + r3)
 
 
@@ -173,15 +183,43 @@ def q8_products(wq: np.ndarray, wd: np.ndarray, wm: np.ndarray, xq: np.ndarray, 
 def _q8_rows(wq, wd, wm, xq, xd, xs, two, summed, out):  # type: ignore[no-untyped-def]
     m, k = wq.shape
     n = xq.shape[0]
-    p = np.empty(k, dtype=np.int32)
-    acc = np.empty(16, dtype=F32)
-    for c in range(m):
-        w = wq[c]
+    nb = k // 32
+    last = nb - nb % 2 if two else nb
+    lanes = np.empty(32, dtype=F32)
+    c = 0
+    while c < m:
+        rm = 4 if c + 4 <= m else 1
         for r in range(n):
-            x = xq[r]
-            for j in range(k):  # every product first: one widening multiply over the row
-                p[j] = np.int32(w[j]) * np.int32(x[j])
-            out[r, c] = _row_total(p, wd[c], xd[r], wm[c], xs[r], two, summed, False, acc)
+            if rm == 4:
+                if two:
+                    _q8_two4(wq, wd, c, xq, xd, r, last, lanes)
+                else:
+                    _q8_one4(wq, wd, c, xq, xd, r, last, lanes)
+            elif two:
+                _q8_two(wq, wd, c, xq, xd, r, last, lanes)
+            else:
+                _q8_one(wq, wd, c, xq, xd, r, last, lanes)
+            for a in range(rm):
+                out[r, c + a] = _q8_end(wq, wd, wm, xq, xd, xs, c + a, r, nb, last, summed, lanes, 8 * a)
+        c += rm
+
+
+@njit(cache=True, inline="always")
+def _q8_end(wq, wd, wm, xq, xd, xs, c, r, nb, last, summed, lanes, at):  # type: ignore[no-untyped-def]
+    # One output from its block loop's eight lanes (lanes[at:at + 8]): their sum, an odd last block of a
+    # two-accumulator kernel by one fused multiply-add, the mins' sums last.
+    total = _hsum8_at(lanes, at)
+    if last < nb:
+        t = np.int32(0)
+        for j in range(last * 32, nb * 32):
+            t += np.int32(wq[c, j]) * np.int32(xq[r, j])
+        total = fma32(wd[c, last] * xd[r, last], F32(t), total)
+    if summed:
+        summs = F32(0)
+        for b in range(nb):
+            summs = summs + wm[c, b] * xs[r, b]
+        total = total + summs
+    return total
 
 
 @njit(cache=True, inline="always")

@@ -225,14 +225,99 @@ def _dot_row(typingctx, w, c, x, r, whole, lanes):  # type: ignore[no-untyped-de
     return sig, codegen
 
 
-def _row_pointers(context, builder, ty, value, first, count):  # type: ignore[no-untyped-def]
-    # float* to rows first .. first + count of a 2-D float32 array (any row stride, contiguous elements); a 1-D
-    # array is its one row (first is then 0).
+def _row_pointers(context, builder, ty, value, first, count, element=None):  # type: ignore[no-untyped-def]
+    # Pointers (to float32, or to ``element``) to rows first .. first + count of a 2-D array (any row stride,
+    # contiguous elements); a 1-D array is its one row (first is then 0).
     arr = context.make_array(ty)(context, builder, value)
+    to = (element or ir.FloatType()).as_pointer()
     if ty.ndim == 1:
-        return [builder.bitcast(arr.data, ir.FloatType().as_pointer())]
+        return [builder.bitcast(arr.data, to)]
     stride = cgutils.unpack_tuple(builder, arr.strides, 2)[0]
     base = builder.bitcast(arr.data, ir.IntType(8).as_pointer())
     i64 = ir.IntType(64)
-    return [builder.bitcast(builder.gep(base, [builder.mul(builder.add(first, ir.Constant(i64, j)), stride)]),
-                            ir.FloatType().as_pointer()) for j in range(count)]
+    return [builder.bitcast(builder.gep(base, [builder.mul(builder.add(first, ir.Constant(i64, j)), stride)]), to)
+            for j in range(count)]
+
+
+def _q8_blocks(two: bool, rm: int):  # type: ignore[no-untyped-def]
+    """An intrinsic running the 8-bit-activation kernels' loop over blocks 0 .. last of weight rows c .. c + rm and
+    activation row r: per block the eight lane sums of its int8 products (codes in lane order, lane i's four at i,
+    i + 8, i + 16, i + 24: exact integers), converted to float32 and fused into the row's accumulator with the scale
+    wd[c, b] * xd[r, b] (a float32 product), rounded once.  With ``two`` even blocks go to one accumulator and odd
+    ones to another, added lane by lane at the end (last even).  Row a's eight lanes are written to
+    lanes[8a:8a + 8].  Products and accumulators stay in registers (the loop this replaced wrote every product to
+    memory and reloaded the accumulators per block), and the rm rows' chains of multiply-adds are independent, so
+    one row's latency hides another's.  wq, xq: int8 rows, wd, xd: float32 rows, contiguous elements."""
+
+    @intrinsic
+    def q8_blocks(typingctx, wq, wd, c, xq, xd, r, last, lanes):  # type: ignore[no-untyped-def]
+        sig = types.void(wq, wd, c, xq, xd, r, last, lanes)
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+            v8f, v8i = ir.VectorType(ir.FloatType(), 8), ir.VectorType(i32, 8)
+            v32b, v32h = ir.VectorType(i8, 32), ir.VectorType(ir.IntType(16), 32)
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f, v8f, v8f]),
+                                                 "llvm.fma.v8f32")
+            ty = signature.args
+            w_rows = _row_pointers(context, builder, ty[0], args[0], args[2], rm, i8)
+            wd_rows = _row_pointers(context, builder, ty[1], args[1], args[2], rm)
+            x_row = _row_pointers(context, builder, ty[3], args[3], args[5], 1, i8)[0]
+            xd_row = _row_pointers(context, builder, ty[4], args[4], args[5], 1)[0]
+            store = context.make_array(ty[7])(context, builder, args[7])
+            n_acc = 2 if two else 1
+            entry = builder.block
+            head = builder.append_basic_block("q8.head")
+            body = builder.append_basic_block("q8.body")
+            done = builder.append_basic_block("q8.done")
+            builder.branch(head)
+            builder.position_at_end(head)
+            b = builder.phi(i64)
+            accs = [builder.phi(v8f) for _ in range(n_acc * rm)]
+            b.add_incoming(ir.Constant(i64, 0), entry)
+            for a in accs:
+                a.add_incoming(ir.Constant(v8f, None), entry)
+            builder.cbranch(builder.icmp_signed("<", b, args[6]), body, done)
+            builder.position_at_end(body)
+
+            def codes(row, o):  # type: ignore[no-untyped-def]
+                at = builder.bitcast(builder.gep(row, [o]), v32b.as_pointer())
+                return builder.sext(builder.load(at, align=1), v32h)
+
+            def block(blk, xs, w_row, wd_row, acc):  # type: ignore[no-untyped-def]
+                # The 32 products in int16 (|code| <= 128: exact), then lane i's four widened and added.
+                prods = builder.mul(codes(w_row, builder.mul(blk, ir.Constant(i64, 32))), xs)
+                groups = [ir.Constant(v8i, list(range(8 * g, 8 * g + 8))) for g in range(4)]
+                parts = [builder.sext(builder.shuffle_vector(prods, prods, g), v8i) for g in groups]
+                total = builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+                scale = builder.fmul(builder.load(builder.gep(wd_row, [blk])), builder.load(builder.gep(xd_row, [blk])))
+                one = builder.insert_element(ir.Constant(v8f, None), scale, ir.Constant(i32, 0))
+                splat = builder.shuffle_vector(one, one, ir.Constant(v8i, [0] * 8))
+                return builder.call(fma, [splat, builder.sitofp(total, v8f), acc])
+
+            nxt = []
+            for q in range(n_acc):
+                blk = builder.add(b, ir.Constant(i64, q))
+                xs = codes(x_row, builder.mul(blk, ir.Constant(i64, 32)))
+                nxt += [block(blk, xs, w_rows[a], wd_rows[a], accs[a * n_acc + q]) for a in range(rm)]
+            order = [a * n_acc + q for q in range(n_acc) for a in range(rm)]
+            b.add_incoming(builder.add(b, ir.Constant(i64, n_acc)), body)
+            for i, v in zip(order, nxt, strict=True):
+                accs[i].add_incoming(v, body)
+            builder.branch(head)
+            builder.position_at_end(done)
+            for a in range(rm):
+                mine = accs[a * n_acc: a * n_acc + n_acc]
+                result = builder.fadd(mine[0], mine[1]) if two else mine[0]
+                where = builder.bitcast(builder.gep(store.data, [ir.Constant(i64, 8 * a)]), v8f.as_pointer())
+                builder.store(result, where, align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return q8_blocks
+
+
+#: The 8-bit-activation block loop with one accumulator, or two alternating.
+_q8_one, _q8_two = _q8_blocks(False, 1), _q8_blocks(True, 1)
+_q8_one4, _q8_two4 = _q8_blocks(False, 4), _q8_blocks(True, 4)
