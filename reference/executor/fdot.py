@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .formats import bf16_to_f32, f32_to_bf16
-from .simd_sums import KIND_BF16, KIND_F16, KIND_F32, kernels
+from .simd_sums import KIND_BF16, KIND_F16, KIND_F32
 
 F = np.float32
 _KINDS = {"f32": KIND_F32, "f16": KIND_F16, "bf16": KIND_BF16}
@@ -30,7 +30,7 @@ def vec_dot(w: np.ndarray, x: np.ndarray, kind: str, out: np.ndarray | None = No
     F16/BF16: each float32 product into a double).  Returns float32 ``(n, m)``: ``out`` when given (C-contiguous
     float32 of that shape)."""
     out = np.empty((x.shape[0], w.shape[0]), dtype=F) if out is None else out
-    kernels().float_vec_dot(_rows(w), _rows(x), _KINDS[kind], out)
+    _kernels().float_vec_dot(_rows(w), _rows(x), _KINDS[kind], out)
     return out
 
 
@@ -41,15 +41,22 @@ def direct(w: np.ndarray, x: np.ndarray) -> bool:
 
 def f32_vec_dot(w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """:func:`vec_dot` of F32 weights into ``out``, for operands :func:`direct` accepts: no checks, no copies."""
-    kernels().float_vec_dot(w, x, KIND_F32, out)
+    _kernels().float_vec_dot(w, x, KIND_F32, out)
 
 
 def tinyblas(w: np.ndarray, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``x @ w^T`` as llamafile's tinyBLAS computes each output (one 8-lane accumulator, a fused multiply-add per 8
     elements, the tail padded with zeros).  Returns float32 ``(n, m)``: ``out`` when given."""
     out = np.empty((x.shape[0], w.shape[0]), dtype=F) if out is None else out
-    kernels().tinyblas(_rows(w), _rows(x), out)
+    _kernels().tinyblas(_rows(w), _rows(x), out)
     return out
+
+
+def _kernels():  # type: ignore[no-untyped-def]
+    # The compiled loops, imported (with numba) on first use.
+    from . import float_kernels
+
+    return float_kernels
 
 
 def _rows(a: np.ndarray) -> np.ndarray:

@@ -17,7 +17,8 @@ import numpy as np
 from numba import njit
 
 from .cmath32 import expf, half_value, tanhf, to_half
-from .compiled import fma32, vec_dot_row
+from .compiled import fma32
+from .float_kernels import vec_dot_row
 from .lanes8 import _halves_to
 from .simd_sums import KIND_F16
 from .softmax_rows import vec_max, vec_soft_max

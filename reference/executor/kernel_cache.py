@@ -1,7 +1,7 @@
 """numba's on-disk cache of the compiled kernels, kept in step with every source file they are built from.
 
 numba keys a cached kernel on its own file's time stamp and size only: a kernel in one module that inlines an
-intrinsic or a helper from another (``compiled.tinyblas`` and ``lanes8``'s tiles, the attention loops and
+intrinsic or a helper from another (``float_kernels.tinyblas`` and ``lanes8``'s tiles, the attention loops and
 ``cmath32``) keeps its stale machine code when only the other module changes, silently.  :func:`refresh` drops
 the in-tree cache whenever any source file of the executor changed since the cache was written.
 """

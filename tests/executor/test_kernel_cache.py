@@ -38,8 +38,9 @@ def test_preload_loads_what_a_former_process_compiled() -> None:
     use = ("import numpy as np; from ggml_rpc.reference.executor import fdot; "
            "fdot.tinyblas(np.ones((4, 8), np.float32), np.ones((3, 8), np.float32))")
     subprocess.run([sys.executable, "-c", use], check=True, timeout=300)
-    probe = ("from ggml_rpc.reference.executor import compiled, kernel_cache; loaded, _ = kernel_cache.preload(); "
-             "print(loaded, len(compiled.tinyblas.signatures), compiled.tinyblas._cache_hits.total())")
+    probe = ("from ggml_rpc.reference.executor import float_kernels as fk, kernel_cache; "
+             "loaded, _ = kernel_cache.preload(); "
+             "print(loaded, len(fk.tinyblas.signatures), fk.tinyblas._cache_hits.total())")
     out = subprocess.run([sys.executable, "-c", probe], check=True, timeout=300, capture_output=True, text=True)
     loaded, signatures, hits = (int(v) for v in out.stdout.split())
     assert loaded >= 1 and signatures >= 1
