@@ -79,6 +79,15 @@ class ServerConfig:
     hooks: Hooks = field(default_factory=Hooks)
 
 
+def limit_blas_threads(threads: int) -> None:
+    """Cap the threads of every BLAS/OpenMP pool loaded in this process (process-wide, as BLAS pools are)."""
+    from threadpoolctl import threadpool_limits
+
+    if threads < 1:
+        raise ValueError("threads must be at least 1")
+    threadpool_limits(limits=threads)
+
+
 def make_config(
     proto: Protocol | str | int = "7",
     *,
@@ -115,4 +124,5 @@ def make_config(
     return config
 
 
-__all__ = ["DEFAULT_MAX_GRAPH_BYTES", "CodebookSource", "Handler", "Hooks", "ServerConfig", "make_config"]
+__all__ = ["DEFAULT_MAX_GRAPH_BYTES", "CodebookSource", "Handler", "Hooks", "ServerConfig", "limit_blas_threads",
+           "make_config"]

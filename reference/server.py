@@ -25,7 +25,7 @@ from ggml_rpc.spec.facts import CONN_CAPS_SIZE
 
 from .cache import HashCache
 from .closing import Close, PeerGone
-from .config import ServerConfig, make_config
+from .config import ServerConfig, limit_blas_threads, make_config
 from .core import ServerCore
 
 log = logging.getLogger("ggml_rpc.reference")
@@ -42,15 +42,6 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def limit_blas_threads(threads: int) -> None:
-    """Cap the threads of every BLAS/OpenMP pool loaded in this process (process-wide, as BLAS pools are)."""
-    from threadpoolctl import threadpool_limits
-
-    if threads < 1:
-        raise ValueError("threads must be at least 1")
-    threadpool_limits(limits=threads)
-
-
 #: Bytes taken from the socket at a time outside bulk data (a request header and its fixed fields, many pipelined).
 #: Payload bytes that come in the same read are copied from here into tensor memory: a chunk of 64 KiB copied that
 #: much of every large SET_TENSOR twice (SET_TENSOR 1 MiB against upstream 7.0.0, 100 paired samples: 0.96x with
@@ -58,6 +49,11 @@ def limit_blas_threads(threads: int) -> None:
 _RECV_CHUNK = 1 << 13
 #: One non-blocking read without switching the socket's mode (two system calls fewer per poll).
 _DONTWAIT = socket.MSG_DONTWAIT
+#: Seconds a bulk read retries an empty socket before it sleeps, when the connection polls (ServerConfig.poll_us):
+#: mid-message the client's next bytes come within microseconds, and waking a sleeping reader costs an
+#: inter-processor interrupt (about five per megabyte).  SET_TENSOR 1 MiB vs upstream 7.0.0 on two CPUs: 0.82-0.95x
+#: sleeping, 1.14-1.17x retrying; 1.06x either way on one CPU.  No yield: one here often looked like sharing.
+_BULK_SPIN = 30e-6
 #: A yield of the CPU that took longer than this (seconds) let another task run there: an idle CPU gives it back in
 #: well under 2 microseconds (99.9th percentile 1.3 us measured here).  Polling then competes with that task, which
 #: may be the client: the next _SLEEPS_AFTER_SHARING waits sleep at once, as a server without polling does.
@@ -97,6 +93,7 @@ def _pump(sock: socket.socket, core: ServerCore, poll: float) -> None:
     if not blocking:  # a socket with a timeout waits for data before any read, even a DONTWAIT one
         poll = 0.0
     sleep_next = 0  # waits left that sleep at once (see _SHARED_YIELD)
+    bulk_spin = _BULK_SPIN if poll else 0.0
 
     def read(into: memoryview | bytearray) -> int:
         """recv_into ``into``, polling first (ServerConfig.poll_us says why)."""
@@ -134,7 +131,7 @@ def _pump(sock: socket.socket, core: ServerCore, poll: float) -> None:
             continue
         sink = core.bulk_ahead()
         if sink is not None:  # bulk data: straight into tensor memory (or the graph buffer)
-            n = _bulk(sink, recv_into) if blocking else read(sink)
+            n = _bulk(sink, recv_into, bulk_spin) if blocking else read(sink)
             del sink  # the graph buffer may grow at the next event: no view of it may be alive then
             if n:
                 core.skip(n)
@@ -145,15 +142,21 @@ def _pump(sock: socket.socket, core: ServerCore, poll: float) -> None:
         receive(view[:n])
 
 
-def _bulk(sink: memoryview, recv_into: Callable[[memoryview], int]) -> int:
-    """Fill ``sink`` from a blocking socket, each read taking what has arrived; returns the bytes written (short
-    only when the peer closed).  Reads as they come, not one MSG_WAITALL call: a waiting MSG_WAITALL read let the
-    client's sends stall (SET_TENSOR 1 MiB interleaved with upstream 7.0.0 on a 2-CPU machine, 100 samples in random
-    order: 0.85x with MSG_WAITALL, 0.94x reading as data comes; BENCHMARKS.md)."""
-    size = sink.nbytes
-    got = recv_into(sink)
+def _bulk(sink: memoryview, recv_into: Callable[..., int], spin: float) -> int:
+    """Fill ``sink`` from a blocking socket, a read at a time as data arrives (one MSG_WAITALL call let the client's
+    sends stall: SET_TENSOR 1 MiB 0.85x of upstream 7.0.0 against 0.94x); an empty socket is retried for ``spin``
+    seconds before the read sleeps (_BULK_SPIN).  Returns the bytes written: short only if the peer closed."""
+    size, got, clock = sink.nbytes, 0, time.perf_counter
     while got < size:
-        n = recv_into(sink[got:])
+        rest, deadline = sink[got:], clock() + spin
+        while True:
+            try:
+                n = recv_into(rest, 0, _DONTWAIT) if spin else recv_into(rest)
+                break
+            except BlockingIOError:
+                if clock() > deadline:
+                    n = recv_into(rest)
+                    break
         if not n:
             break
         got += n
