@@ -7,12 +7,13 @@ and sin, the rotation) is compiled in :mod:`.rope_steps`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 from ggml_rpc.spec import GgmlOp
 
 from ..graph import GraphTensor
-from .core import FLOATS, kernel, need_types, params_f32, params_i32, read, same_shape, src, write
+from .core import FLOATS, kernel, need_types, params_f32, params_i32, prepared, read, same_shape, src, write
 from .libm import logf, powf
 from .memory import F32, I32, Memory, node_error
 from .simd_sums import fma32
@@ -49,13 +50,11 @@ def yarn_corr_dims(n_dims: int, n_ctx_orig: int, base: float, beta_fast: float,
     return _cmax(F(0), start)[()], _cmin(F(n_dims - 1), end)[()]
 
 
-def _thetas(node: GraphTensor, pos: np.ndarray, ne0: int, n_dims: int, mode: int) -> np.ndarray:
+def _thetas(node: GraphTensor, pos: np.ndarray, ne0: int, mode: int, theta_scale: np.float32) -> np.ndarray:
     """The unscaled angle of every pair (n_pos, ne0 / 2): the position times theta_scale once per pair, by
     ggml's float32 recurrence (one stream per position kind for multi-section modes; vision restarts each
     stream at its section's first pair)."""
     half = ne0 // 2
-    freq_base = F(params_f32(node)[5])
-    theta_scale = powf(freq_base, F(-2.0) / F(n_dims))  # the C library's powf, as ggml calls it
     if not mode & MODE_MROPE:
         # The recurrence as one running product along the pairs: accumulate multiplies in order, so every angle is
         # rounded exactly as the step-by-step float32 loop rounds it.
@@ -97,16 +96,13 @@ def _thetas(node: GraphTensor, pos: np.ndarray, ne0: int, n_dims: int, mode: int
     return out
 
 
-def _angles(node: GraphTensor, pos: np.ndarray, ne0: int, n_dims: int, mode: int, ff: np.ndarray | None,
-            sin_sign: float) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin (sin times ``sin_sign``), shape (n_pos, ne0 / 2), for positions ``pos`` ((n_pos,) or (4, n_pos)
-    for multi-section): the angles' recurrence here, the rest per element in :func:`.rope_steps.cos_sin`."""
-    from .rope_steps import cos_sin
-
+def _angle_constants(node: GraphTensor, n_dims: int) -> tuple[np.float32, ...]:
+    """(theta_scale, freq_scale, ext_factor, low, high, mscale): what the angles take from op_params, in float32
+    as ggml computes them (YaRN's range and magnitude scale only with an ext_factor)."""
     p = params_f32(node)
     freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = (F(x) for x in p[5:11])
+    theta_scale = powf(freq_base, F(-2.0) / F(n_dims))  # the C library's powf, as ggml calls it
     n_ctx_orig = int(params_i32(node)[4])
-    theta = _thetas(node, pos, ne0, n_dims, mode)
     low = high = F(0)
     mscale = attn_factor
     if ext_factor != 0:
@@ -114,13 +110,13 @@ def _angles(node: GraphTensor, pos: np.ndarray, ne0: int, n_dims: int, mode: int
         with np.errstate(divide="ignore"):
             # 1 + 0.1 * logf(1 / freq_scale), the product fused into the sum by upstream's compiler.
             mscale = F(mscale * fma32(F(0.1), logf(F(F(1) / freq_scale)), F(1)))
-    cos, sin = np.empty_like(theta), np.empty_like(theta)
-    cos_sin(theta, ff if ff is not None else theta[:0, 0], ff is not None, freq_scale, ext_factor, low, high, mscale,
-            sin_sign, cos, sin)
-    return cos, sin
+    return theta_scale, freq_scale, ext_factor, low, high, mscale
 
 
-def _rope(node: GraphTensor, mem: Memory, sin_sign: float) -> None:
+def _rope_plan(node: GraphTensor, mem: Memory, sin_sign: float) -> Callable[[], None]:
+    """Every check and constant of a ROPE node, done once; returns the run, which reads the positions (and the
+    frequency factors) anew each time: the kernel calls it at once, a prepared graph keeps it (the checks and
+    op_params took most of a decoding step's 13 us ROPE)."""
     a_t, pos_t = src(node, 0), src(node, 1)
     need_types(node, a_t, FLOATS, "source 0")
     same_shape(node, a_t)
@@ -143,29 +139,47 @@ def _rope(node: GraphTensor, mem: Memory, sin_sign: float) -> None:
     n_pos = ne2 * (4 if is_mrope else 1)
     if pos_t.ne[0] < n_pos:
         raise node_error(node, f"positions tensor holds {int(pos_t.ne[0])} values, {n_pos} needed")
-    pos = mem.raw(pos_t).reshape(-1)[:n_pos].astype(np.int64)  # any position is valid: no range to check
-    if is_mrope:
-        pos = pos.reshape(4, ne2)
-    ff = None
     ff_t = node.src[2]
-    if ff_t is not None:
-        if ff_t.type != F32 or ff_t.ne[0] < n_dims // 2:
-            raise node_error(node, "frequency factors must be F32 with at least n_dims / 2 values")
-        # ggml reads a factor for every pair of the row (vision rotates them all); pairs past the tensor's end
-        # are never rotated in the other modes.
-        ff = read(mem, ff_t).reshape(-1)[: ne0 // 2].astype(np.float32)
-        ff = np.concatenate((ff, np.ones(ne0 // 2 - ff.size, dtype=np.float32)))
-    from .rope_steps import PAIRS_ADJACENT, PAIRS_HALVES, PAIRS_VISION, rotate
+    if ff_t is not None and (ff_t.type != F32 or ff_t.ne[0] < n_dims // 2):
+        raise node_error(node, "frequency factors must be F32 with at least n_dims / 2 values")
+    from .rope_steps import PAIRS_ADJACENT, PAIRS_HALVES, PAIRS_VISION, cos_sin, rotate
 
-    cos, sin = _angles(node, pos, ne0, n_dims, mode, ff, sin_sign)  # (ne2, ne0/2)
-    full = read(mem, a_t)  # (ne3, ne2, ne1, ne0)
-    out = np.empty(full.shape, dtype=np.float32)
+    theta_scale, freq_scale, ext_factor, low, high, mscale = _angle_constants(node, n_dims)
     pairs = PAIRS_ADJACENT if mode == 0 else PAIRS_VISION if mode == MODE_VISION else PAIRS_HALVES
-    rotate(full, out, cos, sin, n_dims, off, pairs)
-    write(mem, node, out)
+    positions = mem.raw(pos_t).reshape(-1)[:n_pos]
+    source = mem.raw(a_t) if a_t.type == F32 else None  # F32 is read in place; F16 converted each run
+    dest = mem.raw(node) if node.type == F32 else None
+    if dest is not None and source is not None and np.shares_memory(source, dest):
+        dest = None  # written over its source: through a temporary, as the values it reads are its own
+
+    def run() -> None:
+        pos = positions.astype(np.int64)  # any position is valid: no range to check
+        if is_mrope:
+            pos = pos.reshape(4, ne2)
+        ff = None
+        if ff_t is not None:
+            # ggml reads a factor for every pair of the row (vision rotates them all); pairs past the tensor's end
+            # are never rotated in the other modes.
+            ff = read(mem, ff_t).reshape(-1)[: ne0 // 2].astype(np.float32)
+            ff = np.concatenate((ff, np.ones(ne0 // 2 - ff.size, dtype=np.float32)))
+        theta = _thetas(node, pos, ne0, mode, theta_scale)  # (ne2, ne0/2)
+        cos, sin = np.empty_like(theta), np.empty_like(theta)
+        cos_sin(theta, ff if ff is not None else theta[:0, 0], ff is not None, freq_scale, ext_factor, low, high,
+                mscale, sin_sign, cos, sin)
+        full = source if source is not None else read(mem, a_t)  # (ne3, ne2, ne1, ne0)
+        if dest is not None:
+            rotate(full, dest, cos, sin, n_dims, off, pairs)
+            return
+        out = np.empty(full.shape, dtype=np.float32)
+        rotate(full, out, cos, sin, n_dims, off, pairs)
+        write(mem, node, out)
+
+    return run
 
 
 kernel(GgmlOp.ROPE, src=FLOATS, dst=FLOATS, note="normal, NeoX, M-RoPE, iM-RoPE, vision; YaRN")(
-    lambda node, mem: _rope(node, mem, 1.0))
+    lambda node, mem: _rope_plan(node, mem, 1.0)())
 kernel(GgmlOp.ROPE_BACK, src=FLOATS, dst=FLOATS, note="ROPE's inverse rotation (sin negated)")(
-    lambda node, mem: _rope(node, mem, -1.0))
+    lambda node, mem: _rope_plan(node, mem, -1.0)())
+prepared(GgmlOp.ROPE)(lambda node, mem: (_rope_plan(node, mem, 1.0), ()))
+prepared(GgmlOp.ROPE_BACK)(lambda node, mem: (_rope_plan(node, mem, -1.0), ()))

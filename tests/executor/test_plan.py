@@ -109,6 +109,43 @@ def test_prepared_unary_agrees_with_its_kernel(arena, sub):
     assert (PREPARED[int(GgmlOp.UNARY)](out, Memory()) is None) == (sub in (UnaryOp.GELU, UnaryOp.SILU))
 
 
+@pytest.mark.parametrize("shape", [(256,), (7, 3), (33, 2, 2)])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_prepared_rms_norm_is_its_kernel_bit_for_bit(arena, shape, in_place):
+    rng = np.random.default_rng(len(shape))
+    a = arena.tensor(F32, shape)
+    values = (rng.standard_normal(int(np.prod(shape))) * rng.choice([1e-3, 1.0, 1e3])).astype(np.float32)
+    arena.set(a, values.reshape(arena.get(a).shape))
+    if in_place:  # the result written over its source (ggml_rms_norm_inplace)
+        node = arena.view_of(a, shape, a.nb, op=int(GgmlOp.RMS_NORM))
+        node.op_params[0] = params(1e-6)[0]
+    else:
+        node = arena.tensor(F32, shape, op=GgmlOp.RMS_NORM, src=(a,), params=params(1e-6))
+    KERNELS[int(GgmlOp.RMS_NORM)](node, Memory())
+    want = arena.get(node).copy()
+    arena.set(a, values.reshape(arena.get(a).shape))
+    plan = prepare([node])
+    assert plan.kinds == ["prepared"]
+    plan.run()
+    assert arena.get(node).tobytes() == want.tobytes()
+
+
+def test_a_prepared_rope_reads_new_positions_on_every_run(arena):
+    a = arena.tensor(F32, (8, 2, 3))
+    arena.set(a, np.linspace(-2, 2, 48, dtype=np.float32).reshape(1, 3, 2, 8))
+    pos = arena.tensor(I32, (3,))
+    node = arena.tensor(F32, (8, 2, 3), op=GgmlOp.ROPE, src=(a, pos),
+                        params=params(0, 8, 2, 0, 64, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0))
+    plan = prepare([node])
+    assert plan.kinds == ["prepared"]
+    for start in (0, 7, 1000):
+        arena.set_raw(pos, np.arange(start, start + 3, dtype=np.int32))
+        plan.run()
+        got = arena.get(node).copy()
+        KERNELS[int(GgmlOp.ROPE)](node, Memory())
+        assert arena.get(node).tobytes() == got.tobytes()
+
+
 def test_data_dependent_checks_run_on_every_run(arena):
     src = arena.tensor(F32, (4, 5))
     arena.set(src, np.arange(20, dtype=np.float32).reshape(1, 1, 5, 4))
