@@ -9,12 +9,14 @@ tiles, float32 scores without converting Q), compiled tile for tile in :mod:`.fl
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from ggml_rpc.spec import GgmlOp
 
 from ..graph import GraphTensor
 from . import fdot
-from .core import READABLE, convert, kernel, need_types, params_f32, read, src, write
+from .core import READABLE, convert, kernel, need_types, params_f32, prepared, read, src, write
 from .matmul import broadcast_matmul
 from .memory import BF16, F16, F32, Memory, node_error
 from .q8dot import EXACT_TYPES, raw_products
@@ -25,10 +27,10 @@ _TILE_ROWS = 64
 _CHUNK_SCORES = 1 << 22
 
 
-@kernel(GgmlOp.FLASH_ATTN_EXT, src=READABLE, dst=(F32,), note="K/V F32, F16, BF16 or quantised; mask, softcap, sinks")
-def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
+def _checked(node: GraphTensor) -> tuple[tuple[int, ...], np.float32, float, np.float32]:
+    """FLASH_ATTN_EXT's checks on types and shapes: ((dk, n_q, n_head, n_seq, dv, n_kv, n_head_kv, k3), scale,
+    max_bias, softcap), the scale already divided by a softcap."""
     q_t, k_t, v_t = src(node, 0), src(node, 1), src(node, 2)
-    mask_t, sinks_t = node.src[3], node.src[4]
     need_types(node, q_t, (F32,), "Q")
     need_types(node, k_t, READABLE, "K")
     need_types(node, v_t, READABLE, "V")
@@ -45,6 +47,58 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
     scale, max_bias, softcap = np.float32(p[0]), float(p[1]), np.float32(p[2])
     if softcap != 0:
         scale = np.float32(scale / softcap)
+    return (dk, n_q, n_head, n_seq, dv, n_kv, n_head_kv, k3), scale, max_bias, softcap
+
+
+@prepared(GgmlOp.FLASH_ATTN_EXT)
+def _prepare_decoding(node: GraphTensor, mem: Memory) -> tuple[Callable[[], None], tuple] | None:
+    """A decoding step's attention (F16 K and V with contiguous rows, fewer query rows than the tiled path takes):
+    every check, view and constant once, then per run the queries rounded to F16, the mask's live rows and the
+    compiled recurrence (the kernel's Python around that loop was half of its 20 us)."""
+    dims, scale, max_bias, softcap = _checked(node)
+    _dk, n_q, n_head, n_seq, dv, n_kv, n_head_kv, k3 = dims
+    q_t, k_t, v_t, mask_t, sinks_t = src(node, 0), src(node, 1), src(node, 2), node.src[3], node.src[4]
+    k_raw, v_raw = mem.raw(k_t), mem.raw(v_t)
+    if (k_t.type != F16 or v_t.type != F16 or n_q >= _TILE_ROWS or k_raw.strides[-1] != 2
+            or v_raw.strides[-1] != 2 or not n_q * n_head * n_seq * dv):
+        return None
+    from .flash_steps import attend_f16
+
+    mask = np.zeros((1, 1, 1, 1), dtype=np.float32)
+    mask_raw = None
+    if mask_t is not None:
+        need_types(node, mask_t, (F16, F32), "mask")
+        mask_raw = mem.raw(mask_t)
+        broadcast_mask(node, mask_raw, n_q, n_head, n_seq, n_kv, 0, 0)
+        mask_raw = mask_raw[:, :, :n_q, :n_kv]  # only the rows and columns the scores use
+    no_sinks = sinks_raw = np.zeros(n_head, dtype=np.float32)
+    if sinks_t is not None:
+        need_types(node, sinks_t, (F32,), "sinks")
+        if sinks_t.ne[0] < n_head:
+            raise node_error(node, "sinks need one value per head")
+        sinks_raw = mem.raw(sinks_t)  # read each run, as every input
+    q_raw, k16, v16, dst = mem.raw(q_t), k_raw.view(np.uint16), v_raw.view(np.uint16), mem.raw(node)
+    rh, rs = n_head // n_head_kv, n_seq // k3
+    slopes = alibi_slopes(n_head, max_bias)
+    out = np.empty((n_seq, n_head, n_q, dv), dtype=np.float32)
+
+    def run() -> None:
+        q = q_raw.astype(np.float16).astype(np.float32)  # ggml converts the queries to K's type
+        the_mask = mask if mask_raw is None else np.ascontiguousarray(mask_raw, dtype=np.float32)
+        sinks = no_sinks if sinks_t is None else np.ascontiguousarray(sinks_raw.reshape(-1)[:n_head])
+        attend_f16(q, k16, v16, rh, rs, the_mask, mask_raw is not None, slopes, float(scale), float(softcap), sinks,
+                   sinks_t is not None, out)
+        np.copyto(dst, out.swapaxes(1, 2))
+
+    return run, ()
+
+
+@kernel(GgmlOp.FLASH_ATTN_EXT, src=READABLE, dst=(F32,), note="K/V F32, F16, BF16 or quantised; mask, softcap, sinks")
+def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
+    dims, scale, max_bias, softcap = _checked(node)
+    dk, n_q, n_head, n_seq, dv, n_kv, n_head_kv, k3 = dims
+    q_t, k_t, v_t = src(node, 0), src(node, 1), src(node, 2)
+    mask_t, sinks_t = node.src[3], node.src[4]
 
     q = read(mem, q_t)  # (n_seq, n_head, n_q, dk)
     tiled = n_q >= _TILE_ROWS and k_t.type == v_t.type and k_t.type in (F32, F16)

@@ -146,6 +146,33 @@ def test_a_prepared_rope_reads_new_positions_on_every_run(arena):
         assert arena.get(node).tobytes() == got.tobytes()
 
 
+@pytest.mark.parametrize("extras", [False, True])
+def test_a_prepared_decoding_attention_is_its_kernel_run_after_run(extras):
+    arena = Arena(1 << 18)
+    rng = np.random.default_rng(3)
+    q = arena.tensor(F32, (64, 1, 4))
+    k = arena.tensor(F16, (64, 32, 2))
+    v = arena.tensor(F16, (64, 32, 2))
+    srcs = [q, k, v]
+    if extras:  # an F16 mask hiding some positions, and sinks
+        mask = arena.tensor(F16, (32, 1))
+        sinks = arena.tensor(F32, (4,))
+        srcs += [mask, sinks]
+    node = arena.tensor(F32, (64, 4, 1), op=GgmlOp.FLASH_ATTN_EXT, src=tuple(srcs), params=params(0.125, 0.0, 0.0))
+    plan = prepare([node])
+    assert plan.kinds == ["prepared"]
+    for _ in range(3):  # new queries, cache, mask and sinks each run, as a decoding step brings
+        for t in (q, k, v):
+            arena.set(t, rng.standard_normal(arena.get(t).shape).astype(np.float32))
+        if extras:
+            arena.set(mask, np.where(rng.random((1, 1, 1, 32)) < 0.3, -np.inf, 0.0).astype(np.float32))
+            arena.set(sinks, rng.standard_normal((1, 1, 1, 4)).astype(np.float32))
+        plan.run()
+        got = arena.get(node).copy()
+        KERNELS[int(GgmlOp.FLASH_ATTN_EXT)](node, Memory())
+        assert arena.get(node).tobytes() == got.tobytes()
+
+
 def test_data_dependent_checks_run_on_every_run(arena):
     src = arena.tensor(F32, (4, 5))
     arena.set(src, np.arange(20, dtype=np.float32).reshape(1, 1, 5, 4))
