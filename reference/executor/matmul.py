@@ -21,7 +21,7 @@ from .core import FLOATS, READABLE, convert, kernel, need_types, prepared, read,
 from .kdot import K_TYPES
 from .lowbit_dot import LOWBIT_TYPES
 from .memory import BF16, F16, F32, Memory, node_error
-from .q8dot import EXACT_TYPES, pack_weights, packed_size, products, raw_products
+from .q8dot import EXACT_TYPES, TokenProduct, pack_weights, packed_size, products, raw_products
 from .types import Q8_1, VEC_DOT_TYPE, q8_1_sum_error, through_type
 
 
@@ -229,6 +229,8 @@ def _prepare_mul_mat(node: GraphTensor, mem: Memory) -> tuple[Callable[[], objec
             # F32 weights are their buffer's live view: the compiled dot straight on it, no lookup per run (the
             # small products of a decoding step are a few microseconds each, as long as the calls around them).
             return fdot.f32_vec_dot, (w, rows, flat)
+        if a_t.type in EXACT_TYPES and rows.strides[-1] == 4:
+            return _token_q8(mem, a_t, rows, flat), ()
 
         def exact() -> None:
             res = _exact_product(mem, a_t, rows, batch=False, out=flat)
@@ -251,6 +253,26 @@ def _prepare_mul_mat(node: GraphTensor, mem: Memory) -> tuple[Callable[[], objec
             np.add(out, _sum_correction(raw, b, 1, 1), out=out)
 
     return converted_weights, ()
+
+
+def _token_q8(mem: Memory, a_t: GraphTensor, rows: np.ndarray, flat: np.ndarray) -> Callable[[], None]:
+    """One activation row through 8-bit-activation weights into ``flat``, as :func:`_exact_product` computes it,
+    with the activation arrays and the packed weights' views kept between runs (:class:`.q8dot.TokenProduct`)."""
+    m, k = (int(x) for x in a_t.ne[1::-1])
+    token = TokenProduct(a_t.type, m, k, flat)
+    size = packed_size(m, k)
+
+    def pack(raw: np.ndarray) -> np.ndarray:
+        return pack_weights(a_t.type, raw[0, 0])
+
+    def run() -> None:
+        packed = mem.converted(a_t, pack, kind="q8dot", size=size)
+        if packed is None:  # not kept: from the blocks themselves
+            np.copyto(flat, raw_products(a_t.type, mem.raw(a_t)[0, 0], rows, batch=False))
+            return
+        token(packed, rows)
+
+    return run
 
 
 def broadcast_matmul(b: np.ndarray, a_t: np.ndarray, r2: int, r3: int) -> np.ndarray:

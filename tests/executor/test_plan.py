@@ -10,7 +10,7 @@ import pytest
 from ggml_rpc.reference.executor import execute, prepare
 from ggml_rpc.reference.executor.arena import Arena, params
 from ggml_rpc.reference.executor.core import KERNELS, PREPARED
-from ggml_rpc.reference.executor.memory import Memory
+from ggml_rpc.reference.executor.memory import Memory, buffer_key
 from ggml_rpc.reference.graph import ExecutorError
 from ggml_rpc.spec import GgmlOp, GgmlType, UnaryOp
 
@@ -170,6 +170,25 @@ def test_a_prepared_decoding_attention_is_its_kernel_run_after_run(extras):
         plan.run()
         got = arena.get(node).copy()
         KERNELS[int(GgmlOp.FLASH_ATTN_EXT)](node, Memory())
+        assert arena.get(node).tobytes() == got.tobytes()
+
+
+@pytest.mark.parametrize("wtype", [GgmlType.Q8_0, GgmlType.Q4_1, GgmlType.IQ4_NL, GgmlType.MXFP4])
+def test_a_prepared_one_token_product_is_its_kernel_run_after_run(wtype):
+    arena, weights = Arena(1 << 16), Arena(1 << 16)  # weights in a buffer no node writes: their packed form is kept
+    rng = np.random.default_rng(int(wtype))
+    w = weights.tensor(int(wtype), (96, 12))
+    x = arena.tensor(F32, (96, 1))
+    node = arena.tensor(F32, (12, 1), op=GgmlOp.MUL_MAT, src=(w, x))
+    plan = prepare([node])
+    assert plan.kinds == ["prepared"]
+    for run in range(3):  # new activations each run, new weights at the last (the packed form is redone)
+        if run in (0, 2):
+            weights.set(w, rng.standard_normal((1, 1, 12, 96)).astype(np.float32))
+        arena.set(x, (rng.standard_normal((1, 1, 1, 96)) * 3).astype(np.float32))
+        plan.run(epochs={buffer_key(w.buffer): int(run == 2)})  # the weights' write epoch: kept, then new
+        got = arena.get(node).copy()
+        KERNELS[int(GgmlOp.MUL_MAT)](node, Memory())
         assert arena.get(node).tobytes() == got.tobytes()
 
 
