@@ -26,7 +26,6 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from .lanes8 import (
-    _block_fma,
     _q8_one,
     _q8_one4,
     _q8_two,
@@ -208,39 +207,6 @@ def _q8_end(wq, wd, wm, xq, xd, xs, c, r, nb, last, summed, lanes, at):  # type:
         summs = F32(0)
         for b in range(nb):
             summs = summs + wm[c, b] * xs[r, b]
-        total = total + summs
-    return total
-
-
-@njit(cache=True, inline="always")
-def _row_total(p, wd, xd, wm, xs, two, summed, quads, acc):  # type: ignore[no-untyped-def]
-    # One output from its products p (k int32; lane order, or with ``quads`` the elements' own order): the float32
-    # accumulation of the 8-bit-activation kernels (see q8_products), for the packed and the raw-block weights; acc
-    # is float32 scratch for two sets of eight lanes.
-    nb = p.shape[0] // 32
-    last = nb - nb % 2 if two else nb
-    zero = F32(0)
-    for i in range(16):
-        acc[i] = zero
-    if two:
-        for b in range(0, last, 2):
-            _block_fma(p, b * 32, wd[b] * xd[b], acc, 0, quads)
-            _block_fma(p, b * 32 + 32, wd[b + 1] * xd[b + 1], acc, 8, quads)
-        for i in range(8):
-            acc[i] = acc[i] + acc[8 + i]
-    else:
-        for b in range(nb):
-            _block_fma(p, b * 32, wd[b] * xd[b], acc, 0, quads)
-    total = _hsum8(acc)
-    for b in range(last, nb):  # sumf += d * isum, fused by the compiler
-        t = np.int32(0)
-        for j in range(b * 32, b * 32 + 32):
-            t += p[j]
-        total = fma32(wd[b] * xd[b], F32(t), total)
-    if summed:
-        summs = zero
-        for b in range(nb):
-            summs = summs + wm[b] * xs[b]
         total = total + summs
     return total
 

@@ -1,6 +1,6 @@
-"""Eight float32 lanes as one 8-wide vector operation, LLVM intrinsics for the numba kernels: an 8-bit-activation
-block folded into its accumulators (:mod:`.compiled`, :mod:`.raw_q8`), eight lanes of the float vector dots, and
-eight F16 values converted (:mod:`.flash_steps`).
+"""Eight float32 lanes as one 8-wide vector operation, LLVM intrinsics for the numba kernels: the 8-bit-activation
+block loop with its accumulators in registers (:mod:`.compiled`, :mod:`.raw_q8`), the float vector dots' row loop
+and tinyBLAS's tiles (:mod:`.float_kernels`), and eight F16 values converted (:mod:`.flash_steps`).
 
 LLVM does not vectorise the same work written with scalars (eight lanes of four int32 products, each converted and
 fused into its accumulator): it took three times as long.  The integer sums are exact in any order; the conversion
@@ -10,64 +10,8 @@ and the fused multiply-add are per lane, rounded once, as in ggml's AVX2 kernels
 from __future__ import annotations
 
 from llvmlite import ir
-from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic
-
-
-def _block_lanes(quads: bool):  # type: ignore[no-untyped-def]
-    """An intrinsic folding one block's eight lanes into acc[at:at + 8]: each lane the sum of four int32 products
-    of p (from o on), converted to float32 and fused into acc[at + i] by ``s``, rounded once.  Lane i holds p[o + i],
-    p[o + 8 + i], p[o + 16 + i] and p[o + 24 + i] (lane order, the packed codes), or with ``quads`` p[o + 4i] ..
-    p[o + 4i + 3] (the elements' own order, the codes decoded from the raw blocks).  Written as 8-wide vector
-    operations: LLVM does not vectorise the scalar form on its own, which took three times as long."""
-
-    @intrinsic
-    def block_lanes(typingctx, p, o, s, acc, at):  # type: ignore[no-untyped-def]
-        sig = types.void(p, o, s, acc, at)
-
-        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-            products = context.make_array(signature.args[0])(context, builder, args[0])
-            lanes_acc = context.make_array(signature.args[3])(context, builder, args[3])
-            i32, i64 = ir.IntType(32), ir.IntType(64)
-            v8i, v8f = ir.VectorType(i32, 8), ir.VectorType(ir.FloatType(), 8)
-            first = builder.gep(products.data, [args[1]])
-            groups = [builder.load(builder.bitcast(builder.gep(first, [ir.Constant(i64, 8 * g)]), v8i.as_pointer()),
-                                   align=4) for g in range(4)]
-            # Integer sums: exact in any order.
-            if quads:
-                even, odd = ir.Constant(v8i, list(range(0, 16, 2))), ir.Constant(v8i, list(range(1, 16, 2)))
-
-                def pairs(x, y):  # type: ignore[no-untyped-def]
-                    return builder.add(builder.shuffle_vector(x, y, even), builder.shuffle_vector(x, y, odd))
-
-                total = pairs(pairs(groups[0], groups[1]), pairs(groups[2], groups[3]))
-            else:
-                total = builder.add(builder.add(groups[0], groups[1]), builder.add(groups[2], groups[3]))
-            one = builder.insert_element(ir.Constant(v8f, None), args[2], ir.Constant(i32, 0))
-            scale = builder.shuffle_vector(one, one, ir.Constant(v8i, [0] * 8))
-            where = builder.bitcast(builder.gep(lanes_acc.data, [args[4]]), v8f.as_pointer())
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f, v8f, v8f]),
-                                                 "llvm.fma.v8f32")
-            result = builder.call(fma, [scale, builder.sitofp(total, v8f), builder.load(where, align=4)])
-            builder.store(result, where, align=4)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return block_lanes
-
-
-_lanes_fma = _block_lanes(quads=False)
-_quads_fma = _block_lanes(quads=True)
-
-
-@njit(cache=True, inline="always")
-def _block_fma(p, o, s, acc, at, quads):  # type: ignore[no-untyped-def]
-    if quads:
-        _quads_fma(p, o, s, acc, at)
-    else:
-        _lanes_fma(p, o, s, acc, at)
 
 
 @intrinsic
@@ -239,10 +183,11 @@ def _row_pointers(context, builder, ty, value, first, count, element=None):  # t
             for j in range(count)]
 
 
-def _q8_blocks(two: bool, rm: int):  # type: ignore[no-untyped-def]
+def _q8_blocks(two: bool, rm: int, quads: bool = False):  # type: ignore[no-untyped-def]
     """An intrinsic running the 8-bit-activation kernels' loop over blocks 0 .. last of weight rows c .. c + rm and
     activation row r: per block the eight lane sums of its int8 products (codes in lane order, lane i's four at i,
-    i + 8, i + 16, i + 24: exact integers), converted to float32 and fused into the row's accumulator with the scale
+    i + 8, i + 16, i + 24, or with ``quads`` in the elements' own order, lane i's at 4i .. 4i + 3: exact integers),
+    converted to float32 and fused into the row's accumulator with the scale
     wd[c, b] * xd[r, b] (a float32 product), rounded once.  With ``two`` even blocks go to one accumulator and odd
     ones to another, added lane by lane at the end (last even).  Row a's eight lanes are written to
     lanes[8a:8a + 8].  Products and accumulators stay in registers (the loop this replaced wrote every product to
@@ -284,12 +229,27 @@ def _q8_blocks(two: bool, rm: int):  # type: ignore[no-untyped-def]
                 at = builder.bitcast(builder.gep(row, [o]), v32b.as_pointer())
                 return builder.sext(builder.load(at, align=1), v32h)
 
+            v16i = ir.VectorType(i32, 16)
+            if quads:  # lane i: elements 4i .. 4i + 3, pairs (2j, 2j + 1)
+                first, second = list(range(0, 32, 2)), list(range(1, 32, 2))
+            else:  # lane i: elements i, i + 8, i + 16, i + 24, pairs (i, i + 8) then (i + 16, i + 24)
+                first, second = [*range(8), *range(16, 24)], [*range(8, 16), *range(24, 32)]
+            take_a, take_b = ir.Constant(ir.VectorType(i32, 16), first), ir.Constant(ir.VectorType(i32, 16), second)
+            lanes_a = ir.Constant(v8i, list(range(0, 16, 2)) if quads else list(range(8)))
+            lanes_b = ir.Constant(v8i, list(range(1, 16, 2)) if quads else list(range(8, 16)))
+
             def block(blk, xs, w_row, wd_row, acc):  # type: ignore[no-untyped-def]
-                # The 32 products in int16 (|code| <= 128: exact), then lane i's four widened and added.
-                prods = builder.mul(codes(w_row, builder.mul(blk, ir.Constant(i64, 32))), xs)
-                groups = [ir.Constant(v8i, list(range(8 * g, 8 * g + 8))) for g in range(4)]
-                parts = [builder.sext(builder.shuffle_vector(prods, prods, g), v8i) for g in groups]
-                total = builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+                # Pairs of products summed in int32 (the form of a multiply-add of 16-bit pairs), then each lane's
+                # two pairs: exact integers in any order.
+                ws = codes(w_row, builder.mul(blk, ir.Constant(i64, 32)))
+
+                def half(v, take):  # type: ignore[no-untyped-def]
+                    return builder.sext(builder.shuffle_vector(v, v, take), v16i)
+
+                pairs = builder.add(builder.mul(half(ws, take_a), half(xs, take_a)),
+                                    builder.mul(half(ws, take_b), half(xs, take_b)))
+                total = builder.add(builder.shuffle_vector(pairs, pairs, lanes_a),
+                                    builder.shuffle_vector(pairs, pairs, lanes_b))
                 scale = builder.fmul(builder.load(builder.gep(wd_row, [blk])), builder.load(builder.gep(xd_row, [blk])))
                 one = builder.insert_element(ir.Constant(v8f, None), scale, ir.Constant(i32, 0))
                 splat = builder.shuffle_vector(one, one, ir.Constant(v8i, [0] * 8))
@@ -321,3 +281,5 @@ def _q8_blocks(two: bool, rm: int):  # type: ignore[no-untyped-def]
 #: The 8-bit-activation block loop with one accumulator, or two alternating.
 _q8_one, _q8_two = _q8_blocks(False, 1), _q8_blocks(True, 1)
 _q8_one4, _q8_two4 = _q8_blocks(False, 4), _q8_blocks(True, 4)
+#: The same over codes in the elements' own order (the raw-block products, :mod:`.raw_q8`).
+_q8_one_quads, _q8_two_quads = _q8_blocks(False, 1, True), _q8_blocks(True, 1, True)

@@ -2,7 +2,8 @@
 for the conversion cache, which would otherwise be packed anew (:func:`.compiled.decode_q8_rows`) every graph.
 
 Each weight row is decoded once, in the elements' own order, into a row of codes that stays in the processor's
-cache; the products and their accumulation are :mod:`.compiled`'s, so the results are the packed form's bit for bit.
+cache; the products and their accumulation are the packed form's loop (:func:`.lanes8._q8_blocks`, over codes in
+the elements' own order), so the results are the packed form's bit for bit.
 Imported by :func:`.q8dot.raw_products` on first use.
 """
 
@@ -17,7 +18,8 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from .cmath32 import half_value
-from .compiled import F32, _row_total
+from .compiled import F32, _hsum8, fma32
+from .lanes8 import _q8_one_quads, _q8_two_quads
 
 
 @njit(cache=True, nogil=True)
@@ -54,9 +56,9 @@ def _raw_rows(raw, size, scale_at, e8m0, min_at, qh_at, qs_at, nibbles, table, x
     linear = True
     for v in range(32):
         linear = linear and np.int32(table[v]) == first + v
+    last = nb - nb % 2 if two else nb
     codes = np.empty(k, dtype=np.int8)
-    p = np.empty(k, dtype=np.int32)
-    acc = np.empty(16, dtype=F32)
+    lanes = np.empty(8, dtype=F32)
     wd = np.empty(nb, dtype=F32)
     wm = np.zeros(nb, dtype=F32)
     for c in range(m):
@@ -73,10 +75,22 @@ def _raw_rows(raw, size, scale_at, e8m0, min_at, qh_at, qs_at, nibbles, table, x
         else:  # Q5_0, Q5_1 (the 5-bit layouts are all linear)
             _fives(row, nb, size, qs_at, qh_at, first, codes)
         for r in range(n):
-            x = xq[r]
-            for j in range(k):
-                p[j] = np.int32(codes[j]) * np.int32(x[j])
-            out[r, c] = _row_total(p, wd, xd[r], wm, xs[r], two, summed, True, acc)
+            if two:
+                _q8_two_quads(codes, wd, 0, xq, xd, r, last, lanes)
+            else:
+                _q8_one_quads(codes, wd, 0, xq, xd, r, last, lanes)
+            total = _hsum8(lanes)
+            if last < nb:  # two accumulators and an odd block count: the last block by one fused multiply-add
+                t = np.int32(0)
+                for j in range(last * 32, k):
+                    t += np.int32(codes[j]) * np.int32(xq[r, j])
+                total = fma32(wd[last] * xd[r, last], F32(t), total)
+            if summed:
+                summs = F32(0)
+                for b in range(nb):
+                    summs = summs + wm[b] * xs[r, b]
+                total = total + summs
+            out[r, c] = total
 
 
 @njit(cache=True, inline="always")
