@@ -90,7 +90,10 @@ def stop(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float 
             break
         time.sleep(0.05)
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, max(before, int(usage.ru_maxrss))
+    # VmHWM while it ran, not the reaped child's ru_maxrss: Linux carries the peak of the memory a process had
+    # before exec into its maxrss, and that is a copy of this parent's (4.9 GB while the 4 GB model was being
+    # written, reported as both servers' peak). ru_maxrss only for a child already gone.
+    return proc.returncode, before or int(usage.ru_maxrss)
 
 
 @dataclass

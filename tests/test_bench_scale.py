@@ -160,6 +160,20 @@ def test_stop_reaps_a_child_and_reads_its_own_peak() -> None:
     assert rc == -15 and peak >= 96 * 1024
 
 
+def test_a_child_peak_is_its_own_not_its_large_parents() -> None:
+    # Linux carries a process's pre-exec peak into the maxrss its parent reaps: with 256 MiB resident here, a
+    # child spawned now would report at least that through ru_maxrss alone.
+    ballast = bytearray(256 << 20)
+    ballast[::4096] = b"x" * len(ballast[::4096])
+    proc = subprocess.Popen([sys.executable, "-c", "print('ready', flush=True); import time; time.sleep(60)"],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    rc, peak = stop(proc, timeout=10.0)
+    proc.stdout.close()
+    del ballast
+    assert rc == -15 and 0 < peak < 128 * 1024
+
+
 def test_measure_reports_a_run_past_its_limit_as_timed_out() -> None:
     got = measure([sys.executable, "-c", "import time; time.sleep(30)"], timeout=0.5)
     assert got["timed_out"] is True and got["rc"] is None
