@@ -82,29 +82,16 @@ def _tile_fma(rm: int, rn: int):  # type: ignore[no-untyped-def]
             slots = [builder.bitcast(builder.gep(store.data, [ir.Constant(i64, 8 * t)]), v8f.as_pointer())
                      for t in range(rm * rn)]
             start = [builder.load(s, align=4) for s in slots]
-            entry = builder.block
-            head = builder.append_basic_block("tile.head")
-            body = builder.append_basic_block("tile.body")
-            done = builder.append_basic_block("tile.done")
-            builder.branch(head)
-            builder.position_at_end(head)
-            i = builder.phi(i64)
-            accs = [builder.phi(v8f) for _ in slots]
-            i.add_incoming(ir.Constant(i64, 0), entry)
-            for a, s in zip(accs, start, strict=True):
-                a.add_incoming(s, entry)
-            builder.cbranch(builder.icmp_signed("<", i, args[4]), body, done)
-            builder.position_at_end(body)
-            xs = [builder.load(builder.bitcast(builder.gep(p, [i]), v8f.as_pointer()), align=4) for p in x_rows]
-            nxt = []
-            for a in range(rm):
-                wv = builder.load(builder.bitcast(builder.gep(w_rows[a], [i]), v8f.as_pointer()), align=4)
-                nxt += [builder.call(fma, [wv, xs[b], accs[a * rn + b]]) for b in range(rn)]
-            i.add_incoming(builder.add(i, ir.Constant(i64, 8)), body)
-            for a, v in zip(accs, nxt, strict=True):
-                a.add_incoming(v, body)
-            builder.branch(head)
-            builder.position_at_end(done)
+
+            def step(i, accs):  # type: ignore[no-untyped-def]
+                xs = [builder.load(builder.bitcast(builder.gep(p, [i]), v8f.as_pointer()), align=4) for p in x_rows]
+                nxt = []
+                for a in range(rm):
+                    wv = builder.load(builder.bitcast(builder.gep(w_rows[a], [i]), v8f.as_pointer()), align=4)
+                    nxt += [builder.call(fma, [wv, xs[b], accs[a * rn + b]]) for b in range(rn)]
+                return nxt
+
+            accs = _counted_loop(builder, "tile", args[4], 8, start, step)
             for a, s in zip(accs, slots, strict=True):
                 builder.store(a, s, align=4)
             return context.get_dummy_value()
@@ -138,30 +125,14 @@ def _dot_row(typingctx, w, c, x, r, whole, lanes):  # type: ignore[no-untyped-de
         w_row = _row_pointers(context, builder, signature.args[0], args[0], args[1], 1)[0]
         x_row = _row_pointers(context, builder, signature.args[2], args[2], args[3], 1)[0]
         store = context.make_array(signature.args[5])(context, builder, args[5])
-        entry = builder.block
-        head = builder.append_basic_block("dot.head")
-        body = builder.append_basic_block("dot.body")
-        done = builder.append_basic_block("dot.done")
-        builder.branch(head)
-        builder.position_at_end(head)
-        i = builder.phi(i64)
-        accs = [builder.phi(v8f) for _ in range(4)]
-        i.add_incoming(ir.Constant(i64, 0), entry)
-        for a in accs:
-            a.add_incoming(ir.Constant(v8f, None), entry)
-        builder.cbranch(builder.icmp_signed("<", i, args[4]), body, done)
-        builder.position_at_end(body)
+        def step(i, accs):  # type: ignore[no-untyped-def]
+            def vec(p, q):  # type: ignore[no-untyped-def]
+                at = builder.add(i, ir.Constant(i64, 8 * q))
+                return builder.load(builder.bitcast(builder.gep(p, [at]), v8f.as_pointer()), align=4)
 
-        def vec(p, q):  # type: ignore[no-untyped-def]
-            at = builder.add(i, ir.Constant(i64, 8 * q))
-            return builder.load(builder.bitcast(builder.gep(p, [at]), v8f.as_pointer()), align=4)
+            return [builder.call(fma, [vec(w_row, q), vec(x_row, q), accs[q]]) for q in range(4)]
 
-        nxt = [builder.call(fma, [vec(w_row, q), vec(x_row, q), accs[q]]) for q in range(4)]
-        i.add_incoming(builder.add(i, ir.Constant(i64, 32)), body)
-        for a, v in zip(accs, nxt, strict=True):
-            a.add_incoming(v, body)
-        builder.branch(head)
-        builder.position_at_end(done)
+        accs = _counted_loop(builder, "dot", args[4], 32, [ir.Constant(v8f, None)] * 4, step)
         folded = builder.fadd(builder.fadd(accs[0], accs[2]), builder.fadd(accs[1], accs[3]))
         builder.store(folded, builder.bitcast(store.data, v8f.as_pointer()), align=4)
         return context.get_dummy_value()
@@ -181,6 +152,32 @@ def _row_pointers(context, builder, ty, value, first, count, element=None):  # t
     i64 = ir.IntType(64)
     return [builder.bitcast(builder.gep(base, [builder.mul(builder.add(first, ir.Constant(i64, j)), stride)]), to)
             for j in range(count)]
+
+
+def _counted_loop(builder, name, limit, step, start, step_body):  # type: ignore[no-untyped-def]
+    """Emit ``for (i = 0; i < limit; i += step) values = step_body(i, values)`` with the loop-carried values (LLVM
+    vectors, from ``start``) in phi nodes, so that they stay in registers; returns their values after the loop."""
+    i64 = ir.IntType(64)
+    entry = builder.block
+    head = builder.append_basic_block(f"{name}.head")
+    body = builder.append_basic_block(f"{name}.body")
+    done = builder.append_basic_block(f"{name}.done")
+    builder.branch(head)
+    builder.position_at_end(head)
+    i = builder.phi(i64)
+    values = [builder.phi(v.type) for v in start]
+    i.add_incoming(ir.Constant(i64, 0), entry)
+    for phi, v in zip(values, start, strict=True):
+        phi.add_incoming(v, entry)
+    builder.cbranch(builder.icmp_signed("<", i, limit), body, done)
+    builder.position_at_end(body)
+    nxt = step_body(i, values)
+    i.add_incoming(builder.add(i, ir.Constant(i64, step)), builder.block)
+    for phi, v in zip(values, nxt, strict=True):
+        phi.add_incoming(v, builder.block)
+    builder.branch(head)
+    builder.position_at_end(done)
+    return values
 
 
 def _q8_blocks(two: bool, rm: int, quads: bool = False):  # type: ignore[no-untyped-def]
@@ -211,20 +208,6 @@ def _q8_blocks(two: bool, rm: int, quads: bool = False):  # type: ignore[no-unty
             xd_row = _row_pointers(context, builder, ty[4], args[4], args[5], 1)[0]
             store = context.make_array(ty[7])(context, builder, args[7])
             n_acc = 2 if two else 1
-            entry = builder.block
-            head = builder.append_basic_block("q8.head")
-            body = builder.append_basic_block("q8.body")
-            done = builder.append_basic_block("q8.done")
-            builder.branch(head)
-            builder.position_at_end(head)
-            b = builder.phi(i64)
-            accs = [builder.phi(v8f) for _ in range(n_acc * rm)]
-            b.add_incoming(ir.Constant(i64, 0), entry)
-            for a in accs:
-                a.add_incoming(ir.Constant(v8f, None), entry)
-            builder.cbranch(builder.icmp_signed("<", b, args[6]), body, done)
-            builder.position_at_end(body)
-
             def codes(row, o):  # type: ignore[no-untyped-def]
                 at = builder.bitcast(builder.gep(row, [o]), v32b.as_pointer())
                 return builder.sext(builder.load(at, align=1), v32h)
@@ -255,17 +238,16 @@ def _q8_blocks(two: bool, rm: int, quads: bool = False):  # type: ignore[no-unty
                 splat = builder.shuffle_vector(one, one, ir.Constant(v8i, [0] * 8))
                 return builder.call(fma, [splat, builder.sitofp(total, v8f), acc])
 
-            nxt = []
-            for q in range(n_acc):
-                blk = builder.add(b, ir.Constant(i64, q))
-                xs = codes(x_row, builder.mul(blk, ir.Constant(i64, 32)))
-                nxt += [block(blk, xs, w_rows[a], wd_rows[a], accs[a * n_acc + q]) for a in range(rm)]
-            order = [a * n_acc + q for q in range(n_acc) for a in range(rm)]
-            b.add_incoming(builder.add(b, ir.Constant(i64, n_acc)), body)
-            for i, v in zip(order, nxt, strict=True):
-                accs[i].add_incoming(v, body)
-            builder.branch(head)
-            builder.position_at_end(done)
+            def step(b, accs):  # type: ignore[no-untyped-def]
+                nxt = list(accs)
+                for q in range(n_acc):
+                    blk = builder.add(b, ir.Constant(i64, q))
+                    xs = codes(x_row, builder.mul(blk, ir.Constant(i64, 32)))
+                    for a in range(rm):
+                        nxt[a * n_acc + q] = block(blk, xs, w_rows[a], wd_rows[a], accs[a * n_acc + q])
+                return nxt
+
+            accs = _counted_loop(builder, "q8", args[6], n_acc, [ir.Constant(v8f, None)] * (n_acc * rm), step)
             for a in range(rm):
                 mine = accs[a * n_acc: a * n_acc + n_acc]
                 result = builder.fadd(mine[0], mine[1]) if two else mine[0]
