@@ -44,8 +44,8 @@ def _is_loopback(host: str) -> bool:
 
 #: Bytes taken from the socket at a time outside bulk data (a request header and its fixed fields, many pipelined).
 #: Payload bytes that come in the same read are copied from here into tensor memory: a chunk of 64 KiB copied that
-#: much of every large SET_TENSOR twice (SET_TENSOR 1 MiB against upstream 7.0.0, 100 paired samples: 0.96x with
-#: 64 KiB, 1.02x with 4 KiB).  8 KiB still takes a 4 KiB SET_TENSOR, or a few pipelined small requests, in one read.
+#: much of every large SET_TENSOR twice (SET_TENSOR 1 MiB against upstream 7.0.0, 100 paired samples: 0.96-0.98x
+#: with 64 KiB, 0.99-1.04x with 4 or 8 KiB).  8 KiB still takes a 4 KiB SET_TENSOR, or a few small requests, at once.
 _RECV_CHUNK = 1 << 13
 #: One non-blocking read without switching the socket's mode (two system calls fewer per poll).
 _DONTWAIT = socket.MSG_DONTWAIT

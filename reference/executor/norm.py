@@ -41,7 +41,7 @@ def _prepare_rms_norm(node: GraphTensor, mem: Memory) -> tuple[Callable[..., Non
     x, out = mem.raw(a_t), mem.raw(node)
     if not (x.flags.c_contiguous and out.flags.c_contiguous):
         return None
-    if np.shares_memory(x, out) and x.__array_interface__["data"][0] != out.__array_interface__["data"][0]:
+    if np.may_share_memory(x, out) and x.__array_interface__["data"][0] != out.__array_interface__["data"][0]:
         return None  # a shifted overlap: the kernel's temporary keeps it right
     from .row_kernels import rms_norm_rows
 

@@ -149,7 +149,7 @@ def _rope_plan(node: GraphTensor, mem: Memory, sin_sign: float) -> Callable[[], 
     positions = mem.raw(pos_t).reshape(-1)[:n_pos]
     source = mem.raw(a_t) if a_t.type == F32 else None  # F32 is read in place; F16 converted each run
     dest = mem.raw(node) if node.type == F32 else None
-    if dest is not None and source is not None and np.shares_memory(source, dest):
+    if dest is not None and source is not None and np.may_share_memory(source, dest):
         dest = None  # written over its source: through a temporary, as the values it reads are its own
 
     def run() -> None:
