@@ -180,16 +180,17 @@ def _counted_loop(builder, name, limit, step, start, step_body):  # type: ignore
     return values
 
 
-def _q8_blocks(two: bool, rm: int, quads: bool = False):  # type: ignore[no-untyped-def]
+def _q8_blocks(two: bool, rm: int, quads: bool = False, rn: int = 1):  # type: ignore[no-untyped-def]
     """An intrinsic running the 8-bit-activation kernels' loop over blocks 0 .. last of weight rows c .. c + rm and
-    activation row r: per block the eight lane sums of its int8 products (codes in lane order, lane i's four at i,
-    i + 8, i + 16, i + 24, or with ``quads`` in the elements' own order, lane i's at 4i .. 4i + 3: exact integers),
-    converted to float32 and fused into the row's accumulator with the scale
+    activation rows r .. r + rn: per block and pair of rows the eight lane sums of its int8 products (codes in lane
+    order, lane i's four at i, i + 8, i + 16, i + 24, or with ``quads`` in the elements' own order, lane i's at
+    4i .. 4i + 3: exact integers), converted to float32 and fused into the pair's accumulator with the scale
     wd[c, b] * xd[r, b] (a float32 product), rounded once.  With ``two`` even blocks go to one accumulator and odd
-    ones to another, added lane by lane at the end (last even).  Row a's eight lanes are written to
-    lanes[8a:8a + 8].  Products and accumulators stay in registers (the loop this replaced wrote every product to
-    memory and reloaded the accumulators per block), and the rm rows' chains of multiply-adds are independent, so
-    one row's latency hides another's.  wq, xq: int8 rows, wd, xd: float32 rows, contiguous elements."""
+    ones to another, added lane by lane at the end (last even).  The eight lanes of weight row a and activation row b
+    are written to lanes[8t:8t + 8], t = a rn + b.  Products and accumulators stay in registers (the loop this
+    replaced wrote every product to memory and reloaded the accumulators per block), the rm x rn chains of
+    multiply-adds are independent, so one's latency hides another's, and each block of codes loaded serves rn or rm
+    of them.  wq, xq: int8 rows, wd, xd: float32 rows, contiguous elements."""
 
     @intrinsic
     def q8_blocks(typingctx, wq, wd, c, xq, xd, r, last, lanes):  # type: ignore[no-untyped-def]
@@ -204,8 +205,8 @@ def _q8_blocks(two: bool, rm: int, quads: bool = False):  # type: ignore[no-unty
             ty = signature.args
             w_rows = _row_pointers(context, builder, ty[0], args[0], args[2], rm, i8)
             wd_rows = _row_pointers(context, builder, ty[1], args[1], args[2], rm)
-            x_row = _row_pointers(context, builder, ty[3], args[3], args[5], 1, i8)[0]
-            xd_row = _row_pointers(context, builder, ty[4], args[4], args[5], 1)[0]
+            x_rows = _row_pointers(context, builder, ty[3], args[3], args[5], rn, i8)
+            xd_rows = _row_pointers(context, builder, ty[4], args[4], args[5], rn)
             store = context.make_array(ty[7])(context, builder, args[7])
             n_acc = 2 if two else 1
             def codes(row, o):  # type: ignore[no-untyped-def]
@@ -221,7 +222,7 @@ def _q8_blocks(two: bool, rm: int, quads: bool = False):  # type: ignore[no-unty
             lanes_a = ir.Constant(v8i, list(range(0, 16, 2)) if quads else list(range(8)))
             lanes_b = ir.Constant(v8i, list(range(1, 16, 2)) if quads else list(range(8, 16)))
 
-            def block(blk, xs, w_row, wd_row, acc):  # type: ignore[no-untyped-def]
+            def block(blk, xs, w_row, wd_row, xd_row, acc):  # type: ignore[no-untyped-def]
                 # Pairs of products summed in int32 (the form of a multiply-add of 16-bit pairs), then each lane's
                 # two pairs: exact integers in any order.
                 ws = codes(w_row, builder.mul(blk, ir.Constant(i64, 32)))
@@ -242,16 +243,18 @@ def _q8_blocks(two: bool, rm: int, quads: bool = False):  # type: ignore[no-unty
                 nxt = list(accs)
                 for q in range(n_acc):
                     blk = builder.add(b, ir.Constant(i64, q))
-                    xs = codes(x_row, builder.mul(blk, ir.Constant(i64, 32)))
-                    for a in range(rm):
-                        nxt[a * n_acc + q] = block(blk, xs, w_rows[a], wd_rows[a], accs[a * n_acc + q])
+                    for x in range(rn):
+                        xs = codes(x_rows[x], builder.mul(blk, ir.Constant(i64, 32)))
+                        for a in range(rm):
+                            at = (a * rn + x) * n_acc + q
+                            nxt[at] = block(blk, xs, w_rows[a], wd_rows[a], xd_rows[x], accs[at])
                 return nxt
 
-            accs = _counted_loop(builder, "q8", args[6], n_acc, [ir.Constant(v8f, None)] * (n_acc * rm), step)
-            for a in range(rm):
-                mine = accs[a * n_acc: a * n_acc + n_acc]
+            accs = _counted_loop(builder, "q8", args[6], n_acc, [ir.Constant(v8f, None)] * (n_acc * rm * rn), step)
+            for t in range(rm * rn):
+                mine = accs[t * n_acc: t * n_acc + n_acc]
                 result = builder.fadd(mine[0], mine[1]) if two else mine[0]
-                where = builder.bitcast(builder.gep(store.data, [ir.Constant(i64, 8 * a)]), v8f.as_pointer())
+                where = builder.bitcast(builder.gep(store.data, [ir.Constant(i64, 8 * t)]), v8f.as_pointer())
                 builder.store(result, where, align=4)
             return context.get_dummy_value()
 
@@ -265,3 +268,5 @@ _q8_one, _q8_two = _q8_blocks(False, 1), _q8_blocks(True, 1)
 _q8_one4, _q8_two4 = _q8_blocks(False, 4), _q8_blocks(True, 4)
 #: The same over codes in the elements' own order (the raw-block products, :mod:`.raw_q8`).
 _q8_one_quads, _q8_two_quads = _q8_blocks(False, 1, True), _q8_blocks(True, 1, True)
+#: ... for four activation rows at a time (a batch: each weight block decoded once serves four).
+_q8_one_quads4, _q8_two_quads4 = _q8_blocks(False, 1, True, 4), _q8_blocks(True, 1, True, 4)

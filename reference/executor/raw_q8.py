@@ -18,8 +18,8 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from .cmath32 import half_value
-from .compiled import F32, _hsum8, fma32
-from .lanes8 import _q8_one_quads, _q8_two_quads
+from .compiled import F32, _hsum8_at, fma32
+from .lanes8 import _q8_one_quads, _q8_one_quads4, _q8_two_quads, _q8_two_quads4
 
 
 @njit(cache=True, nogil=True)
@@ -58,7 +58,7 @@ def _raw_rows(raw, size, scale_at, e8m0, min_at, qh_at, qs_at, nibbles, table, x
         linear = linear and np.int32(table[v]) == first + v
     last = nb - nb % 2 if two else nb
     codes = np.empty(k, dtype=np.int8)
-    lanes = np.empty(8, dtype=F32)
+    lanes = np.empty(32, dtype=F32)
     wd = np.empty(nb, dtype=F32)
     wm = np.zeros(nb, dtype=F32)
     for c in range(m):
@@ -74,23 +74,39 @@ def _raw_rows(raw, size, scale_at, e8m0, min_at, qh_at, qs_at, nibbles, table, x
             _nibbles_table(row, nb, size, qs_at, table, codes)
         else:  # Q5_0, Q5_1 (the 5-bit layouts are all linear)
             _fives(row, nb, size, qs_at, qh_at, first, codes)
-        for r in range(n):
-            if two:
+        r = 0
+        while r < n:
+            rn = 4 if r + 4 <= n else 1
+            if rn == 4:
+                if two:
+                    _q8_two_quads4(codes, wd, 0, xq, xd, r, last, lanes)
+                else:
+                    _q8_one_quads4(codes, wd, 0, xq, xd, r, last, lanes)
+            elif two:
                 _q8_two_quads(codes, wd, 0, xq, xd, r, last, lanes)
             else:
                 _q8_one_quads(codes, wd, 0, xq, xd, r, last, lanes)
-            total = _hsum8(lanes)
-            if last < nb:  # two accumulators and an odd block count: the last block by one fused multiply-add
-                t = np.int32(0)
-                for j in range(last * 32, k):
-                    t += np.int32(codes[j]) * np.int32(xq[r, j])
-                total = fma32(wd[last] * xd[r, last], F32(t), total)
-            if summed:
-                summs = F32(0)
-                for b in range(nb):
-                    summs = summs + wm[b] * xs[r, b]
-                total = total + summs
-            out[r, c] = total
+            for b in range(rn):
+                out[r + b, c] = _raw_end(codes, wd, wm, xq, xd, xs, r + b, nb, last, summed, lanes, 8 * b)
+            r += rn
+
+
+@njit(cache=True, inline="always")
+def _raw_end(codes, wd, wm, xq, xd, xs, r, nb, last, summed, lanes, at):  # type: ignore[no-untyped-def]
+    # One output from its block loop's lanes (lanes[at:at + 8]): their sum, an odd last block of a two-accumulator
+    # kernel by one fused multiply-add, the mins' sums last (as :func:`.compiled._q8_end` for packed weights).
+    total = _hsum8_at(lanes, at)
+    if last < nb:
+        t = np.int32(0)
+        for j in range(last * 32, nb * 32):
+            t += np.int32(codes[j]) * np.int32(xq[r, j])
+        total = fma32(wd[last] * xd[r, last], F32(t), total)
+    if summed:
+        summs = F32(0)
+        for b in range(nb):
+            summs = summs + wm[b] * xs[r, b]
+        total = total + summs
+    return total
 
 
 @njit(cache=True, inline="always")

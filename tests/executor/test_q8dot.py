@@ -117,8 +117,8 @@ def test_raw_block_products_are_the_packed_ones(type_id: int, k: int) -> None:
     rng = np.random.default_rng(10 * k + type_id)
     blocks = _weights(None, type_id, 7, k, rng)
     packed = q8dot.pack_weights(type_id, blocks)
-    x = (rng.standard_normal((4, k)) * 3).astype(F)
-    for rows, batch in ((x, True), (x[:1], False)):
+    x = (rng.standard_normal((7, k)) * 3).astype(F)  # four rows at a time, then three one by one
+    for rows, batch in ((x, True), (x[:4], True), (x[:1], False)):
         want = q8dot.products(type_id, packed, rows, 7, batch=batch)
         assert q8dot.raw_products(type_id, blocks, rows, batch=batch).tobytes() == want.tobytes()
 
