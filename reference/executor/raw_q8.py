@@ -18,7 +18,7 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from .cmath32 import half_value
-from .compiled import F32, _hsum8_at, fma32
+from .compiled import F32, _q8_end
 from .lanes8 import _q8_one_quads, _q8_one_quads4, _q8_two_quads, _q8_two_quads4
 
 
@@ -57,10 +57,11 @@ def _raw_rows(raw, size, scale_at, e8m0, min_at, qh_at, qs_at, nibbles, table, x
     for v in range(32):
         linear = linear and np.int32(table[v]) == first + v
     last = nb - nb % 2 if two else nb
-    codes = np.empty(k, dtype=np.int8)
+    # The decoded weight row as a one-row matrix (the block loop's and _q8_end's form, shared with the packed
+    # weights), and a plain view of each row for the decoders; all made once.
+    codes2, wd2, wm2 = np.empty((1, k), dtype=np.int8), np.empty((1, nb), dtype=F32), np.zeros((1, nb), dtype=F32)
+    codes, wd, wm = codes2[0], wd2[0], wm2[0]
     lanes = np.empty(32, dtype=F32)
-    wd = np.empty(nb, dtype=F32)
-    wm = np.zeros(nb, dtype=F32)
     for c in range(m):
         row = raw[c]
         _row_scales(row, nb, size, scale_at, e8m0, min_at, wd, wm)
@@ -79,34 +80,16 @@ def _raw_rows(raw, size, scale_at, e8m0, min_at, qh_at, qs_at, nibbles, table, x
             rn = 4 if r + 4 <= n else 1
             if rn == 4:
                 if two:
-                    _q8_two_quads4(codes, wd, 0, xq, xd, r, last, lanes)
+                    _q8_two_quads4(codes2, wd2, 0, xq, xd, r, last, lanes)
                 else:
-                    _q8_one_quads4(codes, wd, 0, xq, xd, r, last, lanes)
+                    _q8_one_quads4(codes2, wd2, 0, xq, xd, r, last, lanes)
             elif two:
-                _q8_two_quads(codes, wd, 0, xq, xd, r, last, lanes)
+                _q8_two_quads(codes2, wd2, 0, xq, xd, r, last, lanes)
             else:
-                _q8_one_quads(codes, wd, 0, xq, xd, r, last, lanes)
+                _q8_one_quads(codes2, wd2, 0, xq, xd, r, last, lanes)
             for b in range(rn):
-                out[r + b, c] = _raw_end(codes, wd, wm, xq, xd, xs, r + b, nb, last, summed, lanes, 8 * b)
+                out[r + b, c] = _q8_end(codes2, wd2, wm2, xq, xd, xs, 0, r + b, nb, last, summed, lanes, 8 * b)
             r += rn
-
-
-@njit(cache=True, inline="always")
-def _raw_end(codes, wd, wm, xq, xd, xs, r, nb, last, summed, lanes, at):  # type: ignore[no-untyped-def]
-    # One output from its block loop's lanes (lanes[at:at + 8]): their sum, an odd last block of a two-accumulator
-    # kernel by one fused multiply-add, the mins' sums last (as :func:`.compiled._q8_end` for packed weights).
-    total = _hsum8_at(lanes, at)
-    if last < nb:
-        t = np.int32(0)
-        for j in range(last * 32, nb * 32):
-            t += np.int32(codes[j]) * np.int32(xq[r, j])
-        total = fma32(wd[last] * xd[r, last], F32(t), total)
-    if summed:
-        summs = F32(0)
-        for b in range(nb):
-            summs = summs + wm[b] * xs[r, b]
-        total = total + summs
-    return total
 
 
 @njit(cache=True, inline="always")
