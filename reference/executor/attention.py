@@ -50,14 +50,33 @@ def _checked(node: GraphTensor) -> tuple[tuple[int, ...], np.float32, float, np.
     return (dk, n_q, n_head, n_seq, dv, n_kv, n_head_kv, k3), scale, max_bias, softcap
 
 
+def _extras(node: GraphTensor, mem: Memory, dims: tuple[int, ...]) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The mask (its raw view cut to the rows and columns the scores use: a decoding step's mask is padded to many
+    rows) and the sinks (raw view), each None when absent, after their checks."""
+    _dk, n_q, n_head, n_seq, _dv, n_kv, _hkv, _k3 = dims
+    mask_t, sinks_t = node.src[3], node.src[4]
+    mask = sinks = None
+    if mask_t is not None:
+        need_types(node, mask_t, (F16, F32), "mask")
+        mask = mem.raw(mask_t)
+        broadcast_mask(node, mask, n_q, n_head, n_seq, n_kv, 0, 0)  # shape check before any work
+        mask = mask[:, :, :n_q, :n_kv]
+    if sinks_t is not None:
+        need_types(node, sinks_t, (F32,), "sinks")
+        if sinks_t.ne[0] < n_head:
+            raise node_error(node, "sinks need one value per head")
+        sinks = mem.raw(sinks_t)
+    return mask, sinks
+
+
 @prepared(GgmlOp.FLASH_ATTN_EXT)
 def _prepare_decoding(node: GraphTensor, mem: Memory) -> tuple[Callable[[], None], tuple] | None:
     """A decoding step's attention (F16 K and V with contiguous rows, fewer query rows than the tiled path takes):
     every check, view and constant once, then per run the queries rounded to F16, the mask's live rows and the
     compiled recurrence (the kernel's Python around that loop was half of its 20 us)."""
     dims, scale, max_bias, softcap = _checked(node)
-    _dk, n_q, n_head, n_seq, dv, n_kv, n_head_kv, k3 = dims
-    q_t, k_t, v_t, mask_t, sinks_t = src(node, 0), src(node, 1), src(node, 2), node.src[3], node.src[4]
+    _dk, n_q, n_head, n_seq, dv, _n_kv, n_head_kv, k3 = dims
+    q_t, k_t, v_t = src(node, 0), src(node, 1), src(node, 2)
     k_raw, v_raw = mem.raw(k_t), mem.raw(v_t)
     if (k_t.type != F16 or v_t.type != F16 or n_q >= _TILE_ROWS or k_raw.strides[-1] != 2
             or v_raw.strides[-1] != 2 or not n_q * n_head * n_seq * dv):
@@ -65,18 +84,8 @@ def _prepare_decoding(node: GraphTensor, mem: Memory) -> tuple[Callable[[], None
     from .flash_steps import attend_f16
 
     mask = np.zeros((1, 1, 1, 1), dtype=np.float32)
-    mask_raw = None
-    if mask_t is not None:
-        need_types(node, mask_t, (F16, F32), "mask")
-        mask_raw = mem.raw(mask_t)
-        broadcast_mask(node, mask_raw, n_q, n_head, n_seq, n_kv, 0, 0)
-        mask_raw = mask_raw[:, :, :n_q, :n_kv]  # only the rows and columns the scores use
-    no_sinks = sinks_raw = np.zeros(n_head, dtype=np.float32)
-    if sinks_t is not None:
-        need_types(node, sinks_t, (F32,), "sinks")
-        if sinks_t.ne[0] < n_head:
-            raise node_error(node, "sinks need one value per head")
-        sinks_raw = mem.raw(sinks_t)  # read each run, as every input
+    no_sinks = np.zeros(n_head, dtype=np.float32)
+    mask_raw, sinks_raw = _extras(node, mem, dims)  # views: read each run, as every input
     q_raw, k16, v16, dst = mem.raw(q_t), k_raw.view(np.uint16), v_raw.view(np.uint16), mem.raw(node)
     rh, rs = n_head // n_head_kv, n_seq // k3
     slopes = alibi_slopes(n_head, max_bias)
@@ -85,9 +94,9 @@ def _prepare_decoding(node: GraphTensor, mem: Memory) -> tuple[Callable[[], None
     def run() -> None:
         q = q_raw.astype(np.float16).astype(np.float32)  # ggml converts the queries to K's type
         the_mask = mask if mask_raw is None else np.ascontiguousarray(mask_raw, dtype=np.float32)
-        sinks = no_sinks if sinks_t is None else np.ascontiguousarray(sinks_raw.reshape(-1)[:n_head])
+        sinks = no_sinks if sinks_raw is None else np.ascontiguousarray(sinks_raw.reshape(-1)[:n_head])
         attend_f16(q, k16, v16, rh, rs, the_mask, mask_raw is not None, slopes, float(scale), float(softcap), sinks,
-                   sinks_t is not None, out)
+                   sinks_raw is not None, out)
         np.copyto(dst, out.swapaxes(1, 2))
 
     return run, ()
@@ -98,7 +107,7 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
     dims, scale, max_bias, softcap = _checked(node)
     dk, n_q, n_head, n_seq, dv, n_kv, n_head_kv, k3 = dims
     q_t, k_t, v_t = src(node, 0), src(node, 1), src(node, 2)
-    mask_t, sinks_t = node.src[3], node.src[4]
+    mask_t = node.src[3]
 
     q = read(mem, q_t)  # (n_seq, n_head, n_q, dk)
     tiled = n_q >= _TILE_ROWS and k_t.type == v_t.type and k_t.type in (F32, F16)
@@ -110,19 +119,9 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
     if not tiled and k_t.type != F32 and not blocks_dot:
         q = through_type(VEC_DOT_TYPE.get(k_t.type, F32), np.ascontiguousarray(q))
     rh, rs = n_head // n_head_kv, n_seq // k3
-    mask = None
-    if mask_t is not None:
-        need_types(node, mask_t, (F16, F32), "mask")
-        mask = mem.raw(mask_t)
-        broadcast_mask(node, mask, n_q, n_head, n_seq, n_kv, 0, 0)  # shape check before any work
-        # Only the rows and columns the scores use are read (a decoding step's mask is padded to many rows).
-        mask = convert(mask_t.type, mask[:, :, :n_q, :n_kv])
-    sinks = None
-    if sinks_t is not None:
-        need_types(node, sinks_t, (F32,), "sinks")
-        if sinks_t.ne[0] < n_head:
-            raise node_error(node, "sinks need one value per head")
-        sinks = read(mem, sinks_t).reshape(-1)[:n_head][None, :, None]
+    mask_raw, sinks_raw = _extras(node, mem, dims)
+    mask = None if mask_raw is None else convert(mask_t.type, mask_raw)
+    sinks = None if sinks_raw is None else sinks_raw.reshape(-1)[:n_head][None, :, None]
     k_raw, v_raw = mem.raw(k_t), mem.raw(v_t)  # positions on axis 2 (plain and block layouts alike)
     if online and k_t.type == F16 and k_raw.strides[-1] == 2 and v_raw.strides[-1] == 2:
         # F16 K and V one query at a time (a decoding step): the whole loop compiled, scores included.
@@ -172,9 +171,7 @@ def _flash_attn_ext(node: GraphTensor, mem: Memory) -> None:
 def _float_scores(k_type: int, q: np.ndarray, k: np.ndarray, rh: int, rs: int) -> np.ndarray:
     """Every query row dotted with every key as ``ggml_vec_dot_f16``/``_f32``/``_bf16`` computes it (the queries
     already rounded to the keys' type), or by BLAS for a key type whose dot is not emulated."""
-    if k_type == F16:
-        return dot_f16_rows(q, k, rh, rs)
-    kind = {F32: "f32", BF16: "bf16"}.get(k_type)
+    kind = {F32: "f32", F16: "f16", BF16: "bf16"}.get(k_type)
     if kind is None:
         return broadcast_matmul(q, k.swapaxes(-1, -2), rh, rs)
     n_seq, n_head, rows, _ = q.shape
@@ -239,16 +236,3 @@ def _attend(tiled: bool, q: np.ndarray, k: np.ndarray, v: np.ndarray, rh: int, r
                                             mask is not None, slopes, float(scale), float(softcap), head_sinks,
                                             sinks is not None, out)
     return out
-
-
-def dot_f16_rows(q: np.ndarray, k: np.ndarray, rh: int, rs: int) -> np.ndarray:
-    """Every query row of ``q`` (seq, head, rows, d) dotted with every key of ``k`` (kseq, khead, n_kv, d), both
-    holding F16 values, as ``ggml_vec_dot_f16`` computes each dot (:func:`.fdot.vec_dot`).  Query head h reads key
-    head h // rh, sequence s key sequence s // rs."""
-    n_seq, n_head, rows, _ = q.shape
-    out = np.empty((n_seq, n_head, rows, k.shape[2]), dtype=np.float32)
-    for s, h in np.ndindex(n_seq, n_head):
-        out[s, h] = fdot.vec_dot(k[s // rs, h // rh], q[s, h], "f16")
-    return out
-
-

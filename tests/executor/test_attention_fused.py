@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from ggml_rpc.reference.executor import execute
 from ggml_rpc.reference.executor.arena import Arena, params
-from ggml_rpc.reference.executor.attention import _online, dot_f16_rows
+from ggml_rpc.reference.executor.attention import _float_scores, _online
 from ggml_rpc.reference.executor.softmax import alibi_slopes
 from ggml_rpc.spec import GgmlOp, GgmlType
 
@@ -57,7 +57,8 @@ def test_fused_f16_attention_is_the_step_by_step_form(seed: int) -> None:
     got = arena.get(out).swapaxes(1, 2)  # (seq, head, rows, dv)
 
     qh = q_vals.astype(np.float16).astype(np.float32)
-    scores = dot_f16_rows(qh, arena.get(k), rh, rs) * (np.float32(np.float32(scale * cap) / cap) if cap else scale)
+    scaled = np.float32(np.float32(scale * cap) / cap) if cap else scale
+    scores = _float_scores(F16, qh, arena.get(k), rh, rs) * scaled
     if cap:
         import ctypes
         import ctypes.util
