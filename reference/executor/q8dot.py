@@ -160,29 +160,26 @@ class TokenProduct:
 
     def __call__(self, packed: np.ndarray, x: np.ndarray) -> None:
         """out = x @ w^T for packed weights (:func:`pack_weights`) and one contiguous float32 row ``x`` (1, k)."""
-        from .q8_acts import activation_lanes
-
         if packed is not self._packed:
             self._packed, self._views = packed, _views(packed, self._m)
-        acts = self._acts
-        if not activation_lanes(x, self._summed, *acts):
-            ac, ad, as_ = activation_codes(x, self._summed)
-            acts = (in_lane_order(ac), ad, as_)
+        acts = lane_codes(x, self._summed, self._acts)
         kernels().q8_products(*self._views, *acts, self._two, self._summed, self.out)  # type: ignore[misc]
 
 
-def lane_codes(x: np.ndarray, summed: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def lane_codes(x: np.ndarray, summed: bool, into: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`activation_codes` with each block's codes in lane order, compiled (numpy's form for rows holding a
-    value that is not finite)."""
+    value that is not finite); ``into``: the three arrays to fill (codes int8 ``(n, k)``, scales and sums float32
+    ``(n, k / 32)``), made here when None."""
     from .q8_acts import activation_lanes
 
     x = np.ascontiguousarray(x, dtype=np.float32)
     n, k = x.shape
-    codes = np.empty((n, k), dtype=np.int8)
-    d16 = np.empty((n, k // 32), dtype=np.float32)
-    sums = np.empty((n, k // 32), dtype=np.float32)
-    if activation_lanes(x, summed, codes, d16, sums):
-        return codes, d16, sums
+    if into is None:
+        into = (np.empty((n, k), dtype=np.int8), np.empty((n, k // 32), dtype=np.float32),
+                np.empty((n, k // 32), dtype=np.float32))
+    if activation_lanes(x, summed, *into):
+        return into
     ac, ad, as_ = activation_codes(x, summed)
     return in_lane_order(ac), ad, as_
 
