@@ -21,14 +21,16 @@ def _input(node: GraphTensor, mem: Memory) -> np.ndarray:
 
 @kernel(GgmlOp.RMS_NORM, src=FLOATS, dst=(F32,))
 def _rms_norm(node: GraphTensor, mem: Memory) -> None:
-    x = _input(node, mem)
-    eps = params_f32(node)[0]
-    # ggml: sum += (ggml_float)(x * x), the product in float32, the sum in double, element after element.
-    sq = np.square(x, dtype=np.float32)
-    total = np.cumsum(sq, axis=-1, dtype=np.float64)[..., -1:] if x.shape[-1] else np.zeros((*x.shape[:-1], 1))
-    mean = total / max(x.shape[-1], 1)
-    scale = (np.float32(1) / np.sqrt(mean.astype(np.float32) + eps)).astype(np.float32)
-    write(mem, node, x * scale)
+    # Any layout and F16 sources through a float32 copy; the arithmetic is the compiled rms_norm_rows, as in a
+    # prepared graph.
+    from .row_kernels import rms_norm_rows
+
+    x = np.ascontiguousarray(_input(node, mem), dtype=np.float32)
+    out = np.empty_like(x)
+    if x.size:
+        n = x.shape[-1]
+        rms_norm_rows(x.reshape(-1, n), float(params_f32(node)[0]), out.reshape(-1, n))
+    write(mem, node, out)
 
 
 @prepared(GgmlOp.RMS_NORM)
