@@ -143,6 +143,11 @@ NATIVE_CALLBACK_OPS: frozenset[int] = frozenset(
     {GgmlOp.MAP_CUSTOM1, GgmlOp.MAP_CUSTOM2, GgmlOp.MAP_CUSTOM3, GgmlOp.CUSTOM}  # type: ignore[attr-defined]
 )
 
+#: Ops that only describe memory another tensor owns (views and the leaf op NONE): a node of one computes nothing.
+EMPTY_OPS: frozenset[int] = frozenset(
+    {GgmlOp.NONE, GgmlOp.RESHAPE, GgmlOp.TRANSPOSE, GgmlOp.VIEW, GgmlOp.PERMUTE}  # type: ignore[attr-defined]
+)
+
 UnaryOp = enum.IntEnum(  # type: ignore[misc]
     "UnaryOp",
     [

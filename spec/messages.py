@@ -160,9 +160,11 @@ GRAPH_COMPUTE_REQ = Payload(
     Struct(
         "device" / Int32ul * "device index",
         "n_nodes" / Int32ul * "number of node ids",
-        "nodes" / Array(this.n_nodes, Int64ul) * "tensor ids of the graph's nodes, in execution order",
+        "nodes" / Array(this.n_nodes, Int64ul) * "ids of the tensors to compute, in execution order (each also in "
+        "tensors)",
         "n_tensors" / Int32ul * "number of tensors",
-        "tensors" / Array(this.n_tensors, RpcTensor) * "every tensor reachable from the nodes, sources first",
+        "tensors" / Array(this.n_tensors, RpcTensor) * "each node and every tensor reachable from the nodes "
+        "through src and view_src, in any order",
     ),
     "compute a graph; 12 + 8*n_nodes + 296*n_tensors bytes",
 )
@@ -221,9 +223,11 @@ GRAPH_COMPUTE_V8_REQ = Payload(
         "device" / Int32ul * "device index",
         "uid" / Int64ul * GRAPH_UID_DOC,
         "n_nodes" / Int32ul * "number of node ids",
-        "nodes" / Array(this.n_nodes, Int64ul) * "tensor ids of the graph's nodes, in execution order",
+        "nodes" / Array(this.n_nodes, Int64ul) * "ids of the tensors to compute, in execution order (each also in "
+        "tensors)",
         "n_tensors" / Int32ul * "number of tensors",
-        "tensors" / Array(this.n_tensors, RpcTensor) * "every tensor reachable from the nodes, sources first",
+        "tensors" / Array(this.n_tensors, RpcTensor) * "each node and every tensor reachable from the nodes "
+        "through src and view_src, in any order",
     ),
     "compute a graph (asynchronously: commands that touch buffer data wait for it); 20 + 8*n_nodes + "
     "296*n_tensors bytes",

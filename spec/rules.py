@@ -343,7 +343,7 @@ RULES: tuple[Rule, ...] = (
          "inside its tensor's nbytes", frozenset(REGION_LENGTH), _past),
     Rule("FRAMING-SHIFTED", MUST, _CL, "a SET_TENSOR does not end one byte short of its tensor where another "
          "version's layout fills it exactly (the silent one-byte shift)", _SET, _shifted, stateless=False),
-    Rule("COPY-FITS-DST", MUST, _CL, "COPY_TENSOR copies no more bytes than its destination tensor holds",
+    Rule("COPY-FITS-DST", MUST, _CL, "COPY_TENSOR copies no more bytes (nbytes of src) than its dst holds (nbytes)",
          frozenset(COPIES), _copy),
     Rule("GRAPH-NO-NODES", MUST, _CL, "a GRAPH_COMPUTE graph has at least one node", _GRAPH, _no_nodes),
     Rule("GRAPH-NULL-NODE", MUST, _CL, "no graph node id is 0", _GRAPH, _null_node),

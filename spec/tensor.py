@@ -14,20 +14,28 @@ GGML_MAX_SRC = 10
 GGML_MAX_NAME = 64
 
 RpcTensor = Struct(
-    "id" / Int64ul * "client-side address of the ggml_tensor: an opaque identity, 0 means 'no tensor'",
-    "type" / Int32ul * "ggml_type (see the type table); ids >= 43 and removed types are refused",
+    "id" / Int64ul * "the tensor's identity, chosen by the client (genuine clients send the ggml_tensor's address): "
+    "any non-zero value, one per tensor of a request; 0 means 'no tensor'",
+    "type" / Int32ul * "ggml_type id, as numbered by the server's build; ids >= 43 and removed types are refused",
     "buffer" / Int64ul * "server buffer handle (remote_ptr from ALLOC_BUFFER) or 0; note the unaligned offset",
-    "ne" / Array(GGML_MAX_DIMS, Int32ul) * "elements per dimension, 32-bit on the wire (truncated from int64)",
-    "nb" / Array(GGML_MAX_DIMS, Int32ul) * "stride in bytes per dimension, 32-bit on the wire",
-    "op" / Int32ul * "ggml_op that produces this tensor (GRAPH_COMPUTE); NONE elsewhere",
-    "op_params" / Array(GGML_MAX_OP_PARAMS // 4, Int32sl) * "raw op parameters (16 x i32)",
-    "flags" / Int32sl * "tensor flags: INPUT=1, OUTPUT=2, PARAM=4, LOSS=8, COMPUTE=16",
-    "src" / Array(GGML_MAX_SRC, Int64ul) * "ids of the source tensors (0 = none)",
+    "ne" / Array(GGML_MAX_DIMS, Int32ul) * "elements per dimension, innermost first; unused dimensions are 1 (a 0 "
+    "makes the tensor empty); 32-bit on the wire (truncated from int64)",
+    "nb" / Array(GGML_MAX_DIMS, Int32ul) * "stride in bytes per dimension; contiguous: nb[0] = the type size, nb[1] = "
+    "nb[0] * ne[0] / block elements, nb[i] = nb[i-1] * ne[i-1]; 32-bit on the wire",
+    "op" / Int32ul * "ggml_op id (as numbered by the server's build) that computes this tensor in GRAPH_COMPUTE; 0 "
+    "(NONE) for inputs and in every other request",
+    "op_params" / Array(GGML_MAX_OP_PARAMS // 4, Int32sl) * "the op's parameters, 16 x i32 (a float is stored as its "
+    "bits); unused ones 0",
+    "flags" / Int32sl * "tensor flags: INPUT=1, OUTPUT=2, PARAM=4, LOSS=8, COMPUTE=16; a graph node is computed only "
+    "with COMPUTE set",
+    "src" / Array(GGML_MAX_SRC, Int64ul) * "ids of the source tensors (the op's operands, in its order; 0 = none)",
     "view_src" / Int64ul * "id of the tensor this one views (0 = none)",
     "view_offs" / Int64ul * "byte offset into view_src",
-    "data" / Int64ul * "absolute server address of the data (inside the buffer), or 0",
+    "data" / Int64ul * "absolute server address of the tensor's first byte (the buffer's base + an offset), or 0; "
+    "[data, data + nbytes) lies inside the buffer",
     "name" / Bytes(GGML_MAX_NAME) * "NUL-padded tensor name (at most 63 characters and a NUL)",
-    "use_count" / Int32sl * "uses of the tensor inside the graph (GRAPH_COMPUTE only; 0 elsewhere)",
+    "use_count" / Int32sl * "GRAPH_COMPUTE: how many src entries of the graph's nodes name this tensor (ggml's count; "
+    "the CPU backend fuses on it); 0 elsewhere",
 )
 RpcTensor.__doc__ = "rpc_tensor: packed, 296 bytes, little-endian."
 

@@ -180,3 +180,70 @@ def test_cli_spec_rejects_unknown_version(capsys):
     assert main(["spec", "--proto", "9"]) == 2
     err = capsys.readouterr().err
     assert "unknown protocol version '9'" in err and "Traceback" not in err
+
+
+# ---- what an implementer needs beyond the layouts ----------------------------------------------------------------
+
+
+def test_framing_names_the_size_header_apart_from_payload_fields(doc):
+    framing = _section(doc, "framing")
+    assert "| 1 | 8 | u64 | `payload_size` |" in framing and "| 0 | 8 | u64 | `payload_size` |" in framing
+    assert "request or reply" not in framing
+    assert "the request payload" in framing and "the reply payload" in framing
+    rows = _section(doc, "v8-set_tensor_2d")
+    # The per-row `size` field and the size header are two names: the data row counts from the header's.
+    assert "| 304 | 8 | u64 | `size` | bytes per row" in rows
+    assert "(n = payload_size − 328)" in rows and "payload_size ≥ 328" in rows
+    assert "(n = size −" not in doc and "any other size header" not in doc
+
+
+def test_shapes_and_nbytes_are_defined_once_and_linked(doc):
+    shapes = _section(doc, "tensor-shape")
+    assert "unused `ne` to **1**, never 0" in shapes
+    assert "`nb[0]` = `size`" in shapes and "`nb[1]` = `size` × `ne[0]` / `blck`" in shapes
+    nbytes = _section(doc, "nbytes")
+    assert "if any `ne[i]` is 0: 0" in nbytes
+    assert "| F32 (blck 1, size 4) | `{16, 1, 1, 1}` | `{4, 64, 64, 64}` | 64 |" in nbytes
+    assert "| Q4_0 (blck 32, size 18) | `{64, 2, 1, 1}` | `{18, 36, 72, 72}` | 72 |" in nbytes
+    assert "| F32 (blck 1, size 4) | `{16, 0, 0, 0}` | `{4, 64, 64, 64}` | 0 |" in nbytes
+    assert doc.count('<a id="nbytes"></a>') == 1
+    # The rules and field tables that rest on nbytes point at its one definition.
+    rules = _section(doc, "rules")
+    for rule in ("REGION-PAST-TENSOR", "ROWS-PAST-TENSOR", "COPY-FITS-DST"):
+        line = next(r for r in rules.splitlines() if f"`{rule}`" in r)
+        assert "[nbytes](#nbytes)" in line, line
+    assert "([nbytes](#nbytes)(src) bytes are copied)" in _section(doc, "v6-copy_tensor")
+
+
+def test_computing_a_graph_says_what_gets_a_result(doc):
+    compute = _section(doc, "compute")
+    assert "**`flags` with COMPUTE (16) set**" in compute
+    assert "skips a node without COMPUTE silently" in compute
+    assert "one rpc_tensor for each node **and** for every tensor reachable" in compute
+    assert "`n_nodes` their number" in compute and "`n_tensors` their number" in compute
+    assert "[GET_TENSOR](#v8-get_tensor) of the node's tensor" in compute
+    assert "`use_count`" in compute and "RMS_NORM" in compute
+    example = _section(doc, "compute-example")
+    assert "| c | 3 | F32 (0) | `{4, 2, 1, 1}` | `{4, 16, 32, 32}` | ADD (2) | 16 | 1, 2 | base + 64 |" in example
+    assert "908 bytes (6.0.0, 7.0.0, 7.0.1); 916 bytes (8.0.0, with its `uid`)" in example
+
+
+def test_session_caps_alignment_failures_and_hash(doc):
+    assert "sends 24 zero bytes" in _section(doc, "hello-caps")
+    assert "The server never checks the client's version" in _section(doc, "hello-caps")
+    assert "multiple of GET_ALIGNMENT's answer" in _section(doc, "alignment")
+    failures = _section(doc, "failures")
+    assert "There is no error reply" in failures and "end-of-stream" in failures
+    assert "GRAPH_COMPUTE, GRAPH_RECOMPUTE" in failures
+    hashing = _section(doc, "hash")
+    assert "`0xcbf29ce484222325`" in hashing and "`0x100000001b3`" in hashing
+    assert '| `"a"` | `0xaf63dc4c8601ec8c` | `af63dc4c8601ec8c` |' in hashing
+    assert "op id is ggml's own enum value as compiled into the server" in _section(doc, "enum-ops")
+    assert "(see [shapes](#tensor-shape))" in _section(doc, "rpc_tensor")
+
+
+def test_empty_ops_are_the_executors_free_ops():
+    from ggml_rpc.reference.executor.plan import FREE_OPS
+    from ggml_rpc.spec.enums import EMPTY_OPS
+
+    assert set(EMPTY_OPS) == set(FREE_OPS)

@@ -4,6 +4,7 @@ become (see :mod:`~ggml_rpc.spec.render.markdown`)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -100,7 +101,7 @@ def payload_rows(payload: Payload, request: Payload | None = None) -> list[Row]:
         return [Row("0", src, "bytes", "`data`", payload.doc)]
     rows, end = struct_rows(payload.schema, Offset())
     if payload.shape is Shape.HEADER_DATA:
-        rows.append(Row(str(end), "n", "bytes", "`data`", f"{payload.doc} (n = size − {end})"))
+        rows.append(Row(str(end), "n", "bytes", "`data`", f"{payload.doc} (n = payload_size − {end})"))
     return rows
 
 
@@ -109,15 +110,15 @@ def payload_size(payload: Payload, *, reply: bool = False) -> str:
     if payload.shape is Shape.FIXED:
         n = payload.schema.sizeof()
         who = "the client aborts" if reply else "the server closes"
-        return f"fixed, exactly {n} bytes (any other size header: {who})"
+        return f"fixed, exactly {n} bytes (any other payload_size: {who})"
     if payload.shape is Shape.HEADER_DATA:
         n = payload.schema.sizeof()
-        return f"variable, {n}-byte header + n data bytes (size ≥ {n}; every byte after the header is data)"
+        return f"variable, {n}-byte header + n data bytes (payload_size ≥ {n}; every byte after the header is data)"
     if payload.shape is Shape.RAW:
         names = " × ".join(f"`{name}`" for name in payload.length_from or ("size",))
         return f"variable, exactly the request's {names} bytes"
     _, end = struct_rows(payload.schema, Offset())
-    return f"variable, {end} bytes (size ≥ {payload.header_size}; trailing bytes are ignored)"
+    return f"variable, {end} bytes (payload_size ≥ {payload.header_size}; trailing bytes are ignored)"
 
 
 def markdown_table(rows: Iterable[Row]) -> str:
@@ -125,8 +126,16 @@ def markdown_table(rows: Iterable[Row]) -> str:
     if not rows:
         return "Empty payload: no fields.\n"
     lines = ["| off | size | type | field | description |", "|---|---|---|---|---|"]
-    lines += [f"| {r.offset} | {r.size} | {r.type} | {r.name} | {cell(r.doc)} |" for r in rows]
+    lines += [f"| {r.offset} | {r.size} | {r.type} | {r.name} | {linked(cell(r.doc))} |" for r in rows]
     return "\n".join(lines) + "\n"
+
+
+_NBYTES = re.compile(r"(?<![`\[#])\bnbytes\b(?![`\]])")
+
+
+def linked(text: str) -> str:
+    """``text`` with each bare mention of nbytes linked to its one definition (``#nbytes``)."""
+    return _NBYTES.sub("[nbytes](#nbytes)", text)
 
 
 def cell(text: str) -> str:

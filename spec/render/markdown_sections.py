@@ -8,6 +8,7 @@ from collections.abc import Callable
 from ..enums import Command
 from ..facts import COMM_BF16_FROM_ELEMENTS, CONN_CAPS_SIZE
 from ..rules import RULES
+from .markdown_rows import linked
 from .markdown_tables import anchor
 
 
@@ -22,7 +23,7 @@ def rules_section() -> str:
     )
     for r in RULES:
         cmds = ", ".join(sorted(c.name for c in r.commands)) or "(framing)"
-        out.append(f"| `{r.id}` | {r.level.value} | {r.side.value} | {r.text} | {cmds} |\n")
+        out.append(f"| `{r.id}` | {r.level.value} | {r.side.value} | {linked(r.text)} | {cmds} |\n")
     return "".join(out) + "\n"
 
 

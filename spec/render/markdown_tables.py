@@ -18,8 +18,10 @@ def types_table() -> str:
     """The ggml type table."""
     out = [anchor("enum-types"), f"## ggml types (GGML_TYPE_COUNT = {len(TYPES)})\n\n"]
     out.append(
-        "`blck`: elements per block, `size`: bytes per block. Removed types (block size 0) are refused by every "
-        "server, as are ids ≥ GGML_TYPE_COUNT.\n\n| id | name | blck | size | status |\n|---|---|---|---|---|\n"
+        "`blck`: elements per block, `size`: bytes per block (the [shapes](#tensor-shape) section says how they "
+        "give `nb` and `nbytes`). Removed types (block size 0) are refused by every server, as are ids ≥ "
+        "GGML_TYPE_COUNT. Like op ids, type ids are those of the server's ggml build (upstream's in the covered "
+        "builds).\n\n| id | name | blck | size | status |\n|---|---|---|---|---|\n"
     )
     for t in TYPES.values():
         status = "removed" if t.removed else ("quantized" if t.quantized else "")
@@ -29,7 +31,14 @@ def types_table() -> str:
 
 def ops_table() -> str:
     """The ggml op table."""
-    out = [anchor("enum-ops"), f"## ggml ops (GGML_OP_COUNT = {len(GgmlOp)})\n\n| id | name | note |\n|---|---|---|\n"]
+    out = [anchor("enum-ops"), f"## ggml ops (GGML_OP_COUNT = {len(GgmlOp)})\n\n"]
+    out.append(
+        "An op id is ggml's own enum value as compiled into the server, not a number the protocol version fixes: "
+        f"the RPC code only requires at build time that GGML_OP_COUNT is {len(GgmlOp)} (in every covered "
+        "version), so a build of another ggml (a fork that adds ops) may number them differently while "
+        "announcing the same version. This is the numbering of upstream ggml in the covered builds; the same "
+        "holds for the [type](#enum-types) ids.\n\n| id | name | note |\n|---|---|---|\n"
+    )
     for op in GgmlOp:
         note = "op_params hold a native function pointer" if op in NATIVE_CALLBACK_OPS else ""
         if op.name in ("UNARY", "GLU"):
