@@ -30,8 +30,7 @@ from .. import codec
 from ..enums import NEVER_ON_WIRE, Command, GluOp, TensorFlag, UnaryOp
 from ..facts import hello_reply
 from ..messages import NO_REPLY, Payload, Shape
-from ..schema_walk import fields, int_label
-from ..tensor import RpcTensor
+from ..schema_walk import fields
 from ..versions import PROTOCOLS, CommandSpec, Protocol
 from .markdown_guide import compute_section, failures_section, hash_section, session_section, shapes_section
 from .markdown_rows import (
@@ -45,35 +44,9 @@ from .markdown_rows import (
     sentence,
     struct_rows,
 )
-from .markdown_sections import peer_link_section, rules_section
+from .markdown_sections import framing_section, peer_link_section, rpc_tensor_section, rules_section
 from .markdown_tables import anchor as _anchor
 from .markdown_tables import blocks_section, ops_table, simple_table, types_table
-
-#: Framing: the field names and meanings of the codec's header formats (sizes and types come from the codec).  The
-#: header's length is named ``payload_size`` here, apart from the payload fields called ``size`` (GET_TENSOR's bytes
-#: to read, SET_TENSOR_2D's bytes per row...), which are another thing.
-_REQUEST_FRAMING = (
-    ("cmd", "command id (see [commands](#enum-commands))"),
-    ("payload_size", "number of payload bytes that follow (the size header)"),
-)
-_REPLY_FRAMING = (("payload_size", "number of payload bytes that follow (the size header)"),)
-_FRAMING_PAYLOAD = {"Request": "the request payload: the command's request layout, exactly payload_size bytes",
-                    "Reply": "the reply payload: the command's reply layout, exactly payload_size bytes"}
-
-#: Where the rpc_tensor table sends a reader for what a field's one line cannot say.
-_RPC_TENSOR_SEE = {
-    "id": ("computing a graph", "compute"),
-    "type": ("ggml types", "enum-types"),
-    "buffer": ("a session", "session"),
-    "ne": ("shapes", "tensor-shape"),
-    "nb": ("shapes", "tensor-shape"),
-    "op": ("ggml ops", "enum-ops"),
-    "flags": ("computing a graph", "compute"),
-    "src": ("computing a graph", "compute"),
-    "data": ("alignment", "alignment"),
-    "use_count": ("computing a graph", "compute"),
-}
-
 
 # ---- anchors -----------------------------------------------------------------------------------------------------
 
@@ -98,45 +71,6 @@ def changes_anchor(protocol: Protocol) -> str:
 
 
 # ---- sections ----------------------------------------------------------------------------------------------------
-
-
-def _framing() -> str:
-    out = [_anchor("framing"), "## Framing\n\n"]
-    out.append(
-        "One TCP stream per connection. All integers are little-endian and structures are packed. A request is a "
-        "header followed by its payload; a reply (only for commands that have one) is a size header followed by "
-        "its payload. Replies carry no command id: they answer the requests that expect one, in order. The first "
-        "request of a connection must be HELLO, and HELLO is sent only once. The size header is called "
-        "`payload_size` below, to keep it apart from payload fields named `size`.\n\n"
-    )
-    for title, fmt, names in (
-        ("Request", codec.REQUEST_HEADER, _REQUEST_FRAMING),
-        ("Reply", codec.REPLY_HEADER, _REPLY_FRAMING),
-    ):
-        chars = fmt.format.lstrip("<")
-        if len(chars) != len(names):
-            raise AssertionError(f"framing names do not match the codec's {title.lower()} header {fmt.format!r}")
-        rows, off = [], 0
-        for ch, (name, doc) in zip(chars, names, strict=True):
-            size = fmt.__class__("<" + ch).size
-            rows.append(Row(str(off), str(size), int_label(ch), f"`{name}`", doc))
-            off += size
-        rows.append(Row(str(off), "payload_size", "bytes", "`payload`", _FRAMING_PAYLOAD[title]))
-        out.append(f"**{title}** ({fmt.size}-byte header):\n\n{markdown_table(rows)}\n")
-    return "".join(out)
-
-
-def _rpc_tensor() -> str:
-    rows, end = struct_rows(RpcTensor, Offset())
-    rows = [dataclasses.replace(r, doc=f"{r.doc} (see [{see[0]}](#{see[1]}))") if (see := _RPC_TENSOR_SEE.get(
-        r.name.strip("`"))) else r for r in rows]
-    return (
-        _anchor("rpc_tensor")
-        + f"## rpc_tensor ({end} bytes)\n\n"
-        + f"{RpcTensor.__doc__ or ''} Identical in every covered version.\n\n"
-        + markdown_table(rows)
-        + "\n"
-    )
 
 
 def _reply_text(spec: CommandSpec) -> str:
@@ -408,8 +342,8 @@ def render_markdown(versions: Sequence[Protocol] | None = None) -> str:
         "- [Rules](#rules) · [Commands](#enum-commands) · [ggml types](#enum-types) · [block layouts](#blocks) · "
         "[ggml ops](#enum-ops) · [unary ops](#enum-unary) · [GLU ops](#enum-glu) · [tensor flags](#enum-flags)\n\n"
     )
-    out.append(_framing())
-    out.append(_rpc_tensor())
+    out.append(framing_section())
+    out.append(rpc_tensor_section())
     out.append(shapes_section())
     out.append(session_section(lambda c: command_anchor(versions[-1], c)))
     out.append(compute_section(versions, command_anchor))

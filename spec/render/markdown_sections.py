@@ -1,15 +1,86 @@
-"""Sections of the protocol reference that are not a command's layout: the rule table and the 8.0.0 servers' link
-(see :mod:`~ggml_rpc.spec.render.markdown`, which places them)."""
+"""Sections of the protocol reference that are not a command's layout: the framing, rpc_tensor, the rule table and
+the 8.0.0 servers' link (see :mod:`~ggml_rpc.spec.render.markdown`, which places them)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from ..enums import Command
 from ..facts import COMM_BF16_FROM_ELEMENTS, CONN_CAPS_SIZE
+from ..payloads import REPLY_HEADER, REQUEST_HEADER
 from ..rules import RULES
-from .markdown_rows import linked
+from ..schema_walk import int_label
+from ..tensor import RpcTensor
+from .markdown_rows import Offset, Row, linked, markdown_table, struct_rows
 from .markdown_tables import anchor
+
+#: Framing: the field names and meanings of the codec's header formats (sizes and types come from the codec).  The
+#: header's length is named ``payload_size`` here, apart from the payload fields called ``size`` (GET_TENSOR's bytes
+#: to read, SET_TENSOR_2D's bytes per row...), which are another thing.
+_REQUEST_FRAMING = (
+    ("cmd", "command id (see [commands](#enum-commands))"),
+    ("payload_size", "number of payload bytes that follow (the size header)"),
+)
+_REPLY_FRAMING = (("payload_size", "number of payload bytes that follow (the size header)"),)
+_FRAMING_PAYLOAD = {"Request": "the request payload: the command's request layout, exactly payload_size bytes",
+                    "Reply": "the reply payload: the command's reply layout, exactly payload_size bytes"}
+
+#: Where the rpc_tensor table sends a reader for what a field's one line cannot say.
+_RPC_TENSOR_SEE = {
+    "id": ("computing a graph", "compute"),
+    "type": ("ggml types", "enum-types"),
+    "buffer": ("a session", "session"),
+    "ne": ("shapes", "tensor-shape"),
+    "nb": ("shapes", "tensor-shape"),
+    "op": ("ggml ops", "enum-ops"),
+    "flags": ("computing a graph", "compute"),
+    "src": ("computing a graph", "compute"),
+    "data": ("alignment", "alignment"),
+    "use_count": ("computing a graph", "compute"),
+}
+
+
+def framing_section() -> str:
+    """``#framing``: the request and reply headers, from the codec's header formats."""
+    out = [anchor("framing"), "## Framing\n\n"]
+    out.append(
+        "One TCP stream per connection. All integers are little-endian and structures are packed. A request is a "
+        "header followed by its payload; a reply (only for commands that have one) is a size header followed by "
+        "its payload. Replies carry no command id: they answer the requests that expect one, in order. The first "
+        "request of a connection must be HELLO, and HELLO is sent only once. The size header is called "
+        "`payload_size` below, to keep it apart from payload fields named `size`.\n\n"
+    )
+    for title, fmt, names in (
+        ("Request", REQUEST_HEADER, _REQUEST_FRAMING),
+        ("Reply", REPLY_HEADER, _REPLY_FRAMING),
+    ):
+        chars = fmt.format.lstrip("<")
+        if len(chars) != len(names):
+            raise AssertionError(f"framing names do not match the codec's {title.lower()} header {fmt.format!r}")
+        rows, off = [], 0
+        for ch, (name, doc) in zip(chars, names, strict=True):
+            size = fmt.__class__("<" + ch).size
+            rows.append(Row(str(off), str(size), int_label(ch), f"`{name}`", doc))
+            off += size
+        rows.append(Row(str(off), "payload_size", "bytes", "`payload`", _FRAMING_PAYLOAD[title]))
+        out.append(f"**{title}** ({fmt.size}-byte header):\n\n{markdown_table(rows)}\n")
+    return "".join(out)
+
+
+def rpc_tensor_section() -> str:
+    """``#rpc_tensor``: the tensor description's fields, each pointing where its one line cannot say enough."""
+    rows, end = struct_rows(RpcTensor, Offset())
+    rows = [dataclasses.replace(r, doc=f"{r.doc} (see [{see[0]}](#{see[1]}))") if (see := _RPC_TENSOR_SEE.get(
+        r.name.strip("`"))) else r for r in rows]
+    return (
+        anchor("rpc_tensor")
+        + f"## rpc_tensor ({end} bytes)\n\n"
+        + f"{RpcTensor.__doc__ or ''} Identical in every covered version.\n\n"
+        + markdown_table(rows)
+        + "\n"
+    )
+
 
 
 def rules_section() -> str:
