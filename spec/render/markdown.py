@@ -46,7 +46,7 @@ from .markdown_rows import (
 )
 from .markdown_sections import framing_section, peer_link_section, rpc_tensor_section, rules_section
 from .markdown_tables import anchor as _anchor
-from .markdown_tables import blocks_section, ops_table, simple_table, types_table
+from .markdown_tables import blocks_section, op_params_section, ops_table, simple_table, types_table
 
 # ---- anchors -----------------------------------------------------------------------------------------------------
 
@@ -340,7 +340,8 @@ def render_markdown(versions: Sequence[Protocol] | None = None) -> str:
             out.append(f"- [Changes {p.parent.label} → {p.label}](#{changes_anchor(p)})\n")
     out.append(
         "- [Rules](#rules) · [Commands](#enum-commands) · [ggml types](#enum-types) · [block layouts](#blocks) · "
-        "[ggml ops](#enum-ops) · [unary ops](#enum-unary) · [GLU ops](#enum-glu) · [tensor flags](#enum-flags)\n\n"
+        "[ggml ops](#enum-ops) · [op_params](#op-params) · [unary ops](#enum-unary) · [GLU ops](#enum-glu) · "
+        "[tensor flags](#enum-flags)\n\n"
     )
     out.append(framing_section())
     out.append(rpc_tensor_section())
@@ -359,6 +360,7 @@ def render_markdown(versions: Sequence[Protocol] | None = None) -> str:
     out.append(types_table())
     out.append(blocks_section())
     out.append(ops_table())
+    out.append(op_params_section())
     out.append(simple_table("enum-unary", "Unary ops (op_params[0] of UNARY)", UnaryOp))
     out.append(simple_table("enum-glu", "GLU ops (op_params[0] of GLU)", GluOp))
     out.append(simple_table("enum-flags", "Tensor flags (rpc_tensor.flags, bit mask)", TensorFlag))
