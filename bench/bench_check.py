@@ -12,12 +12,13 @@ import time
 
 from ggml_rpc.conformance.checks import CATALOGUE
 from ggml_rpc.conformance.harness import EmbeddedTarget, Runner
+from ggml_rpc.conformance.upstream.codebooks import tables
 from ggml_rpc.spec import V6, V7
 
 
 def one_run(proto) -> tuple[float, Runner]:
     t0 = time.perf_counter()
-    with Runner(EmbeddedTarget(proto)) as runner:
+    with Runner(EmbeddedTarget(proto, codebooks=tables)) as runner:  # as `ggml-rpc check` starts it
         runner.run(CATALOGUE)
     return time.perf_counter() - t0, runner
 

@@ -5,21 +5,21 @@ server (without ``--rpc-server``: against the embedded reference server).  MUST 
 reported as expected failures (xfail) unless ``--rpc-strict``; skip, unsupported and not-run checks are skipped
 with their reason.  The plugin is registered through the ``pytest11`` entry point and only adds ``--rpc-*``
 options and the session fixture ``rpc_runner``; it does nothing to test runs that do not use them.
+
+This module is loaded into every pytest run of an environment where the kit is installed, so it imports nothing of
+the kit at load time: the fixture's session (:mod:`.pytest_session`, which needs the harness, about a second to
+import) is loaded by the fixture, only in a run that asks for it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 if TYPE_CHECKING:
-    from .harness import Result, Runner, Target
-
-# The harness is imported only when a test asks for it: this module is loaded into every pytest run of an
-# environment where the kit is installed and must cost (and risk) nothing there.
+    from .harness import Runner
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -36,65 +36,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     "the kit's fixed seed, as `ggml-rpc check --seed`)")
 
 
-def _target(config: pytest.Config) -> tuple[Target, object]:
-    from ggml_rpc.spec import V7, parse_version_option
-
-    from .harness import EmbeddedTarget, ExternalTarget, SpawnedTarget, parse_address
-
-    proto_text = config.getoption("--rpc-proto")
-    proto = None if proto_text == "auto" else parse_version_option(proto_text)
-    cache = config.getoption("--rpc-cache-dir")
-    cache_dir = Path(cache) if cache else None
-    server = config.getoption("--rpc-server")
-    spawn = config.getoption("--rpc-spawn")
-    if spawn:
-        target = SpawnedTarget(spawn, cache_dir=cache_dir)
-        if server:
-            target.host, target.port = parse_address(server)
-        return target, proto
-    if server:
-        return ExternalTarget(*parse_address(server), cache_dir=cache_dir), proto
-    return EmbeddedTarget(proto or V7, cache_dir), proto
-
-
 @pytest.fixture(scope="session")
 def rpc_runner(pytestconfig: pytest.Config) -> Iterator[Runner]:
     """A started :class:`~ggml_rpc.conformance.harness.Runner` for the server named on the command line."""
-    from .harness import Runner, TargetError
+    # Lazy on purpose (the plugin's one import of the kit): see the module's docstring.
+    from .pytest_session import started_runner
 
-    try:
-        target, proto = _target(pytestconfig)
-    except ValueError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    runner = Runner(target, expect=proto, timeout=pytestconfig.getoption("--rpc-timeout"))  # type: ignore[arg-type]
-    seed = pytestconfig.getoption("--rpc-seed")
-    if seed is not None:
-        runner.seed = seed
-    try:
-        runner.start()
-    except TargetError as exc:
-        runner.stop()
-        pytest.exit(f"ggml-rpc conformance: {exc}", returncode=2)
-    yield runner
-    runner.stop()
-
-
-def describe(result: Result) -> str:
-    """A failure message: the verdict, the rule's link and every piece of evidence."""
-    from .harness.report_files import evidence_lines
-
-    return "\n".join([f"{result.check.id}: {result.message}", f"rule: {result.check.title} — {result.spec}",
-                      *evidence_lines(result)])
-
-
-def judge(result: Result, strict: bool) -> None:
-    """Turn a check result into the pytest outcome of its test."""
-    from .harness import Level, Outcome
-
-    if result.outcome is Outcome.PASS:
-        return
-    if result.outcome in (Outcome.SKIP, Outcome.UNSUPPORTED, Outcome.NOT_RUN):
-        pytest.skip(f"{result.outcome.value}: {result.message}")
-    if result.failed_level is Level.SHOULD and not strict:
-        pytest.xfail("SHOULD rule broken: " + describe(result))
-    pytest.fail(describe(result), pytrace=False)
+    yield from started_runner(pytestconfig)

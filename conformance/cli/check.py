@@ -20,6 +20,7 @@ from ..harness import (
     TargetError,
     select,
 )
+from ..upstream.codebooks import tables
 from .console import PipeConsole
 from .options import UsageError, one_stdout, output_file, parse_address, parse_proto, proto_help
 
@@ -83,7 +84,8 @@ def _target(args: argparse.Namespace, proto: Protocol | None) -> Target:
         return ExternalTarget(*address, cache_dir=cache_dir)
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
-    return EmbeddedTarget(proto or V7, cache_dir)
+    # The IQ codebooks come from an installed upstream peer, as for `serve` (the reference holds no upstream data).
+    return EmbeddedTarget(proto or V7, cache_dir, codebooks=tables)
 
 
 def run(args: argparse.Namespace) -> int:

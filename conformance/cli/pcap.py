@@ -14,6 +14,7 @@ from ..client import ConnectionClosed
 from ..sessions.pcapwrite import MAX_MSS
 from ..sessions.recording import Recording, record
 from ..sessions.scenarios import SCENARIOS
+from ..upstream.codebooks import tables  # a fresh reference server's IQ codebooks: an installed upstream peer's
 from .options import UsageError, output_file, parse_address, proto_help
 
 MANIFEST_DOC = ("Sessions recorded by `ggml-rpc pcap record` (the kit's client, through the recording proxy, against "
@@ -59,7 +60,8 @@ def record_all(directory: Path, *, mss: int | None = None) -> list[Recording]:
     out = []
     for sc in SCENARIOS.values():
         for major in sc.majors:
-            out.append(record(sc.name, str(major), directory / fixture_name(sc.name, str(major)), mss=mss))
+            out.append(record(sc.name, str(major), directory / fixture_name(sc.name, str(major)), mss=mss,
+                              codebooks=tables))
     manifest = {"doc": MANIFEST_DOC, "fixtures": [r.manifest_entry() for r in out]}
     (directory / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return out
@@ -120,7 +122,7 @@ def run_record(args: argparse.Namespace) -> int:
             raise UsageError(f"cannot reach {args.server}: {exc.strerror or exc}") from None
     try:
         r = record(args.scenario, args.proto, args.output, server=server, mss=args.mss,
-                   hash_weight_bytes=args.hash_weight_bytes)
+                   hash_weight_bytes=args.hash_weight_bytes, codebooks=tables)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:

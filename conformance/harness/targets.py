@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ggml_rpc.reference import running_server
+from ggml_rpc.reference.config import CodebookSource
 from ggml_rpc.spec import Protocol
 
 from .sanitizer_log import SanitizerLog, SanitizerReport
@@ -282,12 +284,15 @@ class EmbeddedTarget(Target):
     """The kit's own reference server, in this process, on an ephemeral loopback port.
 
     Protocol 7 gets a temporary cache directory (so the cache rules are observable); 6 gets one too, since the
-    v6 rule is only observable with a cache.
+    v6 rule is only observable with a cache.  ``codebooks``: where its executor reads the IQ codebooks (the reference
+    holds no upstream data; ``ggml-rpc check`` passes those of an installed upstream peer).
     """
 
-    def __init__(self, protocol: Protocol, cache_dir: Path | None = None) -> None:
+    def __init__(self, protocol: Protocol, cache_dir: Path | None = None, *,
+                 codebooks: CodebookSource | None = None) -> None:
         self.protocol = protocol
         self._given_cache = cache_dir
+        self._codebooks = codebooks
         self._cache_dir: Path | None = cache_dir
         self._stack: contextlib.ExitStack | None = None
         self.description = f"embedded reference server, protocol {protocol.label}"
@@ -297,15 +302,11 @@ class EmbeddedTarget(Target):
         return self._cache_dir
 
     def start(self) -> None:
-        from ggml_rpc.conformance.upstream.codebooks import tables
-        from ggml_rpc.reference import running_server
-
         stack = contextlib.ExitStack()
         if self._given_cache is None:
             self._cache_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ggml-rpc-cache-")))
         cache = str(self._cache_dir) if self._cache_dir else None
-        # The IQ codebooks come from an installed upstream peer, as for `serve` (the reference holds no upstream data).
-        server = stack.enter_context(running_server(self.protocol, cache_dir=cache, codebooks=tables))
+        server = stack.enter_context(running_server(self.protocol, cache_dir=cache, codebooks=self._codebooks))
         self.host, self.port = server.host, server.port
         self._stack = stack
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ggml_rpc.reference import running_server
+from ggml_rpc.reference.config import CodebookSource
 from ggml_rpc.spec import Protocol, parse_version_option
 
 from .proxy import ProxyStats, running_proxy
@@ -40,25 +42,23 @@ class Recording:
 
 
 @contextlib.contextmanager
-def _reference(protocol: Protocol) -> Iterator[tuple[str, int]]:
-    from ggml_rpc.conformance.upstream.codebooks import tables
-    from ggml_rpc.reference import running_server
-
+def _reference(protocol: Protocol, codebooks: CodebookSource | None) -> Iterator[tuple[str, int]]:
     with tempfile.TemporaryDirectory(prefix="ggml-rpc-scenario-cache-") as cache, \
-            running_server(protocol, cache_dir=cache, codebooks=tables) as srv:
+            running_server(protocol, cache_dir=cache, codebooks=codebooks) as srv:
         yield srv.host, srv.port
 
 
 def record(name: str, proto: str | Protocol, out: str | Path, *, server: tuple[str, int] | None = None,
-           mss: int | None = None, hash_weight_bytes: int = 64 * 1024) -> Recording:
-    """Run scenario ``name`` in version ``proto`` against ``server`` (default: a fresh reference server) and write
-    the traffic to ``out``."""
+           mss: int | None = None, hash_weight_bytes: int = 64 * 1024,
+           codebooks: CodebookSource | None = None) -> Recording:
+    """Run scenario ``name`` in version ``proto`` against ``server`` (default: a fresh reference server, whose
+    executor reads the IQ codebooks from ``codebooks``) and write the traffic to ``out``."""
     sc = SCENARIOS[name]
     protocol = proto if isinstance(proto, Protocol) else parse_version_option(str(proto))
     if protocol.major not in sc.majors:
         raise ValueError(f"scenario {name} exists for protocol {', '.join(map(str, sc.majors))} only")
     with contextlib.ExitStack() as stack:
-        target = server or stack.enter_context(_reference(protocol))
+        target = server or stack.enter_context(_reference(protocol, codebooks))
         with running_proxy(target, pcap=out, mss=mss) as px:
             session = Session(px.host, px.port, protocol, hash_weight_bytes=hash_weight_bytes)
             sc.run(session)

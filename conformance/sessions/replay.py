@@ -18,7 +18,7 @@ never as the target's mismatch.
 
 A target that stops accepting connections during the replay (a refused connect after the first connection), or that no
 longer answers HELLO once the replay is done, died of what was sent: a mismatch of kind ``death`` naming the last
-message sent, never "0 mismatches".  A spawned target is restarted after each death (:mod:`.replay_spawn`).
+message sent, never "0 mismatches".  The harness's replay_spawn restarts a spawned target after each death.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ class Replayer:
         return self.report
 
     def _play(self, path: str, dc: DecodedConnection) -> None:
-        self._connection(path, dc)  # :mod:`.replay_spawn` restarts a spawned target around it
+        self._connection(path, dc)  # the harness's replay_spawn restarts a spawned target around it
 
     def _not_answering(self) -> str | None:
         """None when the target accepts a connection and answers HELLO; otherwise what happened."""

@@ -14,18 +14,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..harness.targets import SpawnedTarget, TargetError
-from .compare import Mismatch
-from .decode import DecodedConnection
-from .relocate import TargetCache
-from .replay import DEATH, LoadedCapture, Replayer, ReplayError, _TargetStopped
+from ..sessions.compare import Mismatch
+from ..sessions.decode import DecodedConnection
+from ..sessions.relocate import TargetCache
+from ..sessions.replay import DEATH, LoadedCapture, Replayer, ReplayError, _TargetStopped
+from .targets import SpawnedTarget, TargetError
 
 #: The mismatch kind of a sanitizer report the server printed and survived (an instrumented build's UBSan).
 SANITIZER = "sanitizer"
 
 
 class SpawnedReplayer(Replayer):
-    """A :class:`~.replay.Replayer` whose target is a :class:`~ggml_rpc.conformance.harness.SpawnedTarget`
+    """A :class:`~ggml_rpc.conformance.sessions.replay.Replayer` whose target is a :class:`~.targets.SpawnedTarget`
     (started by the caller)."""
 
     def __init__(self, captures: Sequence[LoadedCapture], spawned: SpawnedTarget, **kwargs: Any) -> None:
