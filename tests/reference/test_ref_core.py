@@ -134,7 +134,6 @@ def test_only_server_py_does_network_io_and_nothing_imports_conformance() -> Non
                                                                        "asyncio"} & _imports(p)}
     assert network == {"server.py"}
     assert not [p for p in modules if any(m.startswith("ggml_rpc.conformance") for m in _imports(p))]
-    assert all(len(p.read_text(encoding="utf-8").splitlines()) <= 400 for p in modules)
 
 
 def test_a_command_group_runs_on_what_it_is_given_without_a_core() -> None:
