@@ -246,10 +246,11 @@ def failures_section(versions: Sequence[Protocol]) -> str:
     out = [anchor("failures"), "## Failures: how a refusal shows\n\n"]
     out.append(
         "There is no error reply. A server that refuses a request **closes the connection** without sending "
-        "anything more (each command's section and the [rules](#rules) say when); for some requests the 6.0.0 "
-        "and 7.0.0 builds abort instead, ending the whole process. The only replies that say no in band are "
-        "ALLOC_BUFFER's `remote_ptr` 0, SET_TENSOR_HASH's `result` 0 (not in the cache), COPY_TENSOR's `result` 0 "
-        "(the backend declined), 7.0.1's GET_DEVICE_SUPPORTS_OP 0 and 8.0.0's COMM_INIT `ok` 0.\n\n"
+        "anything more (each command's section and the [rules](#rules) say when); on some malformed requests "
+        "every covered build aborts instead, ending the whole process (6.0.0 and 7.0.0 on more of them than "
+        "8.0.0, which closes where they abort on a tensor outside its buffer). The only replies that say no in "
+        "band are ALLOC_BUFFER's `remote_ptr` 0, SET_TENSOR_HASH's `result` 0 (not in the cache), COPY_TENSOR's "
+        "`result` 0 (the backend declined), 7.0.1's GET_DEVICE_SUPPORTS_OP 0 and 8.0.0's COMM_INIT `ok` 0.\n\n"
         f"Commands without a reply ({', '.join(no_reply)}) are therefore refused silently: the client learns of "
         "it only when its next command that has a reply gets end-of-stream (or a reset) instead of the reply. To "
         "know that a run of them was accepted, follow it with a command that has a reply (a GET_TENSOR of the "
