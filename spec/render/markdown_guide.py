@@ -141,7 +141,8 @@ def session_section(command_anchor: Callable[[Command], str]) -> str:
         "buffer (otherwise 8.0.0 closes the connection; 6.0.0 and 7.0.0 abort). Servers do not check that `data` "
         "is aligned, but genuine clients place every tensor at an offset from the base that is a multiple of "
         "GET_ALIGNMENT's answer (ggml's allocator does), so that is the placement every backend is exercised "
-        "with: a client should do the same. The CPU backends of the 6.0.0 and 7.0.0 builds answer 32.\n\n"
+        "with: a client should do the same. The CPU backends of the covered builds (6.0.0, 7.0.0 and 8.0.0) answer "
+        "32.\n\n"
     )
     return "".join(out)
 
