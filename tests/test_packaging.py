@@ -8,9 +8,16 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import importlib.util
+import os
 import re
+import subprocess
+import sys
 import tomllib
+import zipfile
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,3 +53,27 @@ def test_every_file_a_module_loads_from_its_folder_is_package_data():
                     missing.append(f"{package}: {name} (loaded by {module.relative_to(ROOT)})")
     assert checked >= 4, "the scan found none of the known data files (op_counts.json, runtime.lua, ...)"
     assert not missing, "add to [tool.setuptools.package-data]: " + "; ".join(missing)
+
+
+#: What a user downloads: the kit's code and the data its commands load, not the test fixtures (tens of MB).
+WHEEL_LIMIT = 10 * 1000 * 1000
+
+
+def test_the_wheel_stays_small_and_carries_no_fixture(tmp_path):
+    """Built as a user's ``pip install`` builds it: the wheel has every package and no capture from fixtures/."""
+    if importlib.util.find_spec("build") is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI installs the test extra, which has `build`")
+        pytest.skip("`build` is not installed (pip install '.[test]')")
+    done = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path), str(ROOT)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    [wheel] = tmp_path.glob("*.whl")
+    assert wheel.stat().st_size <= WHEEL_LIMIT, f"{wheel.name}: {wheel.stat().st_size / 1e6:.1f} MB"
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not [n for n in names if n.endswith((".pcap", ".pcapng"))], "a capture reached the wheel"
+    package_dir, _ = _config()
+    for package in package_dir:
+        assert f"{package.replace('.', '/')}/__init__.py" in names, f"{package} is missing from the wheel"
+    # The data files the modules load (the other test of this file) are there too.
+    assert "ggml_rpc/spec/PROTOCOL.md" in names and "ggml_rpc/spec/render/runtime.lua" in names

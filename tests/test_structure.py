@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 #: Folder -> the import name it is installed as (pyproject's package-dir).
 PACKAGES = {"spec": "ggml_rpc.spec", "reference": "ggml_rpc.reference", "conformance": "ggml_rpc.conformance",
-            "bench": "ggml_rpc.bench", "fixtures": "ggml_rpc.fixtures"}
+            "bench": "ggml_rpc.bench"}
 #: Where function-local imports of the kit are the rule: a CLI sub-command's module is imported only when that
 #: command runs, and the executor's numba kernels are compiled on first use.
 LAZY_BY_DESIGN = ("ggml_rpc.conformance.cli", "ggml_rpc.reference.executor")

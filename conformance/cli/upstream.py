@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sec.add_argument("--proto", default="all", help="6, 7, 8 or all (default all); instrumented builds of these "
                      "versions are included when installed")
     sec.add_argument("--run-dir", metavar="DIR", default=None,
-                     help="where the raw check reports and reproducers go (default docs/security/runs/<date>)")
+                     help="where the raw check reports and reproducers go (default runs/security/<date>)")
     sec.add_argument("--markdown", metavar="FILE", default=None, help="write the table (SECURITY.md)")
     sec.add_argument("--hunt", metavar="PEER=FINDINGS", action="append", default=[],
                      help="add a hunt's findings.json as a section (e.g. 7.0.0+asan-ubsan=out/findings.json)")
@@ -213,7 +213,7 @@ def run_security(args: argparse.Namespace) -> int:
         spawned.append((label, version, command))
     if not peers and not spawned:
         raise UsageError("no upstream peer is installed: ggml-rpc upstream install")
-    run_dir = Path(args.run_dir or f"docs/security/runs/{time.strftime('%Y%m%d-%H%M', time.gmtime())}")
+    run_dir = Path(args.run_dir or f"runs/security/{time.strftime('%Y%m%d-%H%M', time.gmtime())}")
     meta = metadata([p.version for p in peers if not p.sanitize])
     records = []
     earlier = run_dir / "security.json"

@@ -147,7 +147,7 @@ def test_a_real_browser_renders_the_failure(report: dict, tmp_path: Path) -> Non
 
 
 def test_the_checked_in_upstream_report_shows_its_deaths_and_has_no_broken_links() -> None:
-    root = Path(__file__).resolve().parents[2] / "docs" / "report-upstream-v7"
+    root = Path(__file__).resolve().parents[2] / "runs" / "report-upstream-v7"
     results = json.loads((root / "report.json").read_text())["results"]
     deaths = {r["id"]: r for r in results if r["server_death"]}
     # A death fails its check at the check's own level.
