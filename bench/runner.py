@@ -21,9 +21,9 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import Any, Generic, TypeVar
 
+from ggml_rpc.conformance import kit_version
 from ggml_rpc.conformance.provenance import git_state
 
 State = TypeVar("State")
@@ -223,15 +223,11 @@ def samples(fn: Callable[[], object], repeat: int) -> list[float]:
 def machine() -> dict[str, Any]:
     """Where the figures were taken (kept in the JSON record)."""
     try:
-        version = metadata.version("ggml-rpc-kit")
-    except metadata.PackageNotFoundError:
-        version = "unknown"
-    try:
         load = list(os.getloadavg())
     except OSError:
         load = None
     commit, dirty = git_state()
-    return {"kit_version": version, "commit": commit, "dirty": dirty, "python": sys.version.split()[0],
+    return {"kit_version": kit_version(), "commit": commit, "dirty": dirty, "python": sys.version.split()[0],
             "platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count(),
             "load_average": load}
 

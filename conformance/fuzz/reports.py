@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import kit_version
 from .findings import SavedFinding
 
 if TYPE_CHECKING:
@@ -73,8 +74,8 @@ def to_sarif(findings: list[SavedFinding], summary: dict[str, Any]) -> dict[str,
         results.append(result)
     out_dir = next((f.pcap.parent for f in findings if f.pcap is not None), None)
     run: dict[str, Any] = {
-        "tool": {"driver": {"name": "ggml-rpc fuzz", "informationUri": "https://github.com/ggml-org/llama.cpp",
-                            "rules": rules}},
+        "tool": {"driver": {"name": "ggml-rpc fuzz", "version": kit_version(),
+                            "informationUri": "https://github.com/ggml-org/llama.cpp", "rules": rules}},
         "results": results,
         "artifacts": artifacts,
         "properties": {k: v for k, v in summary.items() if k != "classes"},

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import kit_version
 from ..provenance import git_state
 from .cells import RowResult
 
@@ -34,6 +35,7 @@ def metadata(versions: list[str], repo: Path | None = None) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "commit": commit,
         "dirty": dirty,
+        "kit_version": kit_version(),
         "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, "
                    f"Python {platform.python_version()}",
         "upstream": upstream,
