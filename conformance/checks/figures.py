@@ -1,24 +1,17 @@
-"""The README's catalogue table, generated from :data:`~ggml_rpc.conformance.checks.CATALOGUE`.
+"""The check catalogue as Markdown, generated from :data:`~ggml_rpc.conformance.checks.CATALOGUE`.
 
 The counts and ID ranges were typed by hand and went stale with every release that added checks (103 checks and
-``FRAME-…035`` when there were 122 and ``FRAME-047``).  They now come from the catalogue: the table between the
-markers below is this module's output, a test fails when the README's copy differs, and
-``python -m ggml_rpc.conformance.checks.figures README.md`` rewrites it.  Only the one-line summaries of what each
-category enforces are prose, kept here beside the figures they describe.
+``FRAME-…035`` when there were 122 and ``FRAME-047``).  They now come from the catalogue: the documentation site's
+catalogue page is :func:`page`'s output, rendered at every build (the site's hook), so no copy of it is stored.
+Only the one-line summaries of what each category enforces are prose, kept here beside the figures they describe.
 """
 
 from __future__ import annotations
 
-import re
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from ggml_rpc.conformance.harness import Category, Check
-
-BEGIN = "<!-- catalogue table: generated from CATALOGUE by ggml_rpc.conformance.checks.figures; do not edit -->"
-END = "<!-- end of catalogue table -->"
 
 #: What each category enforces (prose; the figures beside it are computed).
 ENFORCES: dict[str, str] = {
@@ -93,41 +86,35 @@ def rows(catalogue: Sequence[Check]) -> list[Row]:
 
 
 def table(catalogue: Sequence[Check]) -> str:
-    """The README block: markers, the total, and the table."""
-    lines = [BEGIN, "", f"{len(catalogue)} checks in {len(rows(catalogue))} groups:", "",
+    """The total and one row per category: count, ID ranges, what it enforces."""
+    lines = [f"{len(catalogue)} checks in {len(rows(catalogue))} groups:", "",
              "| category | checks | IDs | what it enforces |", "|---|---|---|---|"]
     lines += [f"| {', '.join(r.categories)} | {r.count} | {r.ids} | {r.enforces} |" for r in rows(catalogue)]
-    return "\n".join([*lines, "", END])
+    return "\n".join(lines)
 
 
-_BLOCK = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("<", "&lt;")
 
 
-def readme_block(text: str) -> str | None:
-    """The generated block as it stands in a README's text (None when the markers are missing)."""
-    m = _BLOCK.search(text)
-    return m.group(0) if m else None
+def page(catalogue: Sequence[Check]) -> str:
+    """The catalogue page: the summary table, then every check by category (ID, level, versions, title and the
+    section of spec/PROTOCOL.md it enforces, for the newest version it applies to), as ``check --list`` prints it."""
+    lines = ["# Check catalogue", "",
+             "Generated from the catalogue (`ggml_rpc.conformance.checks.CATALOGUE`) when the site is built; "
+             "`ggml-rpc check --list` prints the same list, `--checks` selects by ID or category "
+             "(`'HELLO-*,cache-v7'`).", "", table(catalogue), ""]
+    by_category: dict[str, list[Check]] = {}
+    for c in catalogue:
+        by_category.setdefault(c.category.value, []).append(c)
+    for name, checks in by_category.items():
+        lines += [f"## {name}", "", "| ID | level | versions | title | spec |", "|---|---|---|---|---|"]
+        for c in checks:
+            link = c.spec_link(None)
+            lines.append(f"| {c.id} | {c.level.value} | {_cell(c.versions_label)} | {_cell(c.title)} | "
+                         f"[{link.partition('#')[2]}]({link}) |")
+        lines.append("")
+    return "\n".join(lines)
 
 
-def update(path: str | Path, catalogue: Sequence[Check]) -> bool:
-    """Rewrite the block in ``path``; True when it changed."""
-    p = Path(path)
-    text = p.read_text(encoding="utf-8")
-    if readme_block(text) is None:
-        raise ValueError(f"{path}: no catalogue table markers")
-    new = _BLOCK.sub(lambda _m: table(catalogue), text)
-    if new != text:
-        p.write_text(new, encoding="utf-8")
-    return new != text
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from ggml_rpc.conformance.checks import CATALOGUE
-
-    for path in argv if argv is not None else sys.argv[1:]:
-        print(f"{path}: {'updated' if update(path, CATALOGUE) else 'up to date'}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+__all__ = ["ENFORCES", "Row", "page", "rows", "table"]

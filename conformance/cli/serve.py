@@ -30,7 +30,7 @@ def parse_size(text: str) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = (
-        "Run the reference ggml RPC server: every command of protocol 6, 7 or 7.0.1 with upstream "
+        "Run the reference ggml RPC server: every command of the protocol version --proto names, with upstream "
         "semantics; where upstream aborts or is unsafe it closes only the offending connection and logs the rule."
     )
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST})")

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 from html import unescape as html_unescape
 from html.parser import HTMLParser
 from pathlib import Path
@@ -17,6 +16,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 from breakers import BREAKERS
+from browser import dump_dom, needs_chromium, screenshot
 from faulty import faulty_server
 from ggml_rpc.conformance.cli import main
 from ggml_rpc.conformance.sessions.decode import decode_file
@@ -121,25 +121,11 @@ def test_tshark_with_the_kits_dissector_shows_the_same_messages(report: dict, tm
     assert_same_as_decode(pcap, dissected(run_tshark(lua, pcap)))
 
 
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.mark.skipif(_chromium() is None and not os.environ.get("CI"),
-                    reason="chromium is not installed (.ci/run installs it)")
+@needs_chromium
 def test_a_real_browser_renders_the_failure(report: dict, tmp_path: Path) -> None:
-    browser = _chromium()
-    assert browser is not None, "chromium is missing (.ci/run installs Debian's chromium)"
     index = (report["dir"] / "html" / "index.html").resolve()
-    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'profile'}"]
-    shot = tmp_path / "index.png"
-    subprocess.run([*flags, f"--screenshot={shot}", "--window-size=1200,1400", index.as_uri()],
-                   capture_output=True, timeout=120, check=False)
-    assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    dom = subprocess.run([*flags, "--dump-dom", index.as_uri()], capture_output=True, text=True, timeout=120,
-                         check=False).stdout
+    screenshot(tmp_path / "profile", index.as_uri(), tmp_path / "index.png")
+    dom = dump_dom(tmp_path / "profile", index.as_uri())
     page = _Page()
     page.feed(dom)
     assert page.outcomes.get(FAILING) == "fail", "the browser's DOM does not show the failing check as failing"
@@ -180,22 +166,15 @@ window.addEventListener("load", () => {
 </script>"""
 
 
-@pytest.mark.skipif(_chromium() is None and not os.environ.get("CI"),
-                    reason="chromium is not installed (.ci/run installs it)")
+@needs_chromium
 def test_a_real_browser_shows_a_failing_checks_evidence_inside_the_viewport(report: dict, tmp_path: Path) -> None:
     """The failing check's page at 1200 x 900: every evidence cell ends inside the viewport (the cells wrap instead
     of pushing "expected"/"got" off-screen) and the failing step is marked and on the first screen."""
-    browser = _chromium()
-    assert browser is not None, "chromium is missing (.ci/run installs Debian's chromium)"
     page = report["dir"] / "html" / "checks" / f"{FAILING}.html"
     measured = page.with_name(f"{FAILING}.measured.html")  # beside it: its stylesheet link resolves the same
     html = page.read_text(encoding="utf-8")
     measured.write_text(html.replace("</body>", _MEASURE + "</body>"), encoding="utf-8")
-    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--window-size=1200,900", "--virtual-time-budget=3000", f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([*flags, "--dump-dom", measured.as_uri()], capture_output=True, text=True, timeout=120,
-                         check=False).stdout
+    dom = dump_dom(tmp_path / "profile", measured.as_uri(), "--window-size=1200,900", "--virtual-time-budget=3000")
     found = re.search(r'<pre id="measured">(.*?)</pre>', dom, re.S)
     assert found, "the browser ran no measurement"
     result = json.loads(html_unescape(found.group(1)))
