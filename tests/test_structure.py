@@ -55,7 +55,6 @@ UPPER_LOCAL_IMPORTS: set[tuple[str, str]] = {
     ("ggml_rpc.conformance.checks._support", "ggml_rpc.conformance.checks.compute"),
     ("ggml_rpc.conformance.checks._support", "ggml_rpc.spec"),
     ("ggml_rpc.conformance.checks.comm", "ggml_rpc.reference.server"),
-    ("ggml_rpc.conformance.checks.figures", "ggml_rpc.conformance.checks"),
     ("ggml_rpc.conformance.fuzz.class_strategies", "ggml_rpc.spec"),
     ("ggml_rpc.conformance.fuzz.html", "ggml_rpc.conformance.sessions.decode"),
     ("ggml_rpc.conformance.fuzz.hunt", "ggml_rpc.conformance.fuzz.setup"),
