@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -60,3 +61,16 @@ def test_the_version_in_development_follows_the_last_release():
     assert dates == sorted(dates, reverse=True)
     major, minor, _patch = versions[0]
     assert PYPROJECT_VERSION == f"{major}.{minor + 1}.0.dev0"
+
+
+def test_each_release_is_a_tag_on_a_commit_of_its_day():
+    """``vX.Y.Z`` names the commit that ends release X.Y.Z, committed on the date CHANGELOG.md gives it."""
+    listed = subprocess.run(["git", "tag", "--list", "v*"], cwd=ROOT, capture_output=True, text=True, check=False)
+    tags = set(listed.stdout.split())
+    if listed.returncode != 0 or not tags:
+        pytest.skip("no git checkout with the release tags (a tarball, or a clone without tags)")
+    for version, date in _released():
+        assert f"v{version}" in tags, f"release {version} has no tag v{version}"
+        day = subprocess.run(["git", "log", "-1", "--format=%cd", "--date=short", f"v{version}"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.strip()
+        assert day == date, f"v{version} is a commit of {day}, CHANGELOG.md says {date}"
