@@ -330,7 +330,7 @@ def main() -> int:
         disk = times.pop(DISK)
         base = times["direct"]
         floor = 100 * (times["bare splice forwarder (floor)"] / base - 1)
-        # Issue 15's bars: --check within 10 points of the splice floor, --pcap within 30 (measured in this run).
+        # The proxy's bars: --check within 10 points of the splice floor, --pcap within 30 (measured in this run).
         bars = {"proxy --check": 10, "proxy --check --pcap": 30}
         for name, t in times.items():
             extra = ""

@@ -1,5 +1,6 @@
 """The reference server against upstream over several ``ggml-rpc bench --json`` runs: one markdown table, each
-figure's ratio per run and the median ratio, judged against the ratio goals of issue 24.
+figure's ratio per run and the median ratio, judged against the ratio goals (BENCHMARKS.md: the reference server
+relative to upstream).
 
     python bench/runs_table.py RUN1.json RUN2.json RUN3.json
 
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-#: Issue 24's goals: the reference server's speed relative to upstream's, per figure key.
+#: The ratio goals: the reference server's speed relative to upstream's, per figure key.
 RATIO_GOALS = {"round_trips_1cpu": 1.0, "set_tensor_1MiB": 1.0, "graph_compute_10000": 0.8,
                "generation bench-f32": 0.7, "generation bench-q8_0": 0.7}
 
@@ -52,7 +53,7 @@ def table(docs: Sequence[dict[str, Any]]) -> str:
     per_run = [figure_rows(d) for d in docs]
     keys = list(dict.fromkeys(k for rows in per_run for k in rows))
     head = ["figure", "reference (median of runs)", "upstream (median of runs)",
-            *(f"ratio run {i + 1}" for i in range(len(docs))), "median ratio", "goal (issue 24)"]
+            *(f"ratio run {i + 1}" for i in range(len(docs))), "median ratio", "goal (ratio)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key in keys:
         present = [rows[key] for rows in per_run if key in rows]

@@ -316,10 +316,10 @@ class GraphCompute(Measurement[_Conn]):
 class HashHit(Measurement[_Conn]):
     """SET_TENSOR_HASH answered from the server's cache, in milliseconds (the server fills ``size`` bytes).
 
-    The cache is primed the way the target's version saves payloads (protocol.md §7: v7 a SET_TENSOR with
-    cache_flag set, v6 any SET_TENSOR above 10 MiB).  The content is the same on every run, so repeated runs
-    reuse one cache entry instead of filling the server's cache directory.  A server that still answers "miss"
-    after priming has no cache: the figure is n/a there.
+    The cache is primed the way the target's version saves payloads (spec/PROTOCOL.md#v7-cache-rule: v7 a SET_TENSOR
+    with cache_flag set, v6 any SET_TENSOR above 10 MiB).  The content is the same on every run, so repeated runs reuse
+    one cache entry instead of filling the server's cache directory.  A server that still answers "miss" after priming
+    has no cache: the figure is n/a there.
     """
 
     def __init__(self, size: int) -> None:

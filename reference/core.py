@@ -4,7 +4,7 @@ as upstream serves them.
 Rules of this module (what it may know and what it must not):
 
 1. It knows the protocol: the version's request frames (``spec.frames``), its derived layouts and upstream's
-   checks (protocol.md §6), and the connection's state (buffers, stored graphs, communicators, the hash cache).
+   checks (spec/PROTOCOL.md#rules), and the connection's state (buffers, stored graphs, communicators, the hash cache).
 2. It never touches a socket, a thread or a timer.  Bytes come in through :meth:`ServerCore.receive_data` (``b""``
    is the end of the client's stream), or land directly where :meth:`ServerCore.bulk_ahead` says and are reported
    with :meth:`ServerCore.skip`; replies go out from :meth:`ServerCore.next_event` as sequences of buffers for

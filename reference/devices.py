@@ -16,7 +16,7 @@ import numpy as np
 
 U64_MASK = (1 << 64) - 1
 
-#: Upstream CPU backend defaults (protocol.md §12): GET_ALIGNMENT answers 32, GET_MAX_SIZE answers 2^64 - 1.
+#: Upstream CPU backend defaults, as its 6.0.0 and 7.0.0 servers answer: GET_ALIGNMENT 32, GET_MAX_SIZE 2^64 - 1.
 CPU_ALIGNMENT = 32
 CPU_MAX_SIZE = U64_MASK
 DEFAULT_MEMORY = 4 << 30

@@ -80,7 +80,7 @@ def test_the_quick_command_in_benchmarks_md_runs(tmp_path: Path, capsys: pytest.
             assert r["min"] <= r["median"] <= r["max"]
         assert list(by_key(doc, "kit_figures")) == ["pcap_write", f"graph_decode_{QUICK.graph_tensors}", "pcap_decode"]
         assert doc["bulk_comparisons"] == []  # nothing to compare the reference with
-        assert by_key(doc)["round_trips_1cpu"]["goal"]["source"] == "issue 3"
+        assert by_key(doc)["round_trips_1cpu"]["goal"]["source"] == "BENCHMARKS.md: reference server"
 
 
 @pytest.mark.upstream

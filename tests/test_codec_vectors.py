@@ -1,4 +1,4 @@
-"""Exact byte vectors from the protocol fact sheet (protocol.md §1, §4, §5, §11, §12), assembled by hand."""
+"""Exact byte vectors of the framing, the message layouts, HELLO and the v6/v7 differences, assembled by hand."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_device_count_exchange_bytes():
 
 
 def _tensor_bytes() -> bytes:
-    """An rpc_tensor written at the offsets of protocol.md §3, independently of the schema."""
+    """An rpc_tensor written at the offsets of spec/PROTOCOL.md#rpc_tensor, independently of the schema."""
     raw = bytearray(296)
     struct.pack_into("<Q", raw, 0, 0x1122334455667788)  # id
     struct.pack_into("<I", raw, 8, 0)  # type F32

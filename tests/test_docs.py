@@ -122,3 +122,20 @@ def test_the_getting_started_page_renders_in_a_browser(site: Path, tmp_path: Pat
     dom = dump_dom(tmp_path / "profile", url, "--virtual-time-budget=3000")
     assert re.search(r"<h1[^>]*>Getting started", dom), "the page's title is not in the rendered DOM"
     assert "pip install . &amp;&amp; ggml-rpc check" in dom
+
+
+def test_citations_name_an_anchor_or_the_fact_not_a_section_or_an_issue_number():
+    """Code and docs cite spec/PROTOCOL.md's anchors (``spec/PROTOCOL.md#rules``) or say the fact: a section number
+    of the old protocol fact sheet, or the number of a project issue, points into documents the repository does not
+    hold."""
+    cited = re.compile(r"§\s*\d|\bissues?[ -]#?\d+", re.I)
+    skip = {".git", "runs", "build", "site"}
+    found = []
+    for path in ROOT.rglob("*"):
+        rel = path.relative_to(ROOT)
+        if path.suffix not in (".py", ".md") or rel.parts[0] in skip or rel.parts[0].startswith(".venv"):
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if cited.search(line):
+                found.append(f"{rel}:{number}: {line.strip()[:100]}")
+    assert not found, "\n".join(found)

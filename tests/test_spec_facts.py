@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 
 def fnv1a64_reference(data: bytes) -> int:
-    """FNV-1a 64 exactly as protocol.md §7 states it: xor the byte, then multiply, modulo 2^64."""
+    """FNV-1a 64 exactly as spec/PROTOCOL.md#hash states it: xor the byte, then multiply, modulo 2^64."""
     h = 0xCBF29CE484222325
     for byte in data:
         h ^= byte

@@ -1,4 +1,5 @@
-"""Framing: upstream's memory-safety bug classes (issue 23, protocol.md §10) that a release build survives silently.
+"""Framing: upstream's memory-safety bug classes (SECURITY.md's table, classes A-G) that a release build survives
+silently.
 
 Each check sends one input of a class upstream fixed or still has -- tensors whose shape breaks its type's block
 size (class C), size arithmetic with empty or overflowing dimensions and views past their source (B), tensors

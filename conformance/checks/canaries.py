@@ -1,4 +1,5 @@
-"""Canaries: what a kernel reads or writes around its tensors, seen from outside (issue 23's kernel checks).
+"""Canaries: what a kernel reads or writes around its tensors, seen from outside (the kernel checks of SECURITY.md's
+classes).
 
 A :class:`Guarded` buffer starts as fresh random bytes; the graph's tensors are placed in it with
 :data:`CANARY` bytes of canary before and after each. A server that computes a graph must leave every canary as

@@ -1,4 +1,4 @@
-"""Framing: what upstream 6.0/7.0 dies of (protocol.md §10, §12) — size headers of 2^63 and more, a deep src
+"""Framing: what upstream 6.0/7.0 was seen to die of — size headers of 2^63 and more, a deep src
 chain, a client that leaves before its reply, a SET_TENSOR of the other version's layout.  The server must refuse
 or survive, never die: each is a SHOULD check whose breaker dies as upstream does.
 """
@@ -60,7 +60,7 @@ def graph_claim_2_63(ctx: Context) -> None:
                f"GRAPH_COMPUTE header claiming {size:#x} payload bytes")
 
 
-#: Upstream's recursive graph rebuild overflows its stack here (§12: 100,000 computes, 300,000 dies).
+#: Upstream's recursive graph rebuild overflows its stack here (6.0.0 and 7.0.0: 100,000 computes, 300,000 dies).
 DEEP_CHAIN = 300_000
 
 

@@ -18,7 +18,7 @@ ENFORCES: dict[str, str] = {
     "handshake": "HELLO reply of 28 bytes, covered version (and the one expected), pad 0, zero caps over TCP, same "
     "version on every connection; a non-HELLO first command, a HELLO of the wrong size and a second HELLO close "
     "without a reply; at least one device",
-    "framing": "one check per validation rule of protocol.md §6 (unknown ids, NONE, wrong fixed sizes, devices out "
+    "framing": "one check per validation rule of the protocol (unknown ids, NONE, wrong fixed sizes, devices out "
     "of range, unknown handles, invalid and removed types, tensors outside their buffer or wrapping, "
     "SET/GET/MEMSET/COPY past the region or the tensor, GRAPH_COMPUTE truncations, unknown/null nodes, dangling "
     "sources, data without buffer, huge size claims, cache hits that do not fit, a SET_TENSOR in the other "

@@ -1,4 +1,4 @@
-"""Framing and bad input: one check per validation rule of the protocol (protocol.md §6).
+"""Framing and bad input: one check per validation rule of the protocol (spec/PROTOCOL.md#rules).
 
 MUST: the server closes where the rule says so, and no reply ever carries bytes (least of all bytes from outside a
 buffer).  SHOULD (checked by the runner after each of these): the server still accepts a new connection — upstream

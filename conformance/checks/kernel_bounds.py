@@ -1,4 +1,5 @@
-"""Framing: kernel bounds through GRAPH_COMPUTE (class E of issue 23) and ops carrying a function pointer (F).
+"""Framing: kernel bounds through GRAPH_COMPUTE (class E of upstream's memory-safety bugs, SECURITY.md) and ops carrying
+a function pointer (F).
 
 Release builds drop the kernels' shape assertions, so nothing dies when an index tensor or op_params drive a kernel
 out of bounds: each check surrounds its tensors with canaries (:mod:`.canaries`) and judges what comes back.

@@ -1,4 +1,5 @@
-"""The security checklist of protocol.md §10, item by item: what aims at it, and what proves the reference safe.
+"""The security checklist drawn from upstream's reported RPC bugs and from reading its code, item by item: what
+aims at it, and what proves the reference safe.
 
 Each item names the near-valid rule or stateful sequence of the fuzzer that targets it (``strategy``) and the tests
 that show the reference server handles it (``tests``, pytest node ids relative to the repository root).  A test of

@@ -1,4 +1,4 @@
-"""Hunt strategies for upstream's memory-safety classes of issue 23 (checks FRAME-048..060 judge the same inputs):
+"""Hunt strategies for upstream's memory-safety bug classes (SECURITY.md; checks FRAME-048..060 judge the same inputs):
 partial quantisation blocks (C), empty and wrapping sizes and views past their source (B), null and freed buffers in
 graphs (A), cyclic graphs (D), kernel bounds driven by op_params and index tensors (E) and CUSTOM ops' function
 pointers (F). Each is a step of a seeded example (:mod:`.hunt_strategies` picks them by weight); every message goes
@@ -28,7 +28,7 @@ def fresh_buffer(ex: Example, d: RandomDraw, size: int) -> BufferRef | None:
     return ex.alloc(ex.active(), size, 0)
 
 
-# ---- the memory-safety classes of issue 23 (checks FRAME-048..060 judge the same inputs) -------------------------
+# ---- upstream's memory-safety bug classes (checks FRAME-048..060 judge the same inputs) ---------------------------
 
 #: Quantised types whose block holds more than one element (the IQ grid types need codebooks the model may lack).
 BLOCK_TYPES = tuple(int(t) for t in (GgmlType.Q4_0, GgmlType.Q4_1, GgmlType.Q5_0, GgmlType.Q8_0, GgmlType.Q2_K,

@@ -1,12 +1,12 @@
 """Campaign mode for a target that dies often (``ggml-rpc fuzz --hunt``): upstream ``rpc-server`` 6.0/7.0.
 
-The hypothesis campaign (:mod:`.campaign`) ends a round at every finding and shrinks it by re-running examples:
-fine for a server that rarely fails, hopeless for one that dies every few hundred messages.  Here every example is
-a seeded program (no hypothesis), judged by the same model and invariants (:class:`.example.Example`); a finding is
-recorded and the campaign goes straight on (the target is restarted, the next example starts).  Besides the
-generic steps, examples run *strategies* aimed at the classes of protocol.md §10/§12: deep src chains, node-id and
-row-index mutations, size headers of 2^63 and more, region edges, the other major's SET_TENSOR layout, a client
-that leaves before its reply, and reads of fresh buffers (info leaks).
+The hypothesis campaign (:mod:`.campaign`) ends a round at every finding and shrinks it by re-running examples: fine for
+a server that rarely fails, hopeless for one that dies every few hundred messages.  Here every example is a seeded
+program (no hypothesis), judged by the same model and invariants (:class:`.example.Example`); a finding is recorded and
+the campaign goes straight on (the target is restarted, the next example starts).  Besides the generic steps, examples
+run *strategies* aimed at upstream's reported bug classes and what its builds die of: deep src chains, node-id and
+row-index mutations, size headers of 2^63 and more, region edges, the other major's SET_TENSOR layout, a client that
+leaves before its reply, and reads of fresh buffers (info leaks).
 
 Findings are deduplicated by class -- (kind, signal and assertion or leak symptom, command, rule broken) -- and the
 first of each class is shrunk to a minimal reproducer on a fresh target (delta debugging over the requests of

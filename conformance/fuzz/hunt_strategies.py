@@ -1,12 +1,12 @@
-"""Strategies of the hunt (``ggml-rpc fuzz --hunt``) aimed at the classes of protocol.md §10/§12.
+"""Strategies of the hunt (``ggml-rpc fuzz --hunt``) aimed at upstream's reported bug classes (the checklist in
+:mod:`.checklist`, SECURITY.md) and at what its builds were seen to die of.
 
-Each one is a step of a seeded example: deep src chains, node id 0, row indices past the table, size headers of
-2^63 and more, tensors one byte outside their buffer or region, the other major's SET_TENSOR layout, a client that
-leaves before its reply, and reads of fresh buffers (info leaks); and the memory-safety classes of issue 23: partial
-quantisation blocks (C), empty and wrapping sizes and views past their source (B), null and freed buffers in graphs
-(A), cyclic graphs (D), kernel bounds driven by op_params and index tensors (E) and CUSTOM ops' function pointers
-(F).  Every message goes through the example (model
-and target, same invariants) like the generic generators' messages.
+Each one is a step of a seeded example: deep src chains, node id 0, row indices past the table, size headers of 2^63 and
+more, tensors one byte outside their buffer or region, the other major's SET_TENSOR layout, a client that leaves before
+its reply, and reads of fresh buffers (info leaks); and upstream's memory-safety bug classes (SECURITY.md): partial
+quantisation blocks (C), empty and wrapping sizes and views past their source (B), null and freed buffers in graphs (A),
+cyclic graphs (D), kernel bounds driven by op_params and index tensors (E) and CUSTOM ops' function pointers (F).  Every
+message goes through the example (model and target, same invariants) like the generic generators' messages.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .example import Example
     from .hunt import Hunt
 
-#: The src-chain depth upstream's recursive graph rebuild does not survive (§12: 100,000 computes).
+#: The src-chain depth upstream's recursive graph rebuild does not survive (6.0.0 and 7.0.0: 100,000 computes).
 DEEP_CHAIN = 300_000
 #: Out of 1,000 strategy picks, how many are the (89 MB) deep chain.
 DEEP_PER_MILLE = 4

@@ -181,8 +181,9 @@ class FuzzSpawnedTarget(SpawnedTarget):
 class CachedSpawnedTarget(FuzzSpawnedTarget):
     """An upstream ``rpc-server -c`` started with ``LLAMA_CACHE`` set to a directory of the fuzzer's own.
 
-    Upstream keeps its cache files in ``$LLAMA_CACHE/rpc/`` (protocol.md §7); the directory outlives restarts
-    (as a real one would), so the fuzzer empties it, and the model's cache, before each example and each replay.
+    Upstream keeps its cache files in ``$LLAMA_CACHE/rpc/`` (named as spec/PROTOCOL.md#hash says); the directory
+    outlives restarts (as a real one would), so the fuzzer empties it, and the model's cache, before each example and
+    each replay.
     """
 
     use_cache = True

@@ -268,7 +268,7 @@ def _raw(c: RpcClient, cmd: int, payload: bytes, size: int | None = None) -> Non
 
 
 def bad_input(s: Session) -> None:
-    """One connection per validation rule (protocol.md §6), each ending with the server closing."""
+    """One connection per validation rule (spec/PROTOCOL.md#rules), each ending with the server closing."""
     cases: list[tuple[str, Callable[[RpcClient], None], bool]] = []
 
     def case(what: str, hello: bool = True):

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 CLOSENESS_FILE = Path(__file__).resolve().with_name("op_closeness.json")
 FORMAT = "ggml-rpc-op-closeness/1"
-#: Issue 25's bar: an op where upstream is deterministic is computed within this NMSE of upstream's result.
+#: The closeness bar: an op where upstream is deterministic is computed within this NMSE of upstream's result.
 TARGET = 1e-9
 #: Replays count a mismatch only beyond test-backend-ops' own loosest tolerance: the figure is the worst NMSE.
 REPLAY_TOLERANCE = 5e-4

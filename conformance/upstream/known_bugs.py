@@ -83,8 +83,9 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
              ("CACHE-V7-004", "CACHE-V7-006", "CACHE-V6-004"),
              also="the reference's own cache: tests/reference/test_ref_cache_trust.py (mapping writes, coarse "
                   "clocks, truncation, ctime)"),
-    KnownBug("G3", "protocol.md §10 (size headers)", "a server that allocates what a peer merely claims (size "
-             "headers of 2^32 and 2^63 bytes)", ("FRAME-033", "FRAME-036", "FRAME-037"), ("huge_claim",)),
+    KnownBug("G3", "size headers a server trusts (no upstream report)",
+             "a server that allocates what a peer merely claims (size headers of 2^32 and 2^63 bytes)",
+             ("FRAME-033", "FRAME-036", "FRAME-037"), ("huge_claim",)),
 )
 
 

@@ -1,4 +1,4 @@
-"""The checks for upstream's known death and leak classes (protocol.md §10, §12), against genuine upstream builds.
+"""The checks for upstream's known death and leak classes (SECURITY.md), against genuine upstream builds.
 
 Each of FRAME-036..040 and DATA-030 must find exactly what upstream 6.0.0/7.0.0 were seen to do: a death named by its
 signal (a failure at the check's own level, and a run that is not conformant) or, for DATA-030, pointer-like bytes

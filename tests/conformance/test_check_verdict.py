@@ -1,4 +1,4 @@
-"""One verdict, the same in the terminal, JSON, JUnit, SARIF, HTML and the exit code (issue 22).
+"""One verdict, the same in the terminal, JSON, JUnit, SARIF, HTML and the exit code.
 
 Each case is a server that today's kit called "conformant": a version the kit does not cover that closes on
 everything after HELLO, a server that computes nothing, a server that dies, a server refusing the harness's own

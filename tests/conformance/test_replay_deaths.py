@@ -1,4 +1,4 @@
-"""Replay that reproduces (issue 22): a check's own pcap replayed against a server that dies of it must say that it
+"""Replay that reproduces: a check's own pcap replayed against a server that dies of it must say that it
 died (exit 1), never "0 mismatch(es)" with exit 0, and a target that stops accepting mid-replay is reported as
 such, not as "cannot connect" (a usage error, exit 2)."""
 

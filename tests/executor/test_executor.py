@@ -113,7 +113,8 @@ def test_tensor_reaching_outside_its_buffer_is_refused_before_any_write(arena):
 
 
 def test_size_one_dimension_strides_cannot_escape(arena):
-    # protocol.md §10 #14: a dim of size 1 with a huge stride adds nothing to the reach, and is never stepped.
+    # The security checklist's item 14 (conformance/fuzz/checklist.py): a dim of size 1 with a huge stride adds
+    # nothing to the reach, and is never stepped.
     a = arena.tensor(F32, (4,))
     arena.set(a, np.arange(4, dtype=np.float32))
     odd = arena.view_of(a, (4, 1, 1, 1), (4, 1 << 30, 1 << 31, 1 << 31))

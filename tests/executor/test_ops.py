@@ -270,7 +270,8 @@ def test_get_rows_range_checked_before_any_write(arena):
 
 
 def test_get_rows_refuses_mismatched_shapes(arena):
-    # protocol.md §10 #14/#15: index dims 1/2 must match the rows' dims 2/3, and the result must fit.
+    # The security checklist's items 14 and 15 (conformance/fuzz/checklist.py): index dims 1/2 must match the rows'
+    # dims 2/3, and the result must fit.
     src = filled(arena, F32, (4, 5), rand(1, 1, 5, 4))
     idx = arena.tensor(I32, (2, 3))
     out = arena.tensor(F32, (4, 2, 3), op=GgmlOp.GET_ROWS, src=(src, idx))
@@ -492,7 +493,8 @@ def test_acc_and_set_windows(arena):
 
 
 def test_acc_window_with_cancelling_negative_strides_is_refused(arena):
-    # protocol.md §10 #12: strides that cancel at the corner index but reach outside in between.
+    # The security checklist's item 12 (conformance/fuzz/checklist.py): strides that cancel at the corner index but
+    # reach outside in between.
     a = filled(arena, F32, (5, 4), rand(1, 1, 4, 5))
     b = filled(arena, F32, (2, 2, 2), np.ones((1, 2, 2, 2), np.float32))
     bad = arena.tensor(F32, (5, 4), op=GgmlOp.ACC, src=(a, b), params=params(-4000, 4000, 80, 0, 0))

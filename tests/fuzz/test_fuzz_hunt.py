@@ -1,7 +1,8 @@
 """The campaign mode for a target that dies often (``--hunt``): bounded by examples and seeded, never by time.
 
-Against a server with one §10 bug re-enabled it keeps going after each death, shrinks the class to a reproducer that
-kills a fresh target again, and writes findings.json and SARIF 2.1.0; against the reference it finds nothing.
+Against a server with one of upstream's bugs re-enabled (tests/fuzz/vulnerable.py) it keeps going after each death,
+shrinks the class to a reproducer that kills a fresh target again, and writes findings.json and SARIF 2.1.0; against the
+reference it finds nothing.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The fuzzer finds a server with one §10 bug re-enabled, shrinks it, and the saved reproducer replays to the
-same failure; a target that dies and cannot be restarted stops the campaign instead of looping on refusals."""
+"""The fuzzer finds a server with one of upstream's bugs re-enabled (tests/fuzz/vulnerable.py), shrinks it, and the
+saved reproducer replays to the same failure; a target that dies and cannot be restarted stops the campaign instead of
+looping on refusals."""
 
 from __future__ import annotations
 

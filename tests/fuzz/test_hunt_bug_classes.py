@@ -1,5 +1,5 @@
-"""The hunt's strategies for the memory-safety classes of issue 23 (A-F): each one, run alone, sends messages the
-spec's decoder reads back as the same command, reaches the class it is named for, and the embedded reference
+"""The hunt's strategies for upstream's memory-safety bug classes A-F (SECURITY.md): each one, run alone, sends messages
+the spec's decoder reads back as the same command, reaches the class it is named for, and the embedded reference
 survives all of it with no finding (it refuses or computes safely what upstream crashes on or corrupts)."""
 
 from __future__ import annotations

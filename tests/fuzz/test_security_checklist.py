@@ -1,4 +1,5 @@
-"""protocol.md §10: every item has a fuzz strategy aimed at it or a test showing the reference server handles it.
+"""The security checklist (conformance/fuzz/checklist.py): every item has a fuzz strategy aimed at it or a test
+showing the reference server handles it.
 
 The tests below cover the items no other test of the kit covers at the server level.  A graph attack either makes
 the server close the connection (the executor refuses it) or is computed without a byte changing outside the

@@ -1,9 +1,9 @@
 """Deliberately vulnerable reference servers, for tests only: the reference with one bug put back through its hooks.
 
-:data:`ABORTING` re-enables protocol.md §10 item 16: upstream 6/7 checks that a tensor's data lies inside its
-buffer with an assertion, so a tensor with a valid buffer handle and an address outside that buffer aborts the whole
-server process (remote denial of service).  The reference server closes only the connection; this variant aborts
-its process instead, exactly as upstream does.  The others break one reply each.
+:data:`ABORTING` re-enables the security checklist's item 16 (conformance/fuzz/checklist.py): upstream 6/7 checks that a
+tensor's data lies inside its buffer with an assertion, so a tensor with a valid buffer handle and an address outside
+that buffer aborts the whole server process (remote denial of service).  The reference server closes only the
+connection; this variant aborts its process instead, exactly as upstream does.  The others break one reply each.
 """
 
 from __future__ import annotations

@@ -89,7 +89,8 @@ def plain_srv():
     n=st.one_of(st.integers(0, 32), st.integers(0, 300)),
 )
 def test_set_tensor_bounds_match_the_spec_oracle(plain_srv, ne0, d_off, offset, n) -> None:
-    """SET_TENSOR near the edges of a 256-byte buffer: accepted exactly when protocol.md §3/§6 say so."""
+    """SET_TENSOR near the edges of a 256-byte buffer: accepted exactly when the region rules say so
+    (spec/PROTOCOL.md#rules)."""
     from ggml_rpc.spec import make_tensor
 
     size = 256

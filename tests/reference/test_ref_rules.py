@@ -1,4 +1,4 @@
-"""Every validation rule of protocol.md §6: the bad input, the documented outcome, and a server still serving.
+"""Every validation rule (spec/PROTOCOL.md#rules): the bad input, the documented outcome, and a server still serving.
 
 Where upstream closes, the reference closes; where upstream aborts (or is unsafe), the reference closes only that
 connection.  Each test ends by checking that a new connection is served.
@@ -520,7 +520,7 @@ def test_graph_compute_duplicates_and_cycles_are_accepted(graph_srv) -> None:
 
 
 def test_v6_layout_sent_to_a_v7_server_is_misread_as_upstream_does() -> None:
-    # protocol.md §12: the offset's low byte becomes cache_flag and the rest shifts by one byte.
+    # As upstream's 7.0.0 server reads it: the offset's low byte becomes cache_flag and the rest shifts by one byte.
     from ggml_rpc.spec.versions import V6
 
     with running_server("7") as srv:
@@ -537,7 +537,7 @@ def test_v6_layout_sent_to_a_v7_server_is_misread_as_upstream_does() -> None:
 
 
 def test_v7_layout_sent_to_a_v6_server_closes_instead_of_aborting() -> None:
-    # protocol.md §12: upstream reads one extra leading byte and dies on the "write out of bounds" assertion.
+    # As upstream's 6.0.0 server reads it: one extra leading byte and dies on the "write out of bounds" assertion.
     from ggml_rpc.spec.versions import V7
 
     with running_server("6") as srv:
