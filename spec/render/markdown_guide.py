@@ -202,11 +202,11 @@ def compute_section(versions: Sequence[Protocol], command_anchor: Callable[[Prot
         f"Nodes of the ops {empty} compute nothing: they only describe memory that another tensor owns (a view: "
         "`view_src` = that tensor's id, `view_offs` = the byte offset into it, `data` = the view's own "
         "address). Nor is anything computed for a node with a 0 in `ne`.\n\n"
-        "`use_count`: the server hands each node's count to the backend, and the CPU backend reads it (seen in "
-        "6.0.0's build): an RMS_NORM node followed directly by a MUL that reads it is fused into one step when "
-        "the RMS_NORM's `use_count` is 1 (and it is not flagged OUTPUT (2) nor a view), and then the RMS_NORM's "
-        "own tensor is not written. Send ggml's count (the number of `src` entries of the graph's nodes that "
-        "name the tensor) or 0, which never fuses; it is 0 in every other request.\n\n"
+        "`use_count`: the server hands each node's count to the backend, and the CPU backend reads it (6.0.0's "
+        "and 8.0.0's builds are seen to): an RMS_NORM node followed directly by a MUL that reads it is fused "
+        "into one step when the RMS_NORM's `use_count` is 1 (and it is not flagged OUTPUT (2) nor a view), and "
+        "then the RMS_NORM's own tensor is not written. Send ggml's count (the number of `src` entries of the "
+        "graph's nodes that name the tensor) or 0, which never fuses; it is 0 in every other request.\n\n"
     )
     out.append(anchor("compute-example"))
     tensors, nodes = _example_graph()
