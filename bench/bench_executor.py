@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,10 +21,15 @@ from pathlib import Path
 
 import numpy as np
 from ggml_rpc.bench.runner import samples
-from ggml_rpc.reference.executor import execute
+from ggml_rpc.conformance.client import RpcClient
+from ggml_rpc.conformance.sessions.decode import decode_file
+from ggml_rpc.conformance.sessions.executor_replay import SimServer
+from ggml_rpc.reference.executor import execute, prepare
 from ggml_rpc.reference.executor.arena import Arena
 from ggml_rpc.reference.executor.types import dequantize, quantize
-from ggml_rpc.spec import TYPES, GgmlOp, GgmlType, TensorFlag, make_tensor
+from ggml_rpc.reference.graph import build_graph
+from ggml_rpc.reference.server import running_server
+from ggml_rpc.spec import TYPES, Command, GgmlOp, GgmlType, Reply, TensorFlag, make_tensor, tensors_array
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPTURE = ROOT.parent / "shared" / "real-captures" / "v7-v7-gen-cold.pcap"
@@ -87,13 +91,6 @@ def bench_capture() -> None:
     if not CAPTURE.exists():
         print(f"per-token graph: skipped ({CAPTURE} not found)")
         return
-    sys.path.insert(0, str(ROOT))
-    from ggml_rpc.conformance.sessions.decode import decode_file
-    from ggml_rpc.reference.executor import prepare
-    from ggml_rpc.spec import Command, Reply
-
-    from tests.executor.capture_replay import SimServer
-
     @dataclass
     class PlanServer(SimServer):
         """The capture replayed as the reference server runs graphs: prepared once, run again on RECOMPUTE."""
@@ -155,10 +152,6 @@ def _chain(n: int, width: int) -> tuple[list[dict], list[int], int]:
 
 
 def bench_chain() -> None:
-    from ggml_rpc.reference.executor import prepare
-    from ggml_rpc.reference.graph import build_graph
-    from ggml_rpc.spec import tensors_array
-
     n, width = 2000, 16
     tensors, nodes, last = _chain(n, width)
     table = tensors_array(tensors)
@@ -195,10 +188,6 @@ def bench_chain() -> None:
 
 
 def _chain_over_tcp(tensors: list[dict], nodes: list[int], width: int) -> None:
-    from ggml_rpc.conformance.client import RpcClient
-    from ggml_rpc.reference.server import running_server
-    from ggml_rpc.spec import tensors_array
-
     with running_server("7") as srv, RpcClient.connect(*srv.address) as client:
         size = (len(nodes) + 2) * 4 * width
         handle, _ = client.alloc_buffer(0, size)

@@ -38,6 +38,7 @@ from typing import Any
 
 from ggml_rpc.bench.scale import KIT, PROMPT, measure_generation, measure_tools, record_session
 from ggml_rpc.bench.scale_report import markdown
+from ggml_rpc.conformance import kit_version
 from ggml_rpc.conformance.upstream.models import SCALE_MODELS, ensure_models
 from ggml_rpc.conformance.upstream.peers import Peer, cache_root, peer_for
 
@@ -146,8 +147,6 @@ def stamp() -> dict[str, Any]:
 
 
 def new_record(peer: Peer, command: Sequence[str]) -> dict[str, Any]:
-    from ggml_rpc.conformance import kit_version
-
     return {"schema": SCHEMA, "command": " ".join(command), "proto": peer.version, "upstream": peer.requirement,
             "machine": {"kit_version": kit_version(), "python": platform.python_version(),
                         "platform": platform.platform(), "cpus": os.cpu_count(),

@@ -23,7 +23,10 @@ from pathlib import Path
 import numpy as np
 from ggml_rpc.bench.runner import samples
 from ggml_rpc.conformance.client import RpcClient
+from ggml_rpc.reference import ServerCore, make_config
+from ggml_rpc.reference.executor import prepare
 from ggml_rpc.reference.graph import build_graph
+from ggml_rpc.reference.server import serve_connection
 from ggml_rpc.spec import REPLY_HEADER_SIZE, TENSOR_DTYPE, Command, GgmlOp, encode_request, make_tensor, request_parts
 from ggml_rpc.spec.codec import REQUEST_HEADER
 from ggml_rpc.spec.tensor import GGML_MAX_SRC
@@ -168,9 +171,6 @@ def bench_command_cpu(kinds: tuple[str, ...], batches: int = 40, k: int = 500) -
     """Server CPU microseconds per command, least of 3 runs: a connection served on a thread of this process over a
     socketpair, fed ``k`` pipelined requests at a time (its thread's CPU time: what the server's own code and system
     calls cost, whatever else the machine runs)."""
-    from ggml_rpc.reference import ServerCore, make_config
-    from ggml_rpc.reference.server import serve_connection
-
     def once(kind: str) -> float:
         ours, theirs = socket.socketpair()
         # Room for a whole batch of requests and of replies: neither side waits on the other mid-batch.
@@ -278,8 +278,6 @@ def synthetic_graph(n: int) -> tuple[np.ndarray, np.ndarray, dict]:
 def bench_graph_build(n: int, repeat: int) -> tuple[float, float, float, float]:
     """Median wall-clock and least CPU seconds of rebuilding an n-node graph; least CPU seconds of preparing its
     plan and of running the plan (what a GRAPH_RECOMPUTE costs)."""
-    from ggml_rpc.reference.executor import prepare
-
     nodes, arr, buffers = synthetic_graph(n)
     wall = statistics.median(samples(lambda: build_graph(nodes, arr, buffers), repeat))
     graph = build_graph(nodes, arr, buffers)

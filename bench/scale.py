@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ggml_rpc.conformance.harness import free_port, wait_for_port
 from ggml_rpc.conformance.upstream.peers import LOOPBACK, Peer
 from ggml_rpc.conformance.upstream.runs import Finished, completion_argv, generated_text, run
 
@@ -111,8 +112,6 @@ class Served:
 def serve(argv_for: Callable[[int], list[str]], env: dict[str, str] | None = None,
           name: str = "server") -> Iterator[Served]:
     """A server on a free loopback port (``argv_for(port)``), stopped and reaped on leaving."""
-    from ggml_rpc.conformance.harness import free_port, wait_for_port
-
     port = free_port(LOOPBACK)
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(argv_for(port), env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)

@@ -10,8 +10,10 @@ not define.  A server that closes instead of replying raises :class:`ConnectionC
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,23 +22,74 @@ from ggml_rpc.spec import (
     DEFAULT_HOST,
     Command,
     HandshakeError,
+    Payload,
     Protocol,
     ProtocolError,
     Reply,
     SizeMismatch,
+    UnknownCommand,
     null_tensor,
     protocol_from_hello,
     request_parts,
 )
 from ggml_rpc.spec.codec import REPLY_HEADER, REPLY_HEADER_SIZE, REQUEST_HEADER, Buffer
-from ggml_rpc.spec.messages import COMM_HOST_SIZE
+from ggml_rpc.spec.layout import FlatLayout, flat_layout
+from ggml_rpc.spec.messages import COMM_HOST_SIZE, Shape
 from ggml_rpc.spec.tensor import GGML_MAX_SRC
 from ggml_rpc.spec.versions import V6
 
-from .client_parts import MAX_PARTS as _MAX_PARTS
-from .client_parts import MAX_RAW_REPLY, ConnectionClosed, cork
-from .client_parts import Plan as _Plan
-from .client_parts import as_bytes_view as _as_bytes_view
+#: Largest reply the generic raw reader accepts unless told otherwise (a claim, checked before allocating).
+MAX_RAW_REPLY = 1 << 32
+# sendmsg takes at most IOV_MAX buffers; the codec never produces more than a handful.
+_MAX_PARTS = 1024
+
+
+class ConnectionClosed(Exception):
+    """The server closed the connection (or reset it) instead of sending the expected bytes."""
+
+
+def _as_bytes_view(part: Buffer) -> memoryview:
+    mv = memoryview(part)
+    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How one command of one version is sent and answered, worked out once per client."""
+
+    request_layout: FlatLayout | None  # set for fixed-size requests
+    reply: Payload | None  # None: no reply
+    reply_layout: FlatLayout | None  # set for fixed-size replies
+    reply_size: int
+
+    @classmethod
+    def of(cls, table: Protocol, command: Command) -> _Plan:
+        spec = table.spec(command)
+        if spec is None:
+            raise UnknownCommand(f"not a command of protocol {table.label}", command=command.name)
+        req = spec.request
+        request_layout = flat_layout(req.schema) if req.shape is Shape.FIXED else None
+        if not spec.has_reply:
+            return cls(request_layout, None, None, 0)
+        reply = spec.reply
+        assert isinstance(reply, Payload)
+        if reply.shape is Shape.FIXED:
+            return cls(request_layout, reply, flat_layout(reply.schema), reply.header_size)
+        return cls(request_layout, reply, None, 0)
+
+
+def cork(sock: socket.socket) -> None:
+    """Hold back partial segments until the socket is closed (Linux ``TCP_CORK``; elsewhere nothing changes).
+
+    A client that leaves before its reply then sends the last bytes of its request together with its FIN: the server
+    cannot answer before it knows the client is gone, so its first reply write always meets a closed peer (reset),
+    and a server that then writes again without MSG_NOSIGNAL dies of SIGPIPE every time, not only when the client
+    happened to close quickly enough.
+    """
+    opt = getattr(socket, "TCP_CORK", None)
+    if opt is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, opt, 1)
 
 
 class RpcClient:

@@ -3,25 +3,38 @@ which tests change a handler or inject a fault (instead of subclassing the conne
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ggml_rpc.spec import V7, Command, Protocol, parse_version_option
 
+from .closing import Close
 from .devices import DeviceConfig
 from .graph import GraphTensor
-from .resolve import TensorHook
-
-if TYPE_CHECKING:
-    from .closing import Close
-    from .core import ServerCore
+from .resolve import Resolver, TensorHook
 
 #: A GRAPH_COMPUTE payload larger than this is refused (upstream: whatever the allocator gives).
 DEFAULT_MAX_GRAPH_BYTES = 256 << 20
 
-#: A replacement handler of a fixed-size command: the connection's core and the request's decoded fields.
-Handler = Callable[["ServerCore", dict[str, Any]], None]
+
+class HookedConnection(typing.Protocol):
+    """What a replacement handler is given: the connection's core (a :class:`~.core.ServerCore`), as far as a
+    handler uses it."""
+
+    #: The connection's tensor and device checks.
+    resolve: Resolver
+    #: The reference's own handlers of fixed-size commands (a replacement may call the one it replaces).
+    handlers: dict[Command, Callable[[dict[str, Any]], None]]
+
+    def reply(self, command: Command, fields: Mapping[str, Any]) -> None: ...
+
+    def send(self, parts: list) -> None: ...
+
+
+#: A replacement handler of a fixed-size command: the connection it serves and the request's decoded fields.
+Handler = Callable[[HookedConnection, dict[str, Any]], None]
 #: Where the IQ grid types' codebooks come from (name -> table), or None when there are none.
 CodebookSource = Callable[[], "dict[str, Any] | None"]
 
@@ -79,15 +92,6 @@ class ServerConfig:
     hooks: Hooks = field(default_factory=Hooks)
 
 
-def limit_blas_threads(threads: int) -> None:
-    """Cap the threads of every BLAS/OpenMP pool loaded in this process (process-wide, as BLAS pools are)."""
-    from threadpoolctl import threadpool_limits
-
-    if threads < 1:
-        raise ValueError("threads must be at least 1")
-    threadpool_limits(limits=threads)
-
-
 def make_config(
     proto: Protocol | str | int = "7",
     *,
@@ -124,5 +128,5 @@ def make_config(
     return config
 
 
-__all__ = ["DEFAULT_MAX_GRAPH_BYTES", "CodebookSource", "Handler", "Hooks", "ServerConfig", "limit_blas_threads",
+__all__ = ["DEFAULT_MAX_GRAPH_BYTES", "CodebookSource", "Handler", "HookedConnection", "Hooks", "ServerConfig",
            "make_config"]

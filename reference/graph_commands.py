@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Generator
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -145,12 +146,11 @@ class GraphCommands:
                 # GRAPH_RECOMPUTE only runs kernels.
                 if graph.plan is None:
                     try:
-                        from ggml_rpc.reference.executor.builds import build_for
-                        from ggml_rpc.reference.executor.plan import prepare
+                        executor = builtin_executor()
                     except ImportError as exc:
                         raise Close(f"{command}: graph executor unavailable ({exc})") from None
                     # Computed as the upstream build of the version this server speaks.
-                    graph.plan = prepare(graph.nodes, build_for(self.protocol.version[0]))
+                    graph.plan = executor.prepare(graph.nodes, executor.build_for(self.protocol.version[0]))
                 try:
                     graph.plan.run(self._epochs(graph))
                 finally:
@@ -182,11 +182,21 @@ class GraphCommands:
             if b is not None and (written is None or id(b.memory) in written):
                 b.epoch += 1
 
+def builtin_executor() -> ModuleType:
+    """The built-in executor (:mod:`ggml_rpc.reference.executor`), imported on first use."""
+    # Lazy on purpose, the reference's one import of its executor: the executor imports numba and reads its compiled
+    # kernels' cache (about a second), which a server that never computes a graph (the harness's, the fuzzer's
+    # oracle, a test's) does not pay.
+    from . import executor
+
+    return executor
+
+
 def executor_supports(op: Tensor, srcs: list[Tensor | None], name: str) -> bool:
     """Ask the executor whether it runs this op; an executor that cannot say answers no (``name``: the connection,
     for the log)."""
     try:
-        from ggml_rpc.reference import executor
+        executor = builtin_executor()
     except ImportError:
         return False
     supports = getattr(executor, "supports_op", None)
@@ -223,4 +233,4 @@ def _single_graph_tensor(t: Tensor) -> GraphTensor:
     )
 
 
-__all__ = ["GraphCommands", "executor_supports"]
+__all__ = ["GraphCommands", "builtin_executor", "executor_supports"]

@@ -25,8 +25,9 @@ from ggml_rpc.spec.facts import CONN_CAPS_SIZE
 
 from .cache import HashCache
 from .closing import Close, PeerGone
-from .config import ServerConfig, limit_blas_threads, make_config
+from .config import ServerConfig, make_config
 from .core import ServerCore
+from .graph_commands import builtin_executor
 
 log = logging.getLogger("ggml_rpc.reference")
 
@@ -40,6 +41,15 @@ def _is_loopback(host: str) -> bool:
         return all(ipaddress.ip_address(info[4][0].split("%", 1)[0]).is_loopback for info in infos)
     except ValueError:
         return False
+
+
+def limit_blas_threads(threads: int) -> None:
+    """Cap the threads of every BLAS/OpenMP pool loaded in this process (process-wide, as BLAS pools are)."""
+    from threadpoolctl import threadpool_limits
+
+    if threads < 1:
+        raise ValueError("threads must be at least 1")
+    threadpool_limits(limits=threads)
 
 
 #: Bytes taken from the socket at a time outside bulk data (a request header and its fixed fields, many pipelined).
@@ -282,10 +292,8 @@ class Server:
         self._ids = itertools.count(1)
         if config.threads is not None:
             limit_blas_threads(config.threads)
-        if config.codebooks is not None:
-            from .executor import grids  # the executor is loaded only by a server that is told about codebooks
-
-            grids.use_codebooks(config.codebooks)
+        if config.codebooks is not None:  # the executor is loaded only by a server that is told about codebooks
+            builtin_executor().grids.use_codebooks(config.codebooks)
         if not _is_loopback(host):
             log.warning("listening on %s: the ggml RPC protocol has no authentication; anyone who can reach this "
                         "port can use the server", host)

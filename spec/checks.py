@@ -5,21 +5,19 @@ The rules live in the table; this module only turns a broken one into a SpecViol
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from . import schema_walk
 from .conditions import region_2d_span, removed_type, unknown_type
+from .decoded import Request
 from .enums import GGML_TYPE_COUNT, TYPES, Command
 from .errors import SpecViolation
 from .facts import ggml_nbytes
 from .payloads import REQUEST_HEADER_SIZE
 from .rules import ConnState, Finding, Message, Rule, first_broken
 from .versions import PROTOCOLS
-
-if TYPE_CHECKING:
-    from .codec import Request
 
 
 def check_tensor(tensor: Mapping[str, Any], *, command: str, field: str, offset: int) -> int:

@@ -20,11 +20,10 @@ array whose dtype is derived from the construct declaration.  Payload encoding a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from .checks import check_request, check_tensor
-from .enums import Command
+from .decoded import Reply, Request
 from .framing import Bulk, End, Head, ReplyFramer, RequestFramer, _Framer
 from .payloads import (
     DEFAULT_MAX_PAYLOAD,
@@ -44,43 +43,6 @@ from .payloads import (
     tensors_array,
 )
 from .versions import Protocol, protocol_for
-
-
-@dataclass(slots=True, eq=False)
-class Request:
-    """One decoded request."""
-
-    command: Command
-    fields: dict[str, Any]
-    #: Bulk bytes: SET_TENSOR data, or trailing bytes after a GRAPH_COMPUTE; None otherwise.
-    data: memoryview | None = None
-    size: int = 0
-    #: Byte offset of the command byte in the decoded stream.
-    offset: int = 0
-    index: int = 0
-    raw: memoryview = field(default_factory=lambda: memoryview(b""))
-
-    @property
-    def wire_size(self) -> int:
-        return REQUEST_HEADER_SIZE + self.size
-
-
-@dataclass(slots=True, eq=False)
-class Reply:
-    """One decoded reply, paired with the request it answers."""
-
-    command: Command
-    fields: dict[str, Any]
-    data: memoryview | None = None
-    size: int = 0
-    offset: int = 0
-    index: int = 0
-    request: Request | None = None
-    raw: memoryview = field(default_factory=lambda: memoryview(b""))
-
-    @property
-    def wire_size(self) -> int:
-        return REPLY_HEADER_SIZE + self.size
 
 
 def _assemble(head: Head, parts: list[memoryview], end: End) -> tuple[memoryview, memoryview | None]:

@@ -36,7 +36,7 @@ from .payloads import (
     Buffer,
     decode_payload,
 )
-from .versions import V6, Protocol
+from .versions import V6, Protocol, protocol_for
 
 _EMPTY = memoryview(b"")
 
@@ -393,7 +393,5 @@ class ReplyFramer(_Framer):
 
     def _finished(self, head: Head) -> None:
         if head.command is Command.HELLO and self.protocol is None:
-            from .versions import protocol_for
-
             f = head.fields
             self.protocol = protocol_for(f["major"], f["minor"], f["patch"])

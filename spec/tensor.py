@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from construct import Array, Bytes, Int32sl, Int32ul, Int64ul, Struct
 
+from .facts import contiguous_strides
+
 GGML_MAX_DIMS = 4
 GGML_MAX_OP_PARAMS = 64
 GGML_MAX_SRC = 10
@@ -98,8 +100,6 @@ def make_tensor(
     use_count: int = 0,
 ) -> dict:
     """An rpc_tensor dict; ``ne`` is padded with 1s to 4 dims and ``nb`` defaults to ggml's contiguous strides."""
-    from .facts import contiguous_strides
-
     dims = [*ne, *([1] * (GGML_MAX_DIMS - len(ne)))]
     strides = list(nb) if nb is not None else contiguous_strides(type, dims)
     return {

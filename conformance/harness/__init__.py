@@ -1,31 +1,31 @@
 """The conformance harness: checks as data, the targets they run against, the runner, and its reports.
 
 :mod:`.model` declares checks and their verdicts, :mod:`.targets` the servers under test (external, spawned,
-embedded), :mod:`.context` what a check function gets, :mod:`.runner` the run itself; :mod:`.report` draws the
-terminal tables and :mod:`.report_files` writes the JSON and JUnit files.
+embedded), :mod:`.context` what a check function gets and may raise, :mod:`.runner` the run itself;
+:mod:`.report` draws the terminal tables and :mod:`.report_files` writes the JSON and JUnit files.
 
 This package's namespace is the API checks are written against (``from ggml_rpc.conformance.harness import
-Category, Context, Level``), so a check does not depend on which module of the harness defines a name.
+Category, Context, Level``), so a check does not depend on which module of the harness defines a name (``Level``
+is the spec's own, :class:`ggml_rpc.spec.rules.Level`).
 """
 
-from .context import DEFAULT_SEED, Context, RunFacts, ServerInfo, verdict_for
-from .model import (
-    SPEC_DOC,
+from ggml_rpc.spec.rules import Level
+
+from .context import (
+    DEFAULT_SEED,
     Blocked,
-    Category,
-    Check,
     CheckFailed,
+    Context,
     Evidence,
-    Level,
-    Outcome,
-    Result,
+    RunFacts,
     ServerGone,
+    ServerInfo,
     Skipped,
     Unsupported,
     hexdump,
-    iter_groups,
-    select,
+    verdict_for,
 )
+from .model import SPEC_DOC, Category, Check, Outcome, Result, iter_groups, select
 from .runner import ProgressFn, Runner
 from .targets import (
     EmbeddedTarget,

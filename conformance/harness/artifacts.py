@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 from ggml_rpc.spec import DEFAULT_PORT
 
+from .. import kit_version
+from .html import write_html_report
 from .model import Outcome, Result
 from .runner import Runner
 
@@ -36,11 +39,6 @@ def write_pcaps(results: list[Result], directory: str | Path, *, every: bool = F
 
 
 def write_html(runner: Runner, directory: str | Path, strict: bool = False) -> Path:
-    from datetime import UTC, datetime
-
-    from .. import kit_version
-    from .html import write_html_report
-
     info = runner.info
     started = datetime.fromtimestamp(runner.started_at or 0, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     server = [("target", runner.target.description), ("address", runner.target.address),

@@ -1,5 +1,7 @@
-"""What a check function gets: the server's version and facts (:class:`ServerInfo`), fresh connections and
-shared facts (:class:`Context`), over what it may know of the run (:class:`RunFacts`: never the runner itself)."""
+"""What a check function gets and what it may raise: the server's version and facts (:class:`ServerInfo`), fresh
+connections and shared facts (:class:`Context`), over what it may know of the run (:class:`RunFacts`: never the
+runner itself); the observations it records (:class:`Evidence`) and its ways to end (:class:`CheckFailed` and its
+kinds, :class:`Skipped`, :class:`Unsupported`)."""
 
 from __future__ import annotations
 
@@ -12,11 +14,76 @@ from typing import Any
 
 import numpy as np
 from ggml_rpc.spec import PROTOCOLS, V6, Protocol, protocol_for
+from ggml_rpc.spec.rules import Level
 
 from ..client import RpcClient
 from .exchange import Recorder
-from .model import Check, CheckFailed, Evidence, ServerGone
 from .targets import Target, wait_for_port
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """One observation behind a verdict.  Byte values are given as hex where bytes matter."""
+
+    step: str
+    sent: str | None = None
+    expected: str | None = None
+    got: str | None = None
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {"step": self.step, "sent": self.sent, "expected": self.expected, "got": self.got}
+
+
+class CheckFailed(Exception):
+    """The server broke the rule.  ``level`` overrides the check's level (a SHOULD part of a MUST check)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        sent: str | None = None,
+        expected: str | None = None,
+        got: str | None = None,
+        level: Level | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.evidence = Evidence(message, sent, expected, got)
+        self.level = level
+
+
+class ServerGone(CheckFailed):
+    """A step found no server to talk to: the server died earlier in this check (the death is the finding)."""
+
+
+class Blocked(CheckFailed):
+    """The server refused what the harness needs to test a rule (its setup), not the rule itself.
+
+    ``cause`` names the refusal in words shared by every check it blocks (the report gives it once); the message
+    and evidence say what this check asked for.  A subclass of :class:`CheckFailed` so that code catching failures
+    around a setup step keeps working.
+    """
+
+    def __init__(self, message: str, *, cause: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.cause = cause
+
+
+class Skipped(Exception):
+    """The check cannot judge this server (for example: no hash cache to observe)."""
+
+
+class Unsupported(Exception):
+    """The server declines something the check needs (an op, a command of another version)."""
+
+
+def hexdump(data: bytes | bytearray | memoryview, limit: int = 64) -> str:
+    """Bytes as spaced hex, cut after ``limit`` bytes (with the total length)."""
+    raw = bytes(data)
+    text = raw[:limit].hex(" ")
+    if len(raw) > limit:
+        text += f" … ({len(raw)} bytes)"
+    return text if raw else "(no bytes)"
 
 
 @dataclass(slots=True)
@@ -78,9 +145,10 @@ class RunFacts:
 class Context:
     """What a check function gets: the server's address and version, fresh connections, shared facts."""
 
-    def __init__(self, run: RunFacts, check: Check) -> None:
+    def __init__(self, run: RunFacts, check_id: str) -> None:
         self.run = run
-        self.check = check
+        #: The ID of the check this context serves (its inputs are drawn from it, see :meth:`rng`).
+        self.check_id = check_id
         self.evidence: list[Evidence] = []
         #: Every byte of the connections this check opens (see :mod:`.exchange`).
         self.recorder = Recorder()
@@ -118,7 +186,7 @@ class Context:
         same bytes whether it runs alone (``--checks``) or after others.  (Payloads that must differ on every run,
         so that a cache an earlier run filled never answers, are :func:`~ggml_rpc.conformance.checks._support.nonce`
         bytes, not drawn from here.)"""
-        return np.random.default_rng([self.run.seed, zlib.crc32(self.check.id.encode())])
+        return np.random.default_rng([self.run.seed, zlib.crc32(self.check_id.encode())])
 
     @property
     def cache_dir(self) -> Path | None:

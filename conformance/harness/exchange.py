@@ -18,6 +18,9 @@ from typing import Any
 from ggml_rpc.spec import Protocol
 
 from ..sessions.connection import Connection
+from ..sessions.decode import decode_connection
+from ..sessions.decoded import DecodedConnection
+from ..sessions.pcapwrite import PcapWriter
 
 #: Bytes of one check's exchange kept (both directions, all connections together).
 BUDGET = 4 << 20
@@ -80,8 +83,6 @@ class Recorder:
 
     def write_pcap(self, path: str | Path) -> Path:
         """Every recorded connection as one TCP flow of a pcap, writes in the order they happened."""
-        from ..sessions.pcapwrite import PcapWriter
-
         path = Path(path)
         start = min((c.start for c in self.connections), default=time.time())
         with PcapWriter(path, start=start) as writer:
@@ -103,10 +104,8 @@ class Recorder:
                     flow.close(t)
         return path
 
-    def decoded(self, protocol: Protocol | None) -> Iterator[tuple[RecordedConnection, Any]]:
-        """Each connection with its spec decoding (a ``DecodedConnection``: requests, replies, the first error)."""
-        from ..sessions.decode import decode_connection
-
+    def decoded(self, protocol: Protocol | None) -> Iterator[tuple[RecordedConnection, DecodedConnection]]:
+        """Each connection with its spec decoding (requests, replies, the first error)."""
         for conn in self.connections:
             yield conn, decode_connection(conn.capture(), protocol)
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from ggml_rpc.spec.codec import REPLY_HEADER_SIZE, REQUEST_HEADER_SIZE
 
+from ..sessions.decode import describe
 from .model import Outcome, Result, iter_groups
 from .verdict import LEGEND, STATE_MEANING, State, Verdict, died, kind, label, reason
 
@@ -104,8 +105,6 @@ def _hex(data: bytes) -> str:
 
 def _messages(r: Result, protocol: Any) -> str:
     """The check's exchange, every message decoded by the spec with its bytes."""
-    from ..sessions.decode import describe
-
     rec = r.recording
     if rec is None or not rec.connections:
         return '<p class="note">No connection of this check was recorded (it opened none through the harness).</p>'

@@ -2,9 +2,10 @@
 
 A :class:`Check` is a declaration (ID, title, spec anchor, versions, level, category) plus a function taking a
 :class:`~.context.Context`.  The function returns normally for a pass (optionally with a note) or raises
-:class:`CheckFailed` (with evidence: what was sent, what was expected, what came back), :class:`Skipped` (why the
-check cannot judge this server) or :class:`Unsupported` (the server declines a feature the check needs).  A
-:class:`Result` is a check's verdict with its evidence.
+:class:`~.context.CheckFailed` (with evidence: what was sent, what was expected, what came back),
+:class:`~.context.Skipped` (why the check cannot judge this server) or :class:`~.context.Unsupported` (the server
+declines a feature the check needs).  A :class:`Result` is a check's verdict with its evidence.  A check's level is
+the spec's :class:`~ggml_rpc.spec.rules.Level` (MUST or SHOULD), the same word as the rule table's.
 """
 
 from __future__ import annotations
@@ -13,23 +14,16 @@ import enum
 import fnmatch
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ggml_rpc.spec import PROTOCOLS, Command, Protocol
 from ggml_rpc.spec.render.markdown import command_anchor
+from ggml_rpc.spec.rules import Level
 
-if TYPE_CHECKING:
-    from .context import Context
+from .context import Context, Evidence
 
 #: Where the generated protocol reference lives, relative to a checkout; check links point into it.
 SPEC_DOC = "spec/PROTOCOL.md"
-
-
-class Level(enum.Enum):
-    """How binding a rule is: a MUST failure fails the run, a SHOULD failure only with ``--strict``."""
-
-    MUST = "MUST"
-    SHOULD = "SHOULD"
 
 
 class Outcome(enum.Enum):
@@ -56,71 +50,6 @@ class Category(enum.Enum):
     ISOLATION = "isolation"
     COMPUTE = "compute"
     COMM = "comm"
-
-
-@dataclass(frozen=True, slots=True)
-class Evidence:
-    """One observation behind a verdict.  Byte values are given as hex where bytes matter."""
-
-    step: str
-    sent: str | None = None
-    expected: str | None = None
-    got: str | None = None
-
-    def as_dict(self) -> dict[str, str | None]:
-        return {"step": self.step, "sent": self.sent, "expected": self.expected, "got": self.got}
-
-
-class CheckFailed(Exception):
-    """The server broke the rule.  ``level`` overrides the check's level (a SHOULD part of a MUST check)."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        sent: str | None = None,
-        expected: str | None = None,
-        got: str | None = None,
-        level: Level | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.evidence = Evidence(message, sent, expected, got)
-        self.level = level
-
-
-class ServerGone(CheckFailed):
-    """A step found no server to talk to: the server died earlier in this check (the death is the finding)."""
-
-
-class Blocked(CheckFailed):
-    """The server refused what the harness needs to test a rule (its setup), not the rule itself.
-
-    ``cause`` names the refusal in words shared by every check it blocks (the report gives it once); the message
-    and evidence say what this check asked for.  A subclass of :class:`CheckFailed` so that code catching failures
-    around a setup step keeps working.
-    """
-
-    def __init__(self, message: str, *, cause: str, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.cause = cause
-
-
-class Skipped(Exception):
-    """The check cannot judge this server (for example: no hash cache to observe)."""
-
-
-class Unsupported(Exception):
-    """The server declines something the check needs (an op, a command of another version)."""
-
-
-def hexdump(data: bytes | bytearray | memoryview, limit: int = 64) -> str:
-    """Bytes as spaced hex, cut after ``limit`` bytes (with the total length)."""
-    raw = bytes(data)
-    text = raw[:limit].hex(" ")
-    if len(raw) > limit:
-        text += f" … ({len(raw)} bytes)"
-    return text if raw else "(no bytes)"
 
 
 @dataclass(frozen=True, slots=True)

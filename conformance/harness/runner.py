@@ -18,21 +18,23 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ggml_rpc.spec import V6, HandshakeError, Protocol, ProtocolError
+from ggml_rpc.spec.rules import Level
 
 from ..client import ConnectionClosed, RpcClient
-from .context import DEFAULT_SEED, Context, RunFacts, ServerInfo, verdict_for
-from .model import (
+from .context import (
+    DEFAULT_SEED,
     Blocked,
-    Check,
     CheckFailed,
+    Context,
     Evidence,
-    Level,
-    Outcome,
-    Result,
+    RunFacts,
     ServerGone,
+    ServerInfo,
     Skipped,
     Unsupported,
+    verdict_for,
 )
+from .model import Check, Outcome, Result
 from .targets import Target, TargetError
 from .verdict import Verdict, judge
 
@@ -174,16 +176,16 @@ class Runner:
             early = self._unexplained(check) if self.target.process_exited() else []
             result = self._not_applicable(check)
             if result is None:
-                ctx = Context(self._facts(), check)
-                result = self._execute(ctx)
+                ctx = Context(self._facts(), check.id)
+                result = self._execute(check, ctx)
                 if ctx.gone_before_start and not self.server_alive():
                     # The check's first connect found no server: nothing of it reached the server, so the death
                     # is not its own.  Reported as such; the check runs (once more) on the restarted server.
                     early += self._unexplained(check)
                     result = self._not_applicable(check)
                     if result is None:
-                        ctx = Context(self._facts(), check)
-                        result = self._execute(ctx)
+                        ctx = Context(self._facts(), check.id)
+                        result = self._execute(check, ctx)
                         self._after(check, result)
                 else:
                     self._after(check, result)
@@ -197,8 +199,7 @@ class Runner:
         """What a check may know of this run, as it stands now (a caller may set the seed after construction)."""
         return RunFacts(self.target, self.info, self.timeout, self.seed, self.expect, self.shared)
 
-    def _execute(self, ctx: Context) -> Result:
-        check = ctx.check
+    def _execute(self, check: Check, ctx: Context) -> Result:
         t0 = time.perf_counter()
         try:
             note = check.func(ctx)
@@ -218,14 +219,15 @@ class Runner:
         except Unsupported as exc:
             result = Result(check, Outcome.UNSUPPORTED, str(exc))
         except ConnectionClosed as exc:
-            result = self._broken(ctx, "the server closed the connection during a valid exchange", exc,
+            result = self._broken(check, ctx, "the server closed the connection during a valid exchange", exc,
                                   "the reply, connection open")
         except ProtocolError as exc:
-            result = self._broken(ctx, "the server's reply breaks the framing", exc, "a reply of the spec's size")
+            result = self._broken(check, ctx, "the server's reply breaks the framing", exc,
+                                  "a reply of the spec's size")
         except TimeoutError as exc:
-            result = self._broken(ctx, f"no answer within {self.timeout:g} s", exc, "an answer")
+            result = self._broken(check, ctx, f"no answer within {self.timeout:g} s", exc, "an answer")
         except OSError as exc:
-            result = self._broken(ctx, "socket error", exc, "a working connection")
+            result = self._broken(check, ctx, "socket error", exc, "a working connection")
         except Exception as exc:  # a bug in the check, reported as such rather than as a server failure
             result = Result(check, Outcome.ERROR, f"check crashed: {type(exc).__name__}: {exc}",
                             failed_level=check.level)
@@ -238,11 +240,11 @@ class Runner:
         return result
 
     @staticmethod
-    def _broken(ctx: Context, what: str, exc: BaseException, expected: str) -> Result:
+    def _broken(check: Check, ctx: Context, what: str, exc: BaseException, expected: str) -> Result:
         """A check interrupted by the server's behaviour: a failure, with the exception as evidence."""
         detail = str(exc) or type(exc).__name__
         ctx.note(what, expected=expected, got=detail)
-        return Result(ctx.check, Outcome.FAIL, f"{what}: {detail}", failed_level=ctx.check.level, interrupted=True)
+        return Result(check, Outcome.FAIL, f"{what}: {detail}", failed_level=check.level, interrupted=True)
 
     def _after(self, check: Check, result: Result) -> None:
         """Make sure the server survived; record a death and restart (spawned) or stop the run."""

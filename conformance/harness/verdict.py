@@ -24,7 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .model import Level, Outcome, Result
+from ggml_rpc.spec.rules import Level
+
+from .model import Outcome, Result
 
 
 class State(enum.Enum):

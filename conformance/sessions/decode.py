@@ -14,7 +14,6 @@ sent in pieces when asked); fixed parts are copied out of the window, so a messa
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,42 +35,10 @@ from ggml_rpc.spec.framing import End, Head, ReplyFramer, RequestFramer, _Framer
 from ggml_rpc.spec.versions import V6
 
 from .capture import Connection, read_connections
+from .decoded import DecodedConnection
+from .peer_link import decode_with_links
 from .spans import Stream
-from .truncation import CaptureCut, reply_cut, request_cut
-
-
-@dataclass
-class DecodedConnection:
-    """One connection of a capture, decoded."""
-
-    conn: Connection
-    protocol: Protocol | None
-    requests: list[Request] = field(default_factory=list)
-    replies: list[Reply] = field(default_factory=list)
-    #: The spec violation that stopped decoding, with the direction it was found in.
-    error: ProtocolError | None = None
-    error_direction: str | None = None
-    #: Version announced by the server even when the kit does not cover it.
-    announced: tuple[int, int, int] | None = None
-    notes: list[str] = field(default_factory=list)
-    #: 8.0.0: set when the connection is the servers' own link (:mod:`.peer_link`), which has no messages.
-    link: Any = None
-    #: Where the capture ends inside a message of this connection (a damaged or stopped capture), per direction.
-    cuts: list[CaptureCut] = field(default_factory=list)
-
-    def messages(self) -> Iterator[Request | Reply]:
-        """Requests in order, each followed by its reply (if any)."""
-        by_req = {id(r.request): r for r in self.replies}
-        for req in self.requests:
-            yield req
-            rep = by_req.get(id(req))
-            if rep is not None:
-                yield rep
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
+from .truncation import reply_cut, request_cut
 
 #: Stream bytes fed to a framer at once.
 FEED = 1 << 20
@@ -268,8 +235,6 @@ def decode_connection(
 def decode_file(path: str | Path, protocol: Protocol | None = None, *, port: int | None = None,
                 validate: bool = True) -> list[DecodedConnection]:
     """Decode every connection of a capture (8.0.0 servers' links included, see :mod:`.peer_link`)."""
-    from .peer_link import decode_with_links
-
     return decode_with_links(read_connections(path, port=port),
                              lambda c: decode_connection(c, protocol, validate=validate))
 

@@ -9,8 +9,7 @@ decodes the link exchange by exchange, and a link whose bytes do not add up is r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ggml_rpc.spec import Command, ProtocolError, tensor_name, type_name
@@ -18,28 +17,7 @@ from ggml_rpc.spec.enums import TYPES
 from ggml_rpc.spec.facts import CONN_CAPS_SIZE, comm_wire_type, tensor_nbytes
 
 from .capture import Connection
-from .decode import DecodedConnection
-
-
-@dataclass(frozen=True)
-class LinkExchange:
-    """One COMM_ALLREDUCE as the link carries it: both ranks' copies of one tensor."""
-
-    index: int
-    tensor: str
-    wire_type: str
-    nbytes: int
-    #: Where the client asked for it: (connection, request index) of the rank-0 COMM_ALLREDUCE.
-    request: tuple[int, int]
-
-
-@dataclass
-class PeerLink:
-    """A decoded servers' link: which COMM_INIT opened it and every exchange it carried."""
-
-    port: int
-    init: tuple[int, int]
-    exchanges: list[LinkExchange] = field(default_factory=list)
+from .decoded import DecodedConnection, LinkExchange, PeerLink
 
 
 def _wire(tensor: dict[str, Any]) -> tuple[str, int]:
@@ -89,9 +67,10 @@ def decode_peer_link(conn: Connection, rank0: DecodedConnection, init_index: int
     return out
 
 
-def decode_with_links(conns: Sequence[Connection], decode: Any) -> list[DecodedConnection]:
-    """Decode every connection with ``decode(conn)``, then re-read the ones that go to a COMM_INIT port of rank 0
-    as the servers' link."""
+def decode_with_links(conns: Sequence[Connection],
+                      decode: Callable[[Connection], DecodedConnection]) -> list[DecodedConnection]:
+    """Decode every connection with ``decode(conn)`` (the caller's options: a forced version, validation), then
+    re-read the ones that go to a COMM_INIT port of rank 0 as the servers' link."""
     decoded = [decode(c) for c in conns]
     ports = link_ports(decoded)
     if not ports:
@@ -106,7 +85,7 @@ def decode_with_links(conns: Sequence[Connection], decode: Any) -> list[DecodedC
 def describe_link(dc: DecodedConnection) -> list[str]:
     """One line for the link, then one per exchange."""
     link = dc.link
-    assert isinstance(link, PeerLink)
+    assert link is not None
     lines = [f"servers' link (COMM) on port {link.port}, opened by COMM_INIT #{link.init[1]} of connection "
              f"{link.init[0]}: {CONN_CAPS_SIZE} caps bytes each way, then {len(link.exchanges)} exchange(s)"]
     lines += [f"COMM_ALLREDUCE {x.tensor} as {x.wire_type}: {x.nbytes} bytes each way (request #{x.request[1]})"

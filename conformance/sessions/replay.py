@@ -16,6 +16,9 @@ from any SET_TENSOR of the loaded captures with that hash (or a report that no c
 A capture that ends inside a message (:mod:`.truncation`) is replayed up to it, reported as a cut (the run fails),
 never as the target's mismatch.
 
+Bulk data never lies whole in memory: a request's data still in the capture file is sent from it a slice at a time,
+and a large reply is received and compared a slice at a time.
+
 A target that stops accepting connections during the replay (a refused connect after the first connection), or that no
 longer answers HELLO once the replay is done, died of what was sent: a mismatch of kind ``death`` naming the last
 message sent, never "0 mismatches".  The harness's replay_spawn restarts a spawned target after each death.
@@ -25,11 +28,21 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ggml_rpc.spec import REPLY_HEADER_SIZE, Command, Protocol, ProtocolError, Reply, Request, SizeMismatch
+from ggml_rpc.spec import (
+    REPLY_HEADER_SIZE,
+    Command,
+    Protocol,
+    ProtocolError,
+    Reply,
+    Request,
+    SizeMismatch,
+    request_parts,
+)
+from ggml_rpc.spec.payloads import REQUEST_HEADER
 
 from ..client import ConnectionClosed, RpcClient
 from .compare import DEFAULT_NMSE, Mismatch, ReplayReport, ReplyComparer, tensor_label
@@ -47,7 +60,45 @@ from .replay_captures import (
     source_protocol,
 )
 from .rewrite import GraphRewrite, RewriteRefused, check_rewritable
-from .sending import SLICE, received, send_request
+from .spans import LazyBytes
+
+# ---- bulk I/O: requests whose data is still in the capture file are sent a slice at a time, and large replies
+# received a slice at a time, so neither is ever whole in memory.
+
+#: Bulk data is sent from the capture, and large replies read and compared, this many bytes at a time.
+SLICE = 4 << 20
+
+
+def send_request(client: RpcClient, target: Protocol, cmd: Command, fields: dict[str, Any],
+                 data: memoryview | LazyBytes | None) -> int:
+    """Send one request; bulk data still in the capture goes from the file a slice at a time.  Returns the bytes
+    sent."""
+    if not isinstance(data, LazyBytes):
+        parts = request_parts(target, cmd, fields, data)
+        client.send_raw(parts)
+        return sum(memoryview(p).nbytes for p in parts)
+    # The header and fixed fields as encoded without data, the size header then counting the data that follows.
+    parts = request_parts(target, cmd, fields, None)
+    size = sum(memoryview(p).nbytes for p in parts[1:]) + data.nbytes
+    spec = target.spec(cmd)
+    assert spec is not None
+    parts[0] = REQUEST_HEADER.pack(target.wire_id(spec.command), size)
+    client.send_raw(parts)
+    for views in data.stream.windows(data.start, data.stop, SLICE):
+        client.send_raw(views)
+    return REQUEST_HEADER.size + size
+
+
+def received(client: RpcClient, size: int) -> Iterator[memoryview]:
+    """A reply body of ``size`` bytes read from the socket in slices of :data:`SLICE` (one buffer, reused: each
+    slice is valid until the next is asked for).  Always reads the whole body, so the connection stays framed."""
+    buf = memoryview(bytearray(min(size, SLICE)))
+    left = size
+    while left:
+        n = min(left, SLICE)
+        client._recv_into(buf[:n])
+        left -= n
+        yield buf[:n]
 
 
 class _TargetStopped(Exception):

@@ -17,6 +17,7 @@ from ggml_rpc.spec import NATIVE_CALLBACK_OPS, GgmlOp, GluOp, UnaryOp, op_name
 
 from ..graph import ExecutorError, GraphTensor
 from . import attention, conv, creation, elementwise, kernel_cache, matmul, movement, norm, reduce, rope, rows, softmax
+from .builds import build_for
 from .core import KERNELS, SUPPORT
 from .grids import available
 from .plan import FREE_OPS, Plan, execute, prepare
@@ -25,7 +26,7 @@ from .table import supported_ops
 # numba reads a kernel's cached machine code at its first call, not at import: refreshed here, before any call.
 kernel_cache.refresh(Path(__file__).parent)
 
-__all__ = ["FREE_OPS", "ExecutorError", "Plan", "execute", "prepare", "supported_ops",
+__all__ = ["FREE_OPS", "ExecutorError", "Plan", "build_for", "execute", "prepare", "supported_ops",
            "supports_op"]
 
 

@@ -12,7 +12,7 @@ it is neither reordered nor fused.  The 8-bit codes of a block are kept with lan
 (:data:`~.simd_sums.LANE_ORDER`), so that a block's eight lane sums are four vector adds.  The loops run on one
 thread (the server's ``threads`` default: the machine's other cores belong to the client) with the interpreter lock
 released; weight rows are the outer loop, so a batch reads each row once.  Its modules import it when they first
-compute (:func:`.simd_sums.kernels`), so that a process that never computes an exact product does not load numba.
+compute (:func:`.exact_kernels.kernels`), so that a process that never computes an exact product does not load numba.
 """
 
 from __future__ import annotations

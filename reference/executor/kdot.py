@@ -30,6 +30,7 @@ from .dequant import (
     _nibble_chunks,
     dequantize,
 )
+from .exact_kernels import kernels
 from .formats import (
     IQ4_XS,
     IQ4NL_LEVELS,
@@ -48,7 +49,7 @@ from .formats import (
 from .grids import IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS
 from .q8dot import in_lane_order
 from .quant import signed_absmax
-from .simd_sums import K_CORRECTED, K_MINS_FIRST, K_MINS_FOUR, K_MINS_SUM, K_PLAIN, kernels
+from .simd_sums import K_CORRECTED, K_MINS_FIRST, K_MINS_FOUR, K_MINS_SUM, K_PLAIN
 
 F = np.float32
 F64 = np.float64

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 from ggml_rpc.spec import TYPES
 
+from .exact_kernels import kernels
 from .formats import (
     E2M1_DOUBLED,
     IQ4_NL,
@@ -34,7 +35,7 @@ from .formats import (
     Q8_0,
 )
 from .quant import _q8_scale
-from .simd_sums import LANE_ORDER, kernels
+from .simd_sums import LANE_ORDER
 
 #: Weight types computed here, and whether their activations carry the Q8_1 block sum.
 EXACT_TYPES: dict[int, bool] = {Q4_0: False, Q5_0: False, Q8_0: False, IQ4_NL: False, MXFP4: False, Q4_1: True,

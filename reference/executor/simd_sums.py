@@ -4,7 +4,8 @@ A fused multiply-add rounds once: it is computed in float64 (a product of two fl
 and rounded to float32 (a double rounding only a few units in 2^29 of the time).  ggml folds eight lanes in two ways:
 ``hsum_float_8`` (and tinyBLAS's ``hsum``) adds lane i + 4 to lane i, then 0 + 2 and 1 + 3, then the two;
 ``GGML_F32_VEC_REDUCE`` (the float vector dots) adds the halves with two horizontal adds: (0 + 1) + (2 + 3).
-The products' own loops, one output at a time, are compiled in :mod:`.compiled` with the same arithmetic.
+The products' own loops, one output at a time, are compiled in :mod:`.compiled` with the same arithmetic (loaded
+through :func:`.exact_kernels.kernels`).
 """
 
 from __future__ import annotations
@@ -21,13 +22,6 @@ LANE_ORDER = np.arange(32).reshape(8, 4).T.reshape(-1)
 KIND_F32, KIND_F16, KIND_BF16 = 0, 1, 2
 #: How a K-quant kernel treats the block sums (:func:`.compiled.k_products`'s ``mode``).
 K_PLAIN, K_CORRECTED, K_MINS_FIRST, K_MINS_FOUR, K_MINS_SUM = 0, 1, 2, 3, 4
-
-
-def kernels():  # type: ignore[no-untyped-def]
-    """The compiled kernels' module, imported (with numba) on first use."""
-    from . import compiled
-
-    return compiled
 
 
 def fma32(a: np.ndarray | float, b: np.ndarray | float, c: np.ndarray | float) -> np.ndarray:

@@ -87,7 +87,7 @@ def test_a_check_runs_on_what_it_may_know_of_the_run_without_a_runner() -> None:
         protocol, verdict = verdict_for(V7.version)
         facts = RunFacts(target, ServerInfo(V7.version, protocol, verdict=verdict), 5.0, 1, V7, {})
         check = by_id("DATA-003")
-        ctx = Context(facts, check)
+        ctx = Context(facts, check.id)
         try:
             check.func(ctx)
         finally:

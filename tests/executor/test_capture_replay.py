@@ -5,10 +5,9 @@ generation runs and the 15 ADD / MUL_MAT cases of test-backend-ops, within norma
 from __future__ import annotations
 
 import pytest
+from ggml_rpc.conformance.sessions.executor_replay import replay
 from ggml_rpc.spec import GgmlOp
 from upstream_captures import captures
-
-from .capture_replay import replay
 
 TOLERANCE = 1e-6
 

@@ -1,5 +1,7 @@
-"""Replays a real capture's server side in memory: buffers, SET_TENSOR writes, graphs through ``build_graph`` and
-the executor; every GET_TENSOR reply that followed a compute is compared with what the executor produced.
+"""A capture's server side replayed in memory through the reference executor, with no server and no socket: buffers,
+SET_TENSOR writes, graphs through ``build_graph`` and the executor; every GET_TENSOR reply that followed a compute
+is compared (NMSE) with what the executor produced.  How the executor is held to real upstream sessions (the tests)
+and what a token's graph costs it (``bench/bench_executor.py``).
 """
 
 from __future__ import annotations
@@ -8,12 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from ggml_rpc.conformance.nmse import nmse
-from ggml_rpc.conformance.sessions.decode import decode_file
-from ggml_rpc.conformance.sessions.spans import as_buffer
 from ggml_rpc.reference.executor import execute
 from ggml_rpc.reference.graph import GraphTensor, build_graph
 from ggml_rpc.spec import Command, Reply, Request, tensor_name, tensor_nbytes
+
+from ..nmse import nmse
+from .decode import decode_file
+from .spans import as_buffer
 
 
 @dataclass
@@ -113,3 +116,6 @@ def replay(path: str | Path) -> list[Comparison]:
                 out.append(Comparison(dc.conn.index, i, tensor_name(t["name"]), t["op"],
                                       nmse(want, got.view(np.float32)), last, sim.computes, sim.last_ops))
     return out
+
+
+__all__ = ["Comparison", "SimBuffer", "SimServer", "replay"]
