@@ -143,3 +143,31 @@ def test_citations_name_an_anchor_or_the_fact_not_a_section_or_an_issue_number()
                 if cited.search(line):
                     found.append(f"{rel}:{number}: {line.strip()[:100]}")
     assert not found, "\n".join(found)
+
+
+def test_every_module_and_file_the_pages_name_exists():
+    """Modules move (the layers' work moved several): a page naming ``ggml_rpc.x.y`` or ``x/y.py`` must name what
+    is there."""
+    pages = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+    files = {p.relative_to(ROOT).as_posix() for top in ("spec", "reference", "conformance", "bench", "tests")
+             for p in (ROOT / top).rglob("*.py")}
+    missing = []
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        for name in sorted(set(re.findall(r"\bggml_rpc\.(?:spec|reference|conformance|bench)(?:\.\w+)*", text))):
+            parts = name.split(".")
+            for k in range(2, len(parts) + 1):  # the longest importable prefix; the rest are its attributes
+                try:
+                    obj = importlib.import_module(".".join(parts[:k]))
+                except ImportError:
+                    k -= 1
+                    break
+            try:
+                for attribute in parts[k:]:
+                    obj = getattr(obj, attribute)
+            except AttributeError:
+                missing.append(f"{page.name}: {name}")
+        for path in sorted(set(re.findall(r"`([\w/]+\.py)`", text))):
+            if not any(f == path or f.endswith("/" + path) for f in files):
+                missing.append(f"{page.name}: {path}")
+    assert not missing, missing
