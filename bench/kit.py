@@ -46,7 +46,7 @@ _POOL = 4  # distinct data chunks the session cycles through
 
 
 @dataclass
-class Session:
+class SyntheticSession:
     """The writes of each connection, as ``write_session`` takes them, and the tensor data they carry."""
 
     protocol: Protocol
@@ -55,7 +55,7 @@ class Session:
     payload_bytes: int
 
 
-def make_session(protocol: Protocol, data_bytes: int, chunk: int = 1 << 20, slots: int = 16) -> Session:
+def make_session(protocol: Protocol, data_bytes: int, chunk: int = 1 << 20, slots: int = 16) -> SyntheticSession:
     """One connection moving ``data_bytes`` of tensor data (half SET, half GET) in ``chunk``-byte messages."""
     if chunk <= 0 or data_bytes < 2 * chunk:
         raise ValueError("data_bytes must hold at least one SET and one GET of a chunk")
@@ -88,7 +88,7 @@ def make_session(protocol: Protocol, data_bytes: int, chunk: int = 1 << 20, slot
         i += 1
     exchange(Command.FREE_BUFFER, {"remote_ptr": _HANDLE})
     payload = sum(memoryview(p).nbytes for _, p in writes)
-    return Session(protocol, [writes], moved, payload)
+    return SyntheticSession(protocol, [writes], moved, payload)
 
 
 class SessionFiles:
@@ -211,4 +211,4 @@ class _ReplayState:
     cache: Any = None
 
 
-__all__ = ["GraphDecode", "PcapDecode", "PcapWrite", "Replay", "Session", "SessionFiles", "make_session"]
+__all__ = ["GraphDecode", "PcapDecode", "PcapWrite", "Replay", "SyntheticSession", "SessionFiles", "make_session"]

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .runner import FigureResult, Result
+from .runner import FigureResult, TargetResult
 from .server_figures import BenchTarget
 
 
@@ -56,7 +56,7 @@ def fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
-def cell(r: Result, show_ratio: bool) -> str:
+def cell(r: TargetResult, show_ratio: bool) -> str:
     if r.error is not None:
         return "[red]error[/red]"
     if r.not_applicable is not None:

@@ -73,7 +73,7 @@ class Measurement(Generic[State]):
 
 
 @dataclass
-class Stats:
+class SampleStats:
     median: float
     minimum: float
     maximum: float
@@ -81,14 +81,14 @@ class Stats:
     spread_pct: float
 
     @classmethod
-    def of(cls, samples: Sequence[float]) -> Stats:
+    def of(cls, samples: Sequence[float]) -> SampleStats:
         med = statistics.median(samples)
         mad = statistics.median(abs(s - med) for s in samples)
         return cls(med, min(samples), max(samples), 100.0 * mad / med if med else 0.0)
 
 
 @dataclass
-class Result:
+class TargetResult:
     """One figure on one target."""
 
     target: str
@@ -101,8 +101,8 @@ class Result:
     ratio: float | None = None
 
     @property
-    def stats(self) -> Stats | None:
-        return Stats.of(self.samples) if self.samples and self.error is None else None
+    def stats(self) -> SampleStats | None:
+        return SampleStats.of(self.samples) if self.samples and self.error is None else None
 
     def as_dict(self) -> dict[str, Any]:
         s = self.stats
@@ -122,7 +122,7 @@ class Result:
 @dataclass
 class FigureResult:
     figure: Figure
-    results: list[Result]
+    results: list[TargetResult]
 
     def as_dict(self) -> dict[str, Any]:
         f = self.figure
@@ -167,7 +167,7 @@ def run_measurement(
     label = measurement.figure.label
     total = steps_of(repeat, len(targets))
     done = 0
-    results = [Result(name) for name in names]
+    results = [TargetResult(name) for name in names]
     states: dict[int, Any] = {}
 
     def step(name: str) -> None:
@@ -260,8 +260,8 @@ __all__ = [
     "Measurement",
     "NotApplicable",
     "ProgressFn",
-    "Result",
-    "Stats",
+    "TargetResult",
+    "SampleStats",
     "machine",
     "record",
     "run_measurement",

@@ -1,5 +1,5 @@
-"""How a reference command waits for bytes (:class:`Wait`, :class:`Bulk`), and how a connection ends: the two
-exceptions its I/O loop turns into a logged reason."""
+"""How a reference command waits for bytes (:class:`Wait`, :class:`BulkDestination`), and how a connection ends:
+the two exceptions its I/O loop turns into a logged reason."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class Wait:
         self.eof = eof
 
 
-class Bulk:
+class BulkDestination:
     """Where a command's bulk data goes: ``views`` filled in order (tensor memory, never a copy of it; a list, or an
     iterable made as it is consumed), then ``done`` runs; ``cleanup`` runs in any case, also when the connection ends
     first."""
@@ -36,14 +36,15 @@ class Bulk:
 
 
 #: A command with a fixed head before its bulk data: (head size, size checks, from the claimed size and the head
-#: (a buffer and its offset there) to where the data goes: one view, a :class:`Bulk`, or None for no data).
-Headed = tuple[int, Callable[[int], None], Callable[[int, Any, int], "memoryview | Bulk | None"]]
+#: (a buffer and its offset there) to where the data goes: one view, a :class:`BulkDestination`, or None for no
+#: data).
+Headed = tuple[int, Callable[[int], None], Callable[[int, Any, int], "memoryview | BulkDestination | None"]]
 #: A handler of a fixed-size command that reads the flat tuple of its request's derived layout, with the layout's
 #: slots (field name -> (first position, width)).
 FlatHandler = Callable[[tuple, dict[str, tuple[int, int]]], None]
 
 
-def fill(bulk: Bulk) -> Generator[memoryview, None, None]:
+def fill(bulk: BulkDestination) -> Generator[memoryview, None, None]:
     """A receiver (see :data:`.core.Receiver`) that fills ``bulk``'s views in turn, then finishes it."""
     try:
         yield from bulk.views  # each view is resumed with None once filled

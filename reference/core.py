@@ -43,7 +43,7 @@ from ggml_rpc.spec.layout import flat_layout
 
 from .buffer_commands import BufferCommands
 from .cache import HashCache
-from .closing import Bulk, Close, FlatHandler, PeerGone, Wait, fill
+from .closing import BulkDestination, Close, FlatHandler, PeerGone, Wait, fill
 from .closing import upstream as _upstream
 from .comm import CommCommands, Links
 from .config import ServerConfig
@@ -265,7 +265,8 @@ class ServerCore:
     def _later(run: Callable[[Any, int], None], size: int) -> Receiver:
         run((yield size), 0)
 
-    def _headed(self, size: int, head: int, start: Callable[[int, Any, int], memoryview | Bulk | None]) -> Receiver:
+    def _headed(self, size: int, head: int,
+                start: Callable[[int, Any, int], memoryview | BulkDestination | None]) -> Receiver:
         bulk = start(size, (yield head), 0)
         if bulk.__class__ is memoryview:
             yield bulk

@@ -17,7 +17,7 @@ from ggml_rpc.spec.codec import REPLY_HEADER
 from ggml_rpc.spec.conditions import region_2d_span, region_past, rows_data_mismatch, rows_zero
 from ggml_rpc.spec.layout import flat_layout
 
-from .closing import SIZE_LIMIT, Bulk, Close, FlatHandler, Headed
+from .closing import SIZE_LIMIT, BulkDestination, Close, FlatHandler, Headed
 from .closing import upstream as _upstream
 from .devices import Buffer
 from .replies import Replies
@@ -64,7 +64,7 @@ class RowCommands:
             if claim >= SIZE_LIMIT:
                 raise Close(f"SET_TENSOR_2D size {claim} >= 2^63{_upstream('process abort, uncaught length error')}")
 
-        def start(claim: int, data: Any, at: int) -> memoryview | Bulk:
+        def start(claim: int, data: Any, at: int) -> memoryview | BulkDestination:
             f = layout.struct.unpack_from(data, at)
             n, rows, row = claim - head, f[n_copies], f[size]
             zero = rows_zero(row, rows)
@@ -81,7 +81,7 @@ class RowCommands:
                 return view[first : first + n]
             # Rows land in order: with stride < size a later row overwrites, as upstream's.  One view at a time: the
             # count is a claim (stride 0 stacks any number of rows on one).
-            return Bulk(view[first + i * step : first + i * step + row] for i in range(rows))
+            return BulkDestination(view[first + i * step : first + i * step + row] for i in range(rows))
 
         return head, check, start
 

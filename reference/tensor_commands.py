@@ -18,7 +18,7 @@ from ggml_rpc.spec.conditions import region_past, removed_type, unknown_type
 from ggml_rpc.spec.layout import flat_layout
 
 from .cache import HashCache
-from .closing import SIZE_LIMIT, Bulk, Close, FlatHandler, Headed
+from .closing import SIZE_LIMIT, BulkDestination, Close, FlatHandler, Headed
 from .closing import upstream as _upstream
 from .devices import U64_MASK
 from .graph_commands import executor_supports
@@ -73,7 +73,7 @@ class TensorCommands:
             if size >= SIZE_LIMIT:
                 raise Close(f"SET_TENSOR size {size} >= 2^63{_upstream('process abort, uncaught length error')}")
 
-        def start(size: int, data: Any, at: int) -> memoryview | Bulk | None:
+        def start(size: int, data: Any, at: int) -> memoryview | BulkDestination | None:
             f = unpack_from(data, at)
             n = size - head_size
             t = self.resolve.flat_tensor(f, tensor, "SET_TENSOR")
@@ -86,7 +86,7 @@ class TensorCommands:
             if cache is None or not self.protocol.cache_rule.server_saves(n, f[flag] if flag >= 0 else 0):
                 return region
             cache.begin_save()
-            return Bulk([region], done=lambda: cache.save(region), cleanup=cache.end_save)
+            return BulkDestination([region], done=lambda: cache.save(region), cleanup=cache.end_save)
 
         return head_size, check, start
 

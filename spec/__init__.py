@@ -31,6 +31,7 @@ from .enums import (
     NEVER_ON_WIRE,
     TYPES,
     Command,
+    Direction,
     GgmlOp,
     GgmlType,
     GluOp,

@@ -2,7 +2,8 @@
 
 Everything a schema, a server or a dissector needs to name a number lives here: command ids, ggml types with
 their block geometry, the 101 graph ops, the UNARY and GLU sub-ops carried in ``op_params[0]`` and the tensor
-flags.  The tables are the single place these facts are written down.
+flags.  The tables are the single place these facts are written down, with the one word for which way a message travels
+(:class:`Direction`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,18 @@ class Command(enum.IntEnum):
 
 #: Command ids that exist in the enum but are a client-side sentinel: a server closes when it sees one.
 NEVER_ON_WIRE: frozenset[Command] = frozenset({Command.NONE})
+
+
+class Direction(enum.StrEnum):
+    """Which way bytes travel on a connection: requests from the client to the server, replies back.  The value is
+    how every report writes it (text, JSON)."""
+
+    C2S = "client->server"
+    S2C = "server->client"
+
+    @classmethod
+    def of(cls, from_client: bool) -> Direction:
+        return cls.C2S if from_client else cls.S2C
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ DEFAULT_MAX_DATA = 64
 
 
 @dataclass(frozen=True)
-class Message:
+class MessageValues:
     """A request or reply as values: what ``encode_request``/``encode_reply`` take."""
 
     command: Command
@@ -151,13 +151,13 @@ def requests(
     overrides: Overrides | None = None,
     max_count: int = DEFAULT_MAX_COUNT,
     max_data: int = DEFAULT_MAX_DATA,
-) -> Strategy[Message]:
+) -> Strategy[MessageValues]:
     """Requests of ``protocol`` (of one command, or of any command of the table)."""
 
-    def one(cmd: Command) -> Strategy[Message]:
+    def one(cmd: Command) -> Strategy[MessageValues]:
         payload = protocol.commands[cmd].request
         values = payload_values(payload, overrides=overrides, max_count=max_count, max_data=max_data)
-        return values.map(lambda fd: Message(cmd, fd[0], fd[1]))
+        return values.map(lambda fd: MessageValues(cmd, fd[0], fd[1]))
 
     return st.one_of([one(c) for c in _commands(protocol, command, with_reply=False)])
 
@@ -168,14 +168,14 @@ def replies(
     *,
     overrides: Overrides | None = None,
     max_data: int = DEFAULT_MAX_DATA,
-) -> Strategy[Message]:
+) -> Strategy[MessageValues]:
     """Replies of ``protocol`` (only commands that have one)."""
 
-    def one(cmd: Command) -> Strategy[Message]:
+    def one(cmd: Command) -> Strategy[MessageValues]:
         payload = protocol.commands[cmd].reply
         assert isinstance(payload, Payload)
         values = payload_values(payload, overrides=overrides, max_data=max_data)
-        return values.map(lambda fd: Message(cmd, fd[0], fd[1]))
+        return values.map(lambda fd: MessageValues(cmd, fd[0], fd[1]))
 
     return st.one_of([one(c) for c in _commands(protocol, command, with_reply=True)])
 
@@ -186,14 +186,14 @@ def exchanges(
     *,
     max_count: int = DEFAULT_MAX_COUNT,
     max_data: int = DEFAULT_MAX_DATA,
-) -> Strategy[tuple[Message, Message | None]]:
+) -> Strategy[tuple[MessageValues, MessageValues | None]]:
     """(request, reply or None) pairs that belong together.
 
     A reply whose length a request field names (GET_TENSOR) gets that field set to the drawn reply's length.
     """
 
     @st.composite
-    def one(draw: st.DrawFn, cmd: Command) -> tuple[Message, Message | None]:
+    def one(draw: st.DrawFn, cmd: Command) -> tuple[MessageValues, MessageValues | None]:
         spec = protocol.commands[cmd]
         if spec.reply is NO_REPLY:
             req = draw(requests(protocol, cmd, max_count=max_count, max_data=max_data))

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from ggml_rpc.bench.kit import make_session
-from ggml_rpc.bench.runner import Figure, Measurement, NotApplicable, Stats, run_measurement
+from ggml_rpc.bench.runner import Figure, Measurement, NotApplicable, SampleStats, run_measurement
 from ggml_rpc.bench.server_figures import (
     CHAIN_ID_BASE,
     CHAIN_ID_STRIDE,
@@ -203,7 +203,7 @@ def test_samples_interleave_and_statistics_orient_ratios() -> None:
 
 
 def test_stats_spread_is_the_median_absolute_deviation() -> None:
-    s = Stats.of([10, 11, 9, 10, 30])
+    s = SampleStats.of([10, 11, 9, 10, 30])
     assert (s.median, s.minimum, s.maximum) == (10, 9, 30)
     assert s.spread_pct == pytest.approx(10.0)
 

@@ -177,7 +177,7 @@ def test_streams_stay_in_the_file(tmp_path, monkeypatch):
 
 def test_sequence_numbers_unwrap_past_4_gib():
     """A direction longer than 2**32 bytes: 1 GiB segments whose sequence numbers wrap (never read: sizes only)."""
-    d = capture.Direction(isn=0xF0000000)
+    d = capture.HalfConnection(isn=0xF0000000)
     assert d.index is not None
     giga = 1 << 30
     for i in range(6):

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterator
 from typing import TextIO
 
-from ggml_rpc.spec import Protocol, Reply, Request
+from ggml_rpc.spec import Direction, Protocol, Reply, Request
 
 from ..sessions.capture import CaptureError, Connection, read_connections
 from ..sessions.decode import DecodedConnection, describe, iter_connection, summarize
@@ -87,7 +87,7 @@ def _decode(path: str, conns: list[Connection], protocol: Protocol | None, out: 
         if dc.error is not None:
             failed += 1
             err = dc.error
-            msg_index = counts["requests"] if dc.error_direction == "client->server" else counts["replies"]
+            msg_index = counts["requests"] if dc.error_direction is Direction.C2S else counts["replies"]
             line = f"connection {conn.index} ({dc.error_direction}), message {msg_index}: {err}"
             if js is not None:
                 js.write(json.dumps({"connection": conn.index, "event": "error", "direction": dc.error_direction,

@@ -6,7 +6,7 @@ timestamp), never the bytes.  Reassembly then orders each direction's segments b
 4 GiB): retransmitted segments are dropped, overlaps trimmed; a hole (lost packets) or a capture that starts after
 the handshake is recorded on the connection and the stream is cut there, so decoding stops with that reason instead
 of misparsing.  What remains is a :class:`~.spans.Stream` per direction: file ranges read on demand
-(``Direction.chunks()``), 16 bytes a kept segment.
+(``HalfConnection.chunks()``), 16 bytes a kept segment.
 
 Frames of the common link types (Ethernet, Linux cooked v1/v2, BSD loopback, raw IP) are parsed with
 :mod:`struct`; any frame the fast path does not recognise (IPv6 extension headers, VLAN stacks beyond one tag...)
@@ -23,9 +23,10 @@ from pathlib import Path
 
 import dpkt
 import numpy as np
+from ggml_rpc.spec import Direction
 from ggml_rpc.spec.facts import DEFAULT_PORT
 
-from .connection import Connection, Direction
+from .connection import Connection, HalfConnection
 from .pcapfiles import CaptureOpenError, Frame, kind, open_map, pcap_frames, pcapng_frames
 from .spans import CaptureFile, Stream
 
@@ -185,7 +186,7 @@ def _dpkt_frames(data: bytes, notes: list[str], path: str | Path) -> Iterator[Fr
 def read_connections(path: str | Path, *, port: int | None = None) -> list[Connection]:
     """All TCP connections in a capture (optionally only those with ``port`` on either side), in start order.
 
-    Each direction's bytes stay in the file: read them with ``Direction.chunks()`` (or ``.data``, whole)."""
+    Each direction's bytes stay in the file: read them with ``HalfConnection.chunks()`` (or ``.data``, whole)."""
     conns: dict[tuple, Connection] = {}
     order: list[Connection] = []
     names: dict[tuple[int, bytes], str] = {}
@@ -262,7 +263,7 @@ def read_connections(path: str | Path, *, port: int | None = None) -> list[Conne
         for d in (conn.c2s, conn.s2c):
             _reassemble(d, capture)
         _mark_cut(conn, truncated=bool(file_notes))
-        for label, d in (("client->server", conn.c2s), ("server->client", conn.s2c)):
+        for label, d in ((Direction.C2S, conn.c2s), (Direction.S2C, conn.s2c)):
             if d.gap_at is not None:
                 conn.notes.append(f"{label}: bytes missing at stream offset {d.gap_at} (lost packets)")
     return order
@@ -277,7 +278,7 @@ def _mark_cut(conn: Connection, *, truncated: bool) -> None:
         d.cut = not done and (truncated or not any(closed))
 
 
-def _reassemble(d: Direction, capture: CaptureFile) -> None:
+def _reassemble(d: HalfConnection, capture: CaptureFile) -> None:
     """Order segments by sequence number into one contiguous stream of file ranges; stop at the first hole.
 
     Sequence numbers are unwrapped segment to segment (a direction may carry more than 4 GiB); a segment before

@@ -27,8 +27,8 @@ class _Index:
 
 
 @dataclass
-class Direction:
-    """One direction of a TCP connection."""
+class HalfConnection:
+    """One direction of a TCP connection (a TCP half-connection): its bytes, and how it ended."""
 
     isn: int | None = None  # sequence number of the first payload byte (after SYN)
     fin: bool = False
@@ -76,8 +76,8 @@ class Connection:
     client: tuple[str, int]
     server: tuple[str, int]
     start: float
-    c2s: Direction = field(default_factory=Direction)
-    s2c: Direction = field(default_factory=Direction)
+    c2s: HalfConnection = field(default_factory=HalfConnection)
+    s2c: HalfConnection = field(default_factory=HalfConnection)
     saw_syn: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -99,4 +99,4 @@ class Connection:
         return conn
 
 
-__all__ = ["Connection", "Direction"]
+__all__ = ["Connection", "HalfConnection"]

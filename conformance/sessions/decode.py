@@ -21,6 +21,7 @@ from ggml_rpc.spec import (
     REPLY_HEADER_SIZE,
     REQUEST_HEADER_SIZE,
     Command,
+    Direction,
     Protocol,
     ProtocolError,
     Reply,
@@ -135,7 +136,7 @@ def iter_connection(conn: Connection, protocol: Protocol | None = None, *, valid
     kept = keep or (lambda _msg: True)
     if not conn.saw_syn and protocol is None:
         out.error = ProtocolError("capture starts mid-connection and no --proto was given: version unknown")
-        out.error_direction = "client->server"
+        out.error_direction = Direction.C2S
         return
     reqs = _Requests(conn.c2s.stream, protocol, validate, conn.saw_syn)
     reps = _Replies(conn.s2c.stream, protocol)
@@ -185,7 +186,7 @@ def iter_connection(conn: Connection, protocol: Protocol | None = None, *, valid
                             f"server announces {f['major']}.{f['minor']}.{f['patch']}: not covered by this kit",
                             command="HELLO",
                         )
-                        out.error_direction = "server->client"
+                        out.error_direction = Direction.S2C
                         return
                     out.protocol = learnt
                     reqs.framer.protocol = learnt
@@ -197,9 +198,9 @@ def iter_connection(conn: Connection, protocol: Protocol | None = None, *, valid
         elif reqs.in_message and conn.c2s.cut and conn.c2s.gap_at is None:
             out.cuts.append(request_cut(conn.index, reqs.framer, framed, conn.c2s.size))
         elif reqs.in_message:
-            out.notes.append(f"client->server stream ends inside a message at byte {reqs.framer.offset}")
+            out.notes.append(f"{Direction.C2S} stream ends inside a message at byte {reqs.framer.offset}")
     except ProtocolError as exc:
-        out.error, out.error_direction = exc, "client->server"
+        out.error, out.error_direction = exc, Direction.C2S
     # Replies to the requests decoded so far are still read, also when the client stream broke the spec later:
     # a replayer needs them to know what the server answered before the offending message.
     try:
@@ -217,9 +218,9 @@ def iter_connection(conn: Connection, protocol: Protocol | None = None, *, valid
             out.notes.append(f"{reps.replies.awaiting} request(s) got no reply before the connection ended")
     except ProtocolError as exc:
         if out.error is None:
-            out.error, out.error_direction = exc, "server->client"
+            out.error, out.error_direction = exc, Direction.S2C
         else:
-            out.notes.append(f"server->client stream also breaks the spec: {exc}")
+            out.notes.append(f"{Direction.S2C} stream also breaks the spec: {exc}")
 
 
 def decode_connection(

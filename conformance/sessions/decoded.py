@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ggml_rpc.spec import Protocol, ProtocolError, Reply, Request
+from ggml_rpc.spec import Direction, Protocol, ProtocolError, Reply, Request
 
 from .capture import Connection
 from .truncation import CaptureCut
@@ -46,7 +46,7 @@ class DecodedConnection:
     replies: list[Reply] = field(default_factory=list)
     #: The spec violation that stopped decoding, with the direction it was found in.
     error: ProtocolError | None = None
-    error_direction: str | None = None
+    error_direction: Direction | None = None
     #: Version announced by the server even when the kit does not cover it.
     announced: tuple[int, int, int] | None = None
     notes: list[str] = field(default_factory=list)

@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from ggml_rpc.spec import Protocol, ProtocolError
+from ggml_rpc.spec import Direction, Protocol, ProtocolError
 from ggml_rpc.spec.rules import RULES as TABLE
 from ggml_rpc.spec.rules import follows_miss, other_framing, shifted_framing
 
-from .capture import Connection, Direction, read_connections
+from .capture import Connection, HalfConnection, read_connections
 from .decode import decode_connection
 from .peer_link import decode_peer_link
-from .stream_checker import C2S, StreamChecker, Violation
+from .stream_checker import StreamChecker, Violation
 from .truncation import CAPTURE_TRUNCATED, RULE_TEXT
 
 #: Rule id -> one-line text, from the table (the ids lint and the proxy report), and lint's own id for a capture
@@ -32,7 +32,7 @@ def check_connection(conn: Connection, protocol: Protocol | None = None) -> tupl
     out: list[Violation] = []
     checker = StreamChecker(conn.index, out.append, protocol=protocol, expect_hello=conn.saw_syn)
     if not conn.saw_syn and protocol is None:
-        out.append(Violation("DECODE", conn.index, 0, C2S, None,
+        out.append(Violation("DECODE", conn.index, 0, Direction.C2S, None,
                              "capture starts mid-connection and no --proto was given: version unknown"))
         return out, checker
     # Read a window at a time: bounded memory.
@@ -40,7 +40,7 @@ def check_connection(conn: Connection, protocol: Protocol | None = None) -> tupl
     return out, checker
 
 
-def _cut_at(d: Direction) -> int | None:
+def _cut_at(d: HalfConnection) -> int | None:
     """Where the capture stopped a direction it cut (a hole from lost packets is not a cut: framing stops there, as
     it always has)."""
     return d.size if d.cut and d.gap_at is None else None
@@ -52,7 +52,7 @@ def _link_violations(conn: Connection, rank0: Connection, init_index: int, proto
     dc = decode_peer_link(conn, decode_connection(rank0, protocol, validate=False), init_index, conn.server[1])
     if dc.error is None:
         return []
-    return [Violation("LINK-BYTES", conn.index, None, dc.error_direction or C2S, None, str(dc.error))]
+    return [Violation("LINK-BYTES", conn.index, None, dc.error_direction or Direction.C2S, None, str(dc.error))]
 
 
 def lint_connections(conns: Iterable[Connection], protocol: Protocol | None = None) -> list[Violation]:

@@ -40,8 +40,8 @@ _RECORD = struct.Struct("<IIII")
 _ZERO_MAC = "00:00:00:00:00:00"
 _FIN, _SYN, _PSH, _ACK = 0x01, 0x02, 0x08, 0x10
 
-#: Direction of a write: True = client -> server.
-C2S, S2C = True, False
+#: Which way a write goes, as the flows take it (``from_client``).
+_FROM_CLIENT, _FROM_SERVER = True, False
 
 
 def _fold(total: int) -> int:
@@ -84,15 +84,16 @@ class TcpFlow:
         self.v6 = ca.version == 6
         self._c = _Side(ca.packed, client[1], isn[0])
         self._s = _Side(sa.packed, server[1], isn[1])
-        self._templates = {C2S: self._template(self._c, self._s), S2C: self._template(self._s, self._c)}
+        self._templates = {_FROM_CLIENT: self._template(self._c, self._s),
+                           _FROM_SERVER: self._template(self._s, self._c)}
         # Word sums of the header fields that never change for a direction: the per-segment checksums are then
         # these plus a few integers (lengths, ip id, seq/ack, flags) plus the payload's sum.
         self._ip_const: dict[bool, int] = {}
         self._tcp_const: dict[bool, int] = {}
-        for d, (a, b) in ((C2S, (self._c, self._s)), (S2C, (self._s, self._c))):
+        for d, (a, b) in ((_FROM_CLIENT, (self._c, self._s)), (_FROM_SERVER, (self._s, self._c))):
             self._ip_const[d] = 0x4500 + 0x4000 + (64 << 8) + 6 + _words_sum(a.ip + b.ip)
             self._tcp_const[d] = _words_sum(a.ip + b.ip) + 6 + a.port + b.port + WINDOW
-        self._unacked = {C2S: 0, S2C: 0}  # segments sent since the receiver's last ACK
+        self._unacked = {_FROM_CLIENT: 0, _FROM_SERVER: 0}  # segments sent since the receiver's last ACK
         self._open = False
         self._closed = False
 
@@ -160,9 +161,9 @@ class TcpFlow:
         if self._open:
             return
         self._w._advance(ts)
-        self._control(C2S, "S", syn_options=True)
-        self._control(S2C, "SA", syn_options=True)
-        self._control(C2S, "A")
+        self._control(_FROM_CLIENT, "S", syn_options=True)
+        self._control(_FROM_SERVER, "SA", syn_options=True)
+        self._control(_FROM_CLIENT, "A")
         self._open = True
 
     def write(self, from_client: bool, data: bytes | bytearray | memoryview, ts: float | None = None) -> None:
@@ -201,13 +202,13 @@ class TcpFlow:
         if not self._open:
             self.open(ts)
         self._w._advance(ts)
-        self._control(C2S, "FA")
-        self._ack(C2S)  # the server acknowledges the FIN
+        self._control(_FROM_CLIENT, "FA")
+        self._ack(_FROM_CLIENT)  # the server acknowledges the FIN
         mv = memoryview(reply).cast("B")
         if mv.nbytes:
             for start in range(0, mv.nbytes, self.mss):
-                self._segment(S2C, mv[start : start + self.mss], _ACK | _PSH)
-            self._control(C2S, "R")
+                self._segment(_FROM_SERVER, mv[start : start + self.mss], _ACK | _PSH)
+            self._control(_FROM_CLIENT, "R")
         self._closed = True
 
     def close(self, ts: float | None = None, *, client_first: bool = True) -> None:
@@ -217,7 +218,7 @@ class TcpFlow:
         if not self._open:
             self.open(ts)
         self._w._advance(ts)
-        first = C2S if client_first else S2C
+        first = _FROM_CLIENT if client_first else _FROM_SERVER
         self._control(first, "FA")
         self._control(not first, "FA")
         self._control(first, "A")

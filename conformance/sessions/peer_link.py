@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ggml_rpc.spec import Command, ProtocolError, tensor_name, type_name
+from ggml_rpc.spec import Command, Direction, ProtocolError, tensor_name, type_name
 from ggml_rpc.spec.enums import TYPES
 from ggml_rpc.spec.facts import CONN_CAPS_SIZE, comm_wire_type, tensor_nbytes
 
@@ -57,7 +57,7 @@ def decode_peer_link(conn: Connection, rank0: DecodedConnection, init_index: int
             need += n
         elif req.command is Command.COMM_FREE and req.index > init_index:
             break
-    for direction, got in zip(("client->server", "server->client"), sizes, strict=True):
+    for direction, got in zip(Direction, sizes, strict=True):
         if got != need:
             out.error = ProtocolError(f"the link carries {got} bytes this way, but its caps and the "
                                       f"{len(link.exchanges)} COMM_ALLREDUCE of connection {rank0.conn.index} "

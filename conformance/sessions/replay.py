@@ -35,6 +35,7 @@ from typing import Any
 from ggml_rpc.spec import (
     REPLY_HEADER_SIZE,
     Command,
+    Direction,
     Protocol,
     ProtocolError,
     Reply,
@@ -378,7 +379,7 @@ class Replayer:
         later = [r for r in dc.requests[req.index :] if stop is None or r.index < stop]
         if any(id(r) in replies for r in later):
             return False
-        if dc.error is not None and dc.error_direction == "client->server":
+        if dc.error is not None and dc.error_direction is Direction.C2S:
             return True
         return any((spec := self.target.spec(r.command)) is not None and spec.has_reply for r in later)
 

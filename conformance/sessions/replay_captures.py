@@ -6,7 +6,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ggml_rpc.spec import Command, Protocol, fnv1a64
+from ggml_rpc.spec import Command, Direction, Protocol, fnv1a64
 
 from .decode import DecodedConnection, decode_file
 from .spans import LazyBytes
@@ -30,7 +30,7 @@ def load_captures(paths: Sequence[str | Path], protocol: Protocol | None = None)
         for dc in conns:
             # A client stream that breaks the spec is replayed as recorded up to the break, then sent raw: the
             # recorded server closed there, the target must too.  A broken server stream cannot be replayed.
-            if dc.error is not None and dc.error_direction != "client->server":
+            if dc.error is not None and dc.error_direction is not Direction.C2S:
                 raise ReplayError(f"{path}: connection {dc.conn.index}: the recorded server's replies do not decode "
                                   f"({dc.error}); run `ggml-rpc decode` for details")
             if dc.protocol is None and dc.error is None and not dc.cuts:

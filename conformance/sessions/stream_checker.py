@@ -26,6 +26,7 @@ from typing import Any
 
 from ggml_rpc.spec import (
     Command,
+    Direction,
     Protocol,
     ProtocolError,
     SizeMismatch,
@@ -44,7 +45,6 @@ from .truncation import CAPTURE_TRUNCATED, CaptureCut, reply_cut, request_cut
 MAX_CHECKED_PAYLOAD = 256 << 20
 _LONGEST_HEADER = max(p.commands[Command.SET_TENSOR].request.header_size for p in PROTOCOLS)
 _NO_LIMIT = 1 << 64  # the checker refuses nothing by size: it only collects fixed parts (bounded above)
-C2S, S2C = "client->server", "server->client"
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Violation:
     connection: int
     #: Index of the request concerned (replies are located by their request's index), None when unknown.
     index: int | None
-    direction: str  # "client->server" or "server->client"
+    direction: Direction
     command: str | None
     message: str
 
@@ -218,7 +218,7 @@ class StreamChecker:
             pass
 
     def _violation(self, rule: str, index: int | None, from_client: bool, command: str | None, msg: str) -> None:
-        self.report(Violation(rule, self.connection, index, C2S if from_client else S2C, command, msg))
+        self.report(Violation(rule, self.connection, index, Direction.of(from_client), command, msg))
 
     def _lost(self, from_client: bool, exc: ProtocolError) -> None:
         self.broken[from_client] = True
