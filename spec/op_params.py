@@ -96,7 +96,7 @@ OP_PARAMS: dict[int, tuple[OpParam, ...]] = {
     GgmlOp.DIAG_MASK_INF: (_i(0, "n_past", "row i keeps columns 0 .. n_past + i, the later ones become -inf"),),
     GgmlOp.DSV4_HC_COMB: (_f(0, "eps", "added in each normalisation"),
                           _i(1, "n_iter", "normalisation rounds (Sinkhorn)")),
-    GgmlOp.DSV4_HC_PRE: (_f(0, "scale", "gated form: the scale of the sum over streams"),
+    GgmlOp.DSV4_HC_PRE: (_f(0, "scale", "gated form: the scale of the sum over streams (the weighted form writes 1)"),
                          _i(1, "gated", "1: sigmoid-gated form (src1 the gate), 0: weighted sum (src1 the weights)")),
     GgmlOp.FILL: (_f(0, "c", "the value every element gets"),),
     GgmlOp.FLASH_ATTN_EXT: (
