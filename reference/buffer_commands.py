@@ -108,8 +108,7 @@ class BufferCommands:
 
     def buffer_clear(self, f: dict[str, Any]) -> None:
         buf = self.resolve.buffer(f["remote_ptr"], "BUFFER_CLEAR")
-        buf.epoch += 1
-        buf.memory.fill(f["value"])
+        buf.write_array().fill(f["value"])
 
 
 __all__ = ["BufferCommands"]

@@ -27,7 +27,9 @@ Unlike upstream, an entry is never served unverified and never left half-written
   in the tensor what the read put there (the client uploads the data next, overwriting it);
 * ``max_bytes`` bounds the directory: least recently used entries (saved or served) are evicted first.
 
-The cache is the only state shared between connections of a ``--concurrent`` server, hence the lock.
+The cache is the only state shared between connections of a ``--concurrent`` server, hence the lock.  A
+connection's core never calls what blocks here: it yields effects (:mod:`.effects`) that the I/O module carries out
+with :meth:`HashCache.carry_out`, and holds the cache as an :class:`~.effects.EntryCache` (saves announced and over).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from typing import BinaryIO
 import numpy as np
 import xxhash
 from ggml_rpc.spec import cache_file_name, fnv1a64
+
+from .effects import Effect, FindEntry, LoadEntry, SaveEntry
 
 log = logging.getLogger("ggml_rpc.reference")
 
@@ -166,6 +170,22 @@ class HashCache:
                 return False
             self._idle.wait_for(lambda: not self._saving, timeout)
             return True
+
+    # ---- a core's effects ------------------------------------------------------------------------------------
+
+    def carry_out(self, effect: Effect) -> int | bool | None:
+        """Do what a connection's core asked (it waits meanwhile) and return the result it resumes with."""
+        if isinstance(effect, FindEntry):
+            size = self.entry_size(effect.digest)
+            if size is None and self.wait_for_saves(effect.wait):
+                size = self.entry_size(effect.digest)  # another connection was saving: maybe this very entry
+            return size
+        if isinstance(effect, LoadEntry):
+            return self.load_into(effect.digest, effect.region)
+        if isinstance(effect, SaveEntry):
+            self.save(effect.data)
+            return None
+        raise TypeError(f"not a cache effect: {effect!r}")
 
     # ---- lookup ----------------------------------------------------------------------------------------------
 

@@ -1,10 +1,12 @@
-"""How a reference command waits for bytes (:class:`Wait`, :class:`BulkDestination`), and how a connection ends:
-the two exceptions its I/O loop turns into a logged reason."""
+"""How a reference command waits (for bytes: :class:`Wait`, :class:`BulkDestination`; for the cache: an effect of
+:mod:`.effects`), and how a connection ends: the two exceptions its I/O loop turns into a logged reason."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable
 from typing import Any
+
+from .effects import Effect
 
 #: A claimed size from here on is a length error upstream does not catch (process abort): refused before anything.
 SIZE_LIMIT = 1 << 63
@@ -23,16 +25,22 @@ class Wait:
 
 class BulkDestination:
     """Where a command's bulk data goes: ``views`` filled in order (tensor memory, never a copy of it; a list, or an
-    iterable made as it is consumed), then ``done`` runs; ``cleanup`` runs in any case, also when the connection ends
-    first."""
+    iterable made as it is consumed), then the effect ``then`` is waited on (the I/O module carries it out);
+    ``cleanup`` runs in any case, also when the connection ends first."""
 
-    __slots__ = ("cleanup", "done", "views")
+    __slots__ = ("cleanup", "then", "views")
 
-    def __init__(self, views: Iterable[memoryview], done: Callable[[], None] | None = None,
+    def __init__(self, views: Iterable[memoryview], then: Effect | None = None,
                  cleanup: Callable[[], None] | None = None) -> None:
         self.views = views
-        self.done = done
+        self.then = then
         self.cleanup = cleanup
+
+
+#: A command that needs more than its request's bytes: a generator that yields what it waits for (an int: that many
+#: bytes, sent back as ``bytes``; a memoryview: fill it; a :class:`Wait`; an effect of :mod:`.effects`, sent back
+#: its result) and returns when the command is done.
+Receiver = Generator[int | memoryview | Wait | Effect, Any, None]
 
 
 #: A command with a fixed head before its bulk data: (head size, size checks, from the claimed size and the head
@@ -40,16 +48,16 @@ class BulkDestination:
 #: data).
 Headed = tuple[int, Callable[[int], None], Callable[[int, Any, int], "memoryview | BulkDestination | None"]]
 #: A handler of a fixed-size command that reads the flat tuple of its request's derived layout, with the layout's
-#: slots (field name -> (first position, width)).
-FlatHandler = Callable[[tuple, dict[str, tuple[int, int]]], None]
+#: slots (field name -> (first position, width)); it returns a :data:`Receiver` when it must wait on an effect.
+FlatHandler = Callable[[tuple, dict[str, tuple[int, int]]], "Receiver | None"]
 
 
-def fill(bulk: BulkDestination) -> Generator[memoryview, None, None]:
-    """A receiver (see :data:`.core.Receiver`) that fills ``bulk``'s views in turn, then finishes it."""
+def fill(bulk: BulkDestination) -> Receiver:
+    """A receiver that fills ``bulk``'s views in turn, then waits on its effect."""
     try:
         yield from bulk.views  # each view is resumed with None once filled
-        if bulk.done is not None:
-            bulk.done()
+        if bulk.then is not None:
+            yield bulk.then
     finally:
         if bulk.cleanup is not None:
             bulk.cleanup()

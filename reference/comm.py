@@ -148,7 +148,7 @@ class CommCommands:
             got = comm.link.exchange(out, send_first=comm.rank == 0)
         except (OSError, ConnectionError) as exc:
             raise Close(f"COMM_ALLREDUCE: the peer link failed ({exc}){_upstream('close')}") from None
-        t.buffer.epoch += 1
+        t.buffer.written()  # the sum lands in ``mine``, the tensor's own bytes
         if ttype == _F32:
             theirs = bf16_to_f32(np.frombuffer(got, np.uint16)) if wire_bf16 else np.frombuffer(got, np.float32)
             np.add(mine, theirs, out=mine)

@@ -5,11 +5,15 @@ Rules of this module (what it may know and what it must not):
 
 1. It knows the protocol: the version's request frames (``spec.frames``), its derived layouts and upstream's
    checks (spec/PROTOCOL.md#rules), and the connection's state (buffers, stored graphs, communicators, the hash cache).
-2. It never touches a socket, a thread or a timer.  Bytes come in through :meth:`ServerCore.receive_data` (``b""``
-   is the end of the client's stream), or land directly where :meth:`ServerCore.bulk_ahead` says and are reported
-   with :meth:`ServerCore.skip`; replies go out from :meth:`ServerCore.next_event` as sequences of buffers for
-   ``sendmsg``.  The one network effect of a command, the 8.0.0 servers' link, goes through the injected
-   :class:`~.comm.Links` (``server.py`` owns the sockets).
+2. It never touches a socket, a thread, a timer or a file, and never waits.  Bytes come in through
+   :meth:`ServerCore.receive_data` (``b""`` is the end of the client's stream), or land directly where
+   :meth:`ServerCore.bulk_ahead` says and are reported with :meth:`ServerCore.skip`; replies go out from
+   :meth:`ServerCore.next_event` as sequences of buffers for ``sendmsg``.  The hash cache's blocking work (finding
+   an entry, waiting for saves under way, reading an entry into a tensor, writing one) leaves the core as an effect
+   (:mod:`.effects`): :meth:`ServerCore.next_event` returns None with :attr:`ServerCore.effect` set, and the caller
+   carries it out and hands back the result (:meth:`ServerCore.effect_done`).  The core holds the cache only as the
+   injected :class:`~.effects.EntryCache` (saves announced and over).  The one network effect of a command, the
+   8.0.0 servers' link, goes through the injected :class:`~.comm.Links` (``server.py`` owns the sockets).
 3. It never copies bulk data it can avoid copying: SET_TENSOR(_2D) payloads go into tensor memory (only bytes that
    arrived together with their header are copied from its own small buffer); GET_TENSOR replies are views of buffer
    memory.
@@ -28,12 +32,15 @@ Rules of this module (what it may know and what it must not):
    ``graph_commands``, ``comm``), plain objects each given what it needs (the buffer table, the
    :class:`~.resolve.Resolver`, the :class:`~.replies.Replies` queue, the hash cache, the links): no group sees the
    core, and the core sees only their handler tables.
+10. Every write into a buffer goes through :meth:`~.devices.Buffer.written` (directly, or taking its destination
+    from :meth:`~.devices.Buffer.write_view` / :meth:`~.devices.Buffer.write_array`): the one place a buffer's
+    write epoch changes, which the executor's cached conversions of its bytes are checked against.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ggml_rpc.spec import Command, Payload, encode_reply, hello_reply
@@ -42,12 +49,12 @@ from ggml_rpc.spec.frames import request_frames
 from ggml_rpc.spec.layout import flat_layout
 
 from .buffer_commands import BufferCommands
-from .cache import HashCache
-from .closing import BulkDestination, Close, FlatHandler, PeerGone, Wait, fill
+from .closing import BulkDestination, Close, FlatHandler, PeerGone, Receiver, Wait, fill
 from .closing import upstream as _upstream
 from .comm import CommCommands, Links
 from .config import ServerConfig
 from .devices import BufferTable
+from .effects import Effect, EntryCache
 from .graph import BuiltGraph
 from .graph_commands import GraphCommands
 from .replies import Replies
@@ -60,11 +67,8 @@ log = logging.getLogger("ggml_rpc.reference")
 _HEADER = REQUEST_HEADER.unpack_from
 #: The event of a command without a reply.
 _NO_REPLY: tuple = ()
-
-
-#: A command that needs more bytes than its header: a generator that yields what it waits for (an int: that many
-#: bytes, sent back as ``bytes``; a memoryview: fill it; a :class:`Wait`) and returns when the command is done.
-Receiver = Generator[int | memoryview | Wait, Any, None]
+#: What a command waits for while its effect is carried out (``_want``'s value then).
+_EFFECT = object()
 
 
 class ServerCore:
@@ -74,7 +78,7 @@ class ServerCore:
     buffer table, the :class:`~.resolve.Resolver` and the :class:`~.replies.Replies` queue of this connection.  Each
     group offers a handler table; the core frames requests and dispatches them through the tables' union."""
 
-    def __init__(self, config: ServerConfig, cache: HashCache | None, *, name: str = "conn",
+    def __init__(self, config: ServerConfig, cache: EntryCache | None, *, name: str = "conn",
                  links: Links | None = None) -> None:
         self.config = config
         self.protocol = config.protocol
@@ -92,6 +96,9 @@ class ServerCore:
         self._want: int | memoryview | None = None
         self._filled = 0
         self._eof_reason: Callable[[int], str] | None = None
+        #: The effect the waiting command needs carried out (see :mod:`.effects`), until :meth:`effect_done`.
+        self.effect: Effect | None = None
+        self._effect_result: Any = None
         self.out = Replies(self.protocol)
         self.resolve = Resolver(self.table, config.devices, hooks.tensor)
         self.graph_commands = GraphCommands(config, self.table, self.resolve, name=name)
@@ -185,17 +192,25 @@ class ServerCore:
         """``n`` bytes were written into the view :meth:`bulk_ahead` returned."""
         self._filled += n
 
+    def effect_done(self, result: Any) -> None:
+        """:attr:`effect` was carried out, with this result: the waiting command resumes at the next event."""
+        if self.effect is None:
+            raise RuntimeError("no effect is waiting")
+        self.effect = None
+        self._effect_result = result
+
     # ---- events ----------------------------------------------------------------------------------------------
 
     def next_event(self) -> Sequence | None:
         """Run the stream until a command completes: its reply as a sequence of buffers (empty when it has none),
-        or None when more bytes are needed.  Raises :class:`Close` or :class:`PeerGone` when the connection ends."""
+        or None when more bytes are needed or :attr:`effect` must be carried out first.  Raises :class:`Close` or
+        :class:`PeerGone` when the connection ends."""
         try:
             while True:
                 if self._gen is None:
                     if not self._command():
                         return None
-                elif not self._resume():
+                elif self.effect is not None or not self._resume():
                     return None
                 if self._gen is None:
                     if not self.out.out:
@@ -232,8 +247,10 @@ class ServerCore:
                 raise Close(f"{command.name} size {size}, not {want}{_upstream('close, payload unread')}")
             end = REQUEST_HEADER_SIZE + size
             if have >= end:  # the usual case: the whole request is here
-                run(buf, REQUEST_HEADER_SIZE)
+                waits = run(buf, REQUEST_HEADER_SIZE)
                 del buf[:end]
+                if waits is not None:  # the command waits on an effect
+                    self._start(waits)
             else:
                 del buf[:REQUEST_HEADER_SIZE]
                 self._start(self._later(run, size))
@@ -262,8 +279,10 @@ class ServerCore:
         return True
 
     @staticmethod
-    def _later(run: Callable[[Any, int], None], size: int) -> Receiver:
-        run((yield size), 0)
+    def _later(run: Callable[[Any, int], Receiver | None], size: int) -> Receiver:
+        waits = run((yield size), 0)
+        if waits is not None:
+            yield from waits
 
     def _headed(self, size: int, head: int,
                 start: Callable[[int, Any, int], memoryview | BulkDestination | None]) -> Receiver:
@@ -288,9 +307,14 @@ class ServerCore:
         except StopIteration:
             self._gen = self._want = self._eof_reason = None
             return
-        if want.__class__ is Wait:
+        cls = want.__class__
+        if cls is Wait:
             self._eof_reason = want.eof
             want = want.want
+        elif cls is not int and cls is not memoryview:  # an effect, for the caller to carry out
+            self.effect = want
+            self._eof_reason = None
+            want = _EFFECT
         else:
             self._eof_reason = None
         self._want = want
@@ -309,6 +333,10 @@ class ServerCore:
             data = bytes(buf[:want])  # type: ignore[misc]
             del buf[:want]  # type: ignore[misc]
             self._give(data)
+            return True
+        if want is _EFFECT:  # carried out (next_event checked): the command goes on with the result
+            result, self._effect_result = self._effect_result, None
+            self._give(result)
             return True
         view: memoryview = want  # type: ignore[assignment]
         filled = self._filled
@@ -348,7 +376,7 @@ class ServerCore:
 
     def release(self) -> None:
         """Free everything the connection holds (buffers, stored graphs, links, a save under way); idempotent."""
-        gen, self._gen, self._want = self._gen, None, None
+        gen, self._gen, self._want, self.effect = self._gen, None, None, None
         if gen is not None:
             gen.close()  # runs the command's cleanup (a SET_TENSOR's cache save ends)
         self.graph_commands.graphs.clear()

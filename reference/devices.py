@@ -47,8 +47,9 @@ class Buffer:
     #: One past the last fake address: every single-command tensor check reads it.
     end: int = field(init=False, repr=False)
     _bytes: memoryview = field(init=False, repr=False)
-    #: Bumped by every write the connection makes into this buffer outside a graph run (SET_TENSOR, a hash hit,
-    #: MEMSET_TENSOR, BUFFER_CLEAR, COPY_TENSOR): what a graph plan derived from its bytes is still valid for.
+    #: The write epoch: changed by :meth:`written` only, on every write into this buffer (SET_TENSOR(_2D), a hash
+    #: hit, MEMSET_TENSOR, BUFFER_CLEAR, COPY_TENSOR, COMM_ALLREDUCE, a graph run): what the executor's cached
+    #: conversions of its bytes are still valid for.
     epoch: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -56,8 +57,24 @@ class Buffer:
         self._bytes = memoryview(self.memory)
 
     def view(self) -> memoryview:
-        """The whole writable memory."""
+        """The whole memory, to read (a write takes its destination from :meth:`write_view` or :meth:`write_array`)."""
         return self._bytes
+
+    def written(self) -> None:
+        """The buffer's bytes change (or may have): what was derived from them is stale.  The one write path: every
+        write goes through here, before its first byte lands (a graph run, whose views were taken when the graph was
+        built, right after it)."""
+        self.epoch += 1
+
+    def write_view(self, offset: int = 0, n: int | None = None) -> memoryview:
+        """Bytes [offset, offset + n) of the buffer (n None: to its end), to be written: marked :meth:`written`."""
+        self.written()
+        return self._bytes[offset : self.size if n is None else offset + n]
+
+    def write_array(self, offset: int = 0, n: int | None = None) -> np.ndarray:
+        """:meth:`write_view`'s bytes as a numpy array (for numpy's fills, copies and sums)."""
+        self.written()
+        return self.memory[offset : self.size if n is None else offset + n]
 
     def slice(self, address: int, n: int) -> memoryview:
         """The ``n`` bytes at absolute ``address``; the caller has checked the range."""

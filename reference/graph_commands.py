@@ -180,7 +180,7 @@ class GraphCommands:
         for h in graph.buffers:
             b = table.get(h)
             if b is not None and (written is None or id(b.memory) in written):
-                b.epoch += 1
+                b.written()
 
 def builtin_executor() -> ModuleType:
     """The built-in executor (:mod:`ggml_rpc.reference.executor`), imported on first use."""

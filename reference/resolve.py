@@ -106,8 +106,9 @@ class Resolver:
         return Tensor(fields, buf, nbytes, d)
 
     @staticmethod
-    def region(t: Tensor, offset: int, n: int, command: str) -> memoryview:
-        """The bytes [data+offset, +n) of a tensor, checked as upstream SET/GET_TENSOR check them, and safely."""
+    def region(t: Tensor, offset: int, n: int, command: str, *, write: bool = False) -> memoryview:
+        """The bytes [data+offset, +n) of a tensor, checked as upstream SET/GET_TENSOR check them, and safely;
+        ``write``: to be written (the buffer is marked written, :meth:`~.devices.Buffer.write_view`)."""
         if t.buffer is None:
             raise Close(f"{command}: tensor has no buffer (null or unknown handle){_upstream('close')}")
         buf = t.buffer
@@ -118,6 +119,8 @@ class Resolver:
         if region_past(offset, n, t.nbytes):
             raise Close(f"{command}: region offset {offset} + {n} bytes runs past the tensor's {t.nbytes} bytes"
                         f"{_upstream('process abort, tensor out of bounds assertion')}", "REGION-PAST-TENSOR")
+        if write:
+            return buf.write_view(start - buf.base, n)
         return buf.slice(start, n)
 
 

@@ -74,9 +74,8 @@ class RowCommands:
             t = self.resolve.flat_tensor(f, tensor, "SET_TENSOR_2D")
             # Checked before a single data byte is taken: nothing is received that does not fit its rows.
             buf, first, _ = self._rows(t, f[offset], row, rows, f[stride], "SET_TENSOR_2D")
-            buf.epoch += 1
             step = f[stride]
-            view = buf.view()
+            view = buf.write_view()
             if step == row:
                 return view[first : first + n]
             # Rows land in order: with stride < size a later row overwrites, as upstream's.  One view at a time: the

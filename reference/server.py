@@ -73,11 +73,12 @@ _SLEEPS_AFTER_SHARING = 64
 CONNECT_TRIES, CONNECT_PAUSE = 100, 0.05
 
 
-def serve_connection(sock: socket.socket, core: ServerCore, poll_us: int = 0) -> str:
-    """Feed ``core`` from ``sock`` and send its replies until the connection ends; returns the reason.  The core is
-    released; the socket is left to the caller.  ``poll_us``: see :attr:`ServerConfig.poll_us`."""
+def serve_connection(sock: socket.socket, core: ServerCore, poll_us: int = 0, cache: HashCache | None = None) -> str:
+    """Feed ``core`` from ``sock``, send its replies and carry out its effects on ``cache`` (the one the core was
+    given) until the connection ends; returns the reason.  The core is released; the socket is left to the caller.
+    ``poll_us``: see :attr:`ServerConfig.poll_us`."""
     try:
-        _pump(sock, core, poll_us * 1e-6)
+        _pump(sock, core, poll_us * 1e-6, cache)
     except PeerGone as exc:
         reason = str(exc)
     except Close as exc:
@@ -94,7 +95,7 @@ def serve_connection(sock: socket.socket, core: ServerCore, poll_us: int = 0) ->
     return reason
 
 
-def _pump(sock: socket.socket, core: ServerCore, poll: float) -> None:
+def _pump(sock: socket.socket, core: ServerCore, poll: float, cache: HashCache | None) -> None:
     chunk = bytearray(_RECV_CHUNK)
     view = memoryview(chunk)
     recv_into, next_event, receive = sock.recv_into, core.next_event, core.receive_data
@@ -138,6 +139,12 @@ def _pump(sock: socket.socket, core: ServerCore, poll: float) -> None:
         if out is not None:
             if out:
                 send_all(sock, out)
+            continue
+        effect = core.effect
+        if effect is not None:  # the hash cache's blocking work, done here, off the core
+            if cache is None:
+                raise Close(f"the connection asked its cache for {type(effect).__name__}, but it has none")
+            core.effect_done(cache.carry_out(effect))
             continue
         sink = core.bulk_ahead()
         if sink is not None:  # bulk data: straight into tensor memory (or the graph buffer)
@@ -337,7 +344,7 @@ class Server:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             log.info("%s: open", name)
             core = ServerCore(self.config, self.cache, name=name, links=TcpLinks(self.config))
-            reason = serve_connection(conn, core, 0 if self.config.concurrent else self.config.poll_us)
+            reason = serve_connection(conn, core, 0 if self.config.concurrent else self.config.poll_us, self.cache)
             log.info("%s: %s after %d command(s)", name, reason, core.commands)
         except Exception:  # never let one connection end the server
             log.exception("%s: unexpected error", name)

@@ -1,6 +1,7 @@
 """The reference connection's tensor commands: SET/GET/MEMSET/COPY_TENSOR, SET_TENSOR_HASH, INIT_TENSOR,
 GET_ALLOC_SIZE and GET_DEVICE_SUPPORTS_OP, as a handler table (:attr:`TensorCommands.handlers`) over what the group
-is given: the connection's resolver, reply queue and hash cache.
+is given: the connection's resolver, reply queue and hash cache (an :class:`~.effects.EntryCache`; what would block,
+finding, reading and writing entries, is yielded as an effect of :mod:`.effects` for the I/O module to carry out).
 
 Hot commands read the flat tuple of their request's derived layout (``*_flat`` handlers) instead of a nested dict.
 """
@@ -17,10 +18,10 @@ from ggml_rpc.spec.codec import REPLY_HEADER
 from ggml_rpc.spec.conditions import region_past, removed_type, unknown_type
 from ggml_rpc.spec.layout import flat_layout
 
-from .cache import HashCache
-from .closing import SIZE_LIMIT, BulkDestination, Close, FlatHandler, Headed
+from .closing import SIZE_LIMIT, BulkDestination, Close, FlatHandler, Headed, Receiver
 from .closing import upstream as _upstream
 from .devices import U64_MASK
+from .effects import EntryCache, FindEntry, LoadEntry, SaveEntry
 from .graph_commands import executor_supports
 from .replies import Replies
 from .resolve import T_ID, T_TYPE, TENSOR_LAYOUT, Resolver
@@ -34,7 +35,7 @@ _SAVE_WAIT = 5.0
 class TensorCommands:
     """Tensor-data commands over one connection's resolver, reply queue and (when the server has one) hash cache."""
 
-    def __init__(self, protocol: Protocol, cache: HashCache | None, resolve: Resolver, out: Replies, *,
+    def __init__(self, protocol: Protocol, cache: EntryCache | None, resolve: Resolver, out: Replies, *,
                  name: str) -> None:
         self.protocol = protocol
         self.cache = cache
@@ -77,35 +78,38 @@ class TensorCommands:
             f = unpack_from(data, at)
             n = size - head_size
             t = self.resolve.flat_tensor(f, tensor, "SET_TENSOR")
-            # Checked before a single payload byte is taken: nothing is received that does not fit its target.
-            region = self.resolve.region(t, f[offset], n, "SET_TENSOR")
+            # Checked before a single payload byte is taken: nothing is received that does not fit its target (which
+            # is marked written before a byte lands).
+            region = self.resolve.region(t, f[offset], n, "SET_TENSOR", write=n > 0)
             if n == 0:
                 return None
-            t.buffer.epoch += 1  # type: ignore[union-attr]  # _region checked it; bumped before a byte lands
             cache = self.cache
             if cache is None or not self.protocol.cache_rule.server_saves(n, f[flag] if flag >= 0 else 0):
                 return region
             cache.begin_save()
-            return BulkDestination([region], done=lambda: cache.save(region), cleanup=cache.end_save)
+            return BulkDestination([region], then=SaveEntry(region), cleanup=cache.end_save)
 
         return head_size, check, start
 
-    def set_tensor_hash_flat(self, f: tuple, slots: dict[str, tuple[int, int]]) -> None:
+    def set_tensor_hash_flat(self, f: tuple, slots: dict[str, tuple[int, int]]) -> Receiver | None:
+        if self.cache is None:
+            self.out.reply(Command.SET_TENSOR_HASH, {"result": 0})
+            return None
+        return self._from_cache(f, slots)
+
+    def _from_cache(self, f: tuple, slots: dict[str, tuple[int, int]]) -> Receiver:
+        """SET_TENSOR_HASH with a cache: the entry found, then read into the tensor, both by the I/O module."""
         digest = f[slots["hash"][0]]
-        # Upstream answers a miss without looking at the tensor at all.
-        n = self.cache.entry_size(digest) if self.cache is not None else None
-        if n is None and self.cache is not None and self.cache.wait_for_saves(_SAVE_WAIT):
-            n = self.cache.entry_size(digest)  # another connection was saving: maybe this very entry
-        if n is None:
+        # A miss waits for saves under way on other connections (maybe of this very entry).
+        n = yield FindEntry(digest, _SAVE_WAIT)
+        if n is None:  # upstream answers a miss without looking at the tensor at all
             self.out.reply(Command.SET_TENSOR_HASH, {"result": 0})
             return
         t = self.resolve.flat_tensor(f, slots["tensor"][0], "SET_TENSOR_HASH")
-        region = self.resolve.region(t, f[slots["offset"][0]], n, "SET_TENSOR_HASH")
-        t.buffer.epoch += 1  # type: ignore[union-attr]  # a hit writes the region (a miss may have, see load_into)
-        if self.cache is None or not self.cache.load_into(digest, region):
-            self.out.reply(Command.SET_TENSOR_HASH, {"result": 0})
-            return
-        self.out.reply(Command.SET_TENSOR_HASH, {"result": 1})
+        # Marked written: a hit writes the region, and a miss may have (see HashCache.load_into).
+        region = self.resolve.region(t, f[slots["offset"][0]], n, "SET_TENSOR_HASH", write=True)
+        hit = yield LoadEntry(digest, region)
+        self.out.reply(Command.SET_TENSOR_HASH, {"result": 1 if hit else 0})
 
     def get_tensor(self, f: dict[str, Any]) -> None:
         """GET_TENSOR from the decoded dict: for replacement handlers that call it (the server uses the flat one)."""
@@ -138,8 +142,7 @@ class TensorCommands:
             return
         if buf.size == 0:
             raise Close(f"MEMSET_TENSOR on a zero-size buffer, which has no memset{_upstream('close')}")
-        buf.epoch += 1
-        buf.memory[rel + offset : rel + offset + size] = f[slots["value"][0]]
+        buf.write_array(rel + offset, size)[:] = f[slots["value"][0]]
 
     def copy_tensor(self, f: dict[str, Any]) -> None:
         src = self.resolve.tensor(f["src"], "COPY_TENSOR", "src")
@@ -158,9 +161,8 @@ class TensorCommands:
                         f"{dst.buffer.end:#x}{_upstream('close')}")
         s_off = src.data - src.buffer.base
         d_off = d - dst.buffer.base
-        dst.buffer.epoch += 1
         # numpy copies overlapping ranges correctly (memmove semantics).
-        np.copyto(dst.buffer.memory[d_off : d_off + n], src.buffer.memory[s_off : s_off + n])
+        np.copyto(dst.buffer.write_array(d_off, n), src.buffer.memory[s_off : s_off + n])
         self.out.reply(Command.COPY_TENSOR, {"result": 1})
 
     def init_tensor_flat(self, f: tuple, slots: dict[str, tuple[int, int]]) -> None:

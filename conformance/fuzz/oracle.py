@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +71,7 @@ class ModelConnection:
     def __init__(self, config: ServerConfig, cache: HashCache | None, name: str = "model") -> None:
         # The same links as the server's: a COMM_INIT is judged by what the reference really does with it.
         self.core = ServerCore(config, cache, name=name, links=TcpLinks(config))
+        self.cache = cache
         self.closed = False
         self.reason = ""
 
@@ -91,13 +93,13 @@ class ModelConnection:
         try:
             # Fuzzed numbers through the executor (NaN, inf, overflowing casts) are expected, not worth a warning.
             with np.errstate(all="ignore"):
-                out = core.next_event()
+                out = self._next_event()
                 if out is None:
                     raise ModelStall("the model waited for more bytes than the fuzzer sent")
                 reply = list(out)
                 if end:
                     # Everything the client will ever send is in: one more event sees the end of the stream.
-                    reply.extend(core.next_event() or ())
+                    reply.extend(self._next_event() or ())
         except (Close, PeerGone) as exc:
             self._finish(str(exc))
         except ModelStall:
@@ -107,6 +109,15 @@ class ModelConnection:
             self._finish(f"closed: internal error {type(exc).__name__}: {exc}")
         # The reply is taken before the next message: it may be a view of memory that message writes.
         return ModelOutcome(b"".join(reply), self.closed, self.reason)
+
+    def _next_event(self) -> Sequence | None:
+        """The core's next event, its cache effects carried out as the server's I/O module carries them out."""
+        core = self.core
+        out = core.next_event()
+        while out is None and core.effect is not None and self.cache is not None:
+            core.effect_done(self.cache.carry_out(core.effect))
+            out = core.next_event()
+        return out
 
     def _finish(self, reason: str) -> None:
         self.closed = True
