@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import functools
 import re
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -364,3 +365,49 @@ def test_no_class_is_built_from_mixins() -> None:
     assert not built - UPPER_MIXIN_CLASSES, f"hold these as objects instead: {sorted(built - UPPER_MIXIN_CLASSES)}"
     stale = UPPER_MIXIN_CLASSES - built
     assert not stale, f"no longer built from mixins, remove from UPPER_MIXIN_CLASSES: {sorted(stale)}"
+
+
+# ---- the picture of the layers -------------------------------------------------------------------------------
+
+#: ARCHITECTURE.md's layer section lies between these lines; :func:`layer_picture` writes it from the contract.
+PICTURE_START = "<!-- layers: drawn from pyproject.toml's import-linter contract by tests/test_structure.py -->"
+PICTURE_END = "<!-- /layers -->"
+
+
+def contract_layers() -> list[tuple[str, str]]:
+    """The contract's layers, top to bottom, each with the comment above it in pyproject.toml."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    layers = tomllib.loads(text)["tool"]["importlinter"]["contracts"][0]["layers"]
+    block = text[text.index("layers = [", text.index("[[tool.importlinter.contracts]]")):]
+    out, comment = [], ""
+    for line in block.splitlines()[1:]:
+        stripped = line.strip()
+        if stripped == "]":
+            break
+        if stripped.startswith("#"):
+            comment = (comment + " " + stripped.lstrip("# ")).strip()
+        elif stripped:
+            out.append((stripped.strip('",'), comment))
+            comment = ""
+    assert [name for name, _ in out] == layers
+    return out
+
+
+def layer_picture() -> str:
+    """The layer section of ARCHITECTURE.md: each layer (``ggml_rpc.`` left out), top to bottom, with what it is; an
+    arrow points the way imports may go."""
+    rows = [(name.replace("ggml_rpc.", ""), comment) for name, comment in contract_layers()]
+    lines = [PICTURE_START, "```text"]
+    for i, (name, comment) in enumerate(rows):
+        last = i == len(rows) - 1
+        lines += [name, f"{' ' if last else '│'}  {comment}".rstrip()] + ([] if last else ["▼"])
+    lines += ["```", PICTURE_END]
+    return "\n".join(lines)
+
+
+def test_the_architecture_page_draws_the_contract() -> None:
+    page = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    start, end = page.find(PICTURE_START), page.find(PICTURE_END)
+    assert start >= 0 and end > start, f"ARCHITECTURE.md lacks its layer section:\n{layer_picture()}"
+    drawn = page[start : end + len(PICTURE_END)]
+    assert drawn == layer_picture(), f"redraw ARCHITECTURE.md's layer section from the contract:\n{layer_picture()}"
