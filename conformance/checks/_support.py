@@ -1,13 +1,15 @@
-"""What check functions share: the registry decorator, buffer/tensor builders, and the close/no-reply probes."""
+"""What check functions share: the registry decorator, buffer/tensor builders, graphs built in a server buffer and
+mirrored locally for the reference executor, and the close/no-reply probes."""
 
 from __future__ import annotations
 
 import os
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from ggml_rpc.conformance.client import ConnectionClosed, RpcClient
 from ggml_rpc.conformance.harness import (
     Blocked,
@@ -19,7 +21,10 @@ from ggml_rpc.conformance.harness import (
     Unsupported,
     hexdump,
 )
-from ggml_rpc.spec import V6, Command, GgmlType, make_tensor
+from ggml_rpc.conformance.nmse import nmse
+from ggml_rpc.reference.executor import execute
+from ggml_rpc.reference.graph import ExecutorError, build_graph
+from ggml_rpc.spec import V6, Command, GgmlOp, GgmlType, TensorFlag, make_tensor, tensor_nbytes, tensors_array
 from ggml_rpc.spec.codec import REPLY_HEADER, REQUEST_HEADER
 
 #: Every check in definition order; the catalogue module freezes it.
@@ -29,6 +34,9 @@ REGISTRY: list[Check] = []
 BOTH = (6, 7, 8)
 I8 = int(GgmlType.I8)
 F32 = int(GgmlType.F32)
+F16, I32 = int(GgmlType.F16), int(GgmlType.I32)
+_DTYPES = {F32: np.dtype("<f4"), F16: np.dtype("<f2"), I32: np.dtype("<i4")}
+_ALIGN = 64
 
 
 def check(
@@ -79,10 +87,6 @@ def _declined_only_if_computing(func: Callable[[Context], str | None]) -> Callab
 
 def _no_compute(ctx: Context) -> str | None:
     """Why the server computes nothing (it closes on the smallest graph, ADD of two f32 tensors), or None."""
-    import numpy as np
-    from ggml_rpc.conformance.checks.compute import GraphBuilder
-    from ggml_rpc.spec import GgmlOp
-
     g = GraphBuilder(ctx, 4096)
     a = g.input(F32, (4,), np.arange(4, dtype=np.float32))
     out = g.op(GgmlOp.ADD, [a, a], (4,))
@@ -156,6 +160,126 @@ def expect_bytes(step: str, got: bytes, want: bytes) -> None:
         lo = max(0, first - 8)
         raise fail(f"{step}: data differs from byte {first}", expected=hexdump(want[lo:lo + 32], 32),
                    got=hexdump(got[lo:lo + 32], 32))
+
+
+# ---- graphs -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Mirror:
+    """The local copy of the server buffer the reference executor runs on (same handle and base)."""
+
+    base: int
+    size: int
+    memory: np.ndarray
+
+
+class GraphBuilder:
+    """Builds a graph inside one server buffer while mirroring every byte locally."""
+
+    def __init__(self, ctx: Context, size: int = 1 << 16) -> None:
+        self.ctx = ctx
+        self.client = ctx.connect()
+        self.buf = alloc(self.client, size)
+        self.mirror = _Mirror(self.buf.base, self.buf.size, np.zeros(self.buf.size, dtype=np.uint8))
+        self.tensors: list[dict] = []
+        self.nodes: list[int] = []
+        self._offset = 0
+        self._id = 0x10
+        self.ops: list[str] = []
+
+    def _place(self, type_id: int, ne: Sequence[int], **fields: object) -> dict:
+        """A new tensor with its own aligned room in the buffer; ``fields`` go to ``make_tensor`` (which pads
+        ``src`` and ``op_params`` to their fixed counts)."""
+        self._id += 1
+        off = -(-self._offset // _ALIGN) * _ALIGN
+        t = make_tensor(id=self._id, type=type_id, ne=tuple(ne), buffer=self.buf.handle, data=self.buf.base + off,
+                        **fields)
+        n = tensor_nbytes(t)
+        if off + n > self.buf.size:
+            raise ValueError("graph does not fit its buffer")
+        self._offset = off + n
+        return t
+
+    def input(self, type_id: int, ne: Sequence[int], values: np.ndarray | bytes) -> dict:
+        """A leaf tensor holding ``values`` (numbers, or raw bytes for block-quantised types)."""
+        t = self._place(type_id, ne)
+        raw = values if isinstance(values, bytes) else np.ascontiguousarray(values, dtype=_DTYPES[type_id]).tobytes()
+        if len(raw) != tensor_nbytes(t):
+            raise ValueError(f"{len(raw)} bytes for a {tensor_nbytes(t)}-byte tensor")
+        off = t["data"] - self.buf.base
+        self.mirror.memory[off : off + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+        self.client.set_tensor(t, 0, raw)
+        self.tensors.append(t)
+        return t
+
+    def op(self, op: GgmlOp, srcs: Sequence[dict], ne: Sequence[int], *, type_id: int = F32,
+           params: Sequence[int] = ()) -> dict:
+        t = self._place(type_id, ne, op=int(op), src=[s["id"] for s in srcs], flags=int(TensorFlag.COMPUTE),
+                        op_params=list(params))
+        self.tensors.append(t)
+        self.nodes.append(t["id"])
+        self.ops.append(op.name)
+        return t
+
+    def cpy(self, a: dict, type_id: int) -> dict:
+        """CPY of ``a`` into a new destination of ``type_id``: as ggml builds it, the node is a view of the
+        destination (op CPY, sources a and the destination)."""
+        dst = self._place(type_id, tuple(a["ne"]))
+        self.tensors.append(dst)
+        self._id += 1
+        node = make_tensor(id=self._id, type=type_id, ne=tuple(dst["ne"]), nb=tuple(dst["nb"]), buffer=dst["buffer"],
+                           data=dst["data"], op=int(GgmlOp.CPY), src=[a["id"], dst["id"]], view_src=dst["id"],
+                           flags=int(TensorFlag.COMPUTE))
+        self.tensors.append(node)
+        self.nodes.append(node["id"])
+        self.ops.append("CPY")
+        return node
+
+    def view(self, op: GgmlOp, of: dict, ne: Sequence[int], nb: Sequence[int]) -> dict:
+        """A node that only re-describes ``of``'s memory (TRANSPOSE, PERMUTE, VIEW, RESHAPE)."""
+        self._id += 1
+        t = make_tensor(id=self._id, type=of["type"], ne=tuple(ne), nb=tuple(nb), buffer=of["buffer"],
+                        data=of["data"], op=int(op), src=[of["id"]], view_src=of["id"])
+        self.tensors.append(t)
+        self.nodes.append(t["id"])
+        return t
+
+    def compare(self, outputs: Sequence[dict], limit: float, what: str) -> str:
+        """Compute on the server and locally; every output must agree within ``limit`` NMSE."""
+        ops = ", ".join(dict.fromkeys(self.ops))
+        try:
+            self.client.graph_compute(0, self.nodes, self.tensors)
+            got = [bytes(self.client.get_tensor(t, 0, tensor_nbytes(t))) for t in outputs]
+        except ConnectionClosed:
+            raise Unsupported(f"the server closed the connection on a GRAPH_COMPUTE of {ops} (op declined)") from None
+        return self._judge(outputs, got, limit, what)
+
+    def reference(self) -> None:
+        graph = build_graph(np.asarray(self.nodes, dtype=np.uint64), tensors_array(self.tensors),
+                            {self.buf.handle: self.mirror})
+        execute(graph.nodes)
+
+    def local(self, t: dict) -> np.ndarray:
+        off = t["data"] - self.buf.base
+        return self.mirror.memory[off : off + tensor_nbytes(t)].view(_DTYPES[t["type"]])
+
+    def _judge(self, outputs: Sequence[dict], got: Sequence[bytes], limit: float, what: str) -> str:
+        try:
+            self.reference()
+        except ExecutorError as exc:  # the kit's own executor refusing its own graph is a kit bug
+            raise RuntimeError(f"reference executor refused the check's graph: {exc}") from exc
+        worst = 0.0
+        for t, raw in zip(outputs, got, strict=True):
+            want = self.local(t)
+            have = np.frombuffer(raw, dtype=_DTYPES[t["type"]])
+            err = nmse(want, have)
+            worst = max(worst, err)
+            if not err <= limit:
+                name = GgmlOp(t["op"]).name
+                raise fail(f"{what}: {name} output differs from the reference executor (NMSE {err:.3g} > {limit:g})",
+                           expected=np.array2string(want[:8], precision=5), got=np.array2string(have[:8], precision=5))
+        return f"worst NMSE {worst:.2g} (limit {limit:g})"
 
 
 # ---- raw requests and probes ------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from ggml_rpc.conformance.checks._support import check as _check
 from ggml_rpc.conformance.client import ConnectionClosed, RpcClient
 from ggml_rpc.conformance.harness import Category, Context, Skipped, free_port
 from ggml_rpc.reference.comm import bf16_bits, bf16_to_f32
+from ggml_rpc.reference.server import Server, make_config
 from ggml_rpc.spec import V8, encode_request, make_tensor
 from ggml_rpc.spec import Command as C
 from ggml_rpc.spec.facts import COMM_BF16_FROM_ELEMENTS, comm_wire_type
@@ -58,8 +59,6 @@ def allreduce_alone(ctx: Context) -> None:
 @contextlib.contextmanager
 def _peer_reference(timeout: float) -> Iterator[RpcClient]:
     """The kit's reference server (8.0.0, loopback) as the other rank, and a connection to it."""
-    from ggml_rpc.reference.server import Server, make_config
-
     server = Server(replace(make_config(V8), comm_timeout=timeout), "127.0.0.1", 0)
     runner = threading.Thread(target=server.serve_forever, daemon=True, name="comm-peer")
     runner.start()
