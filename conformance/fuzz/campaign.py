@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ggml_rpc.conformance.harness import Target
 from ggml_rpc.reference.config import ServerConfig
@@ -35,6 +36,7 @@ from .memory import return_free_memory as _return_free_memory
 from .memory import rss_kib
 from .message import FuzzMessage
 from .oracle import ModelCache, clear_directory
+from .reports import finding_dict
 from .saving import FindingSaver
 from .targets import cache_unknown
 
@@ -266,6 +268,14 @@ class Campaign(FindingSaver):
             raise BudgetSpent("seconds")
 
     # ---- the run -----------------------------------------------------------------------------------------------
+
+    def report(self) -> dict[str, Any]:
+        """Everything ``findings.json`` holds."""
+        st = self.stats
+        return {"target": self.target.description, "protocol": self.protocol.label, "seed": self.options.seed,
+                "examples": st.examples, "messages": st.messages, "seconds": round(st.seconds, 1),
+                "messages_per_second": round(st.rate, 1), "restarts": st.restarts,
+                "classes": [finding_dict(f) for f in self.findings]}
 
     def run(self) -> list[SavedFinding]:
         rounds = 0

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..harness.html import HEX_LIMIT, escape
 from ..harness.html import standalone_page as _page
+from ..sessions.decode import decode_file, describe
 
 #: Finding kinds as the check report colours outcomes: deaths and leaks red, the rest orange.
 _CLASS = {"crash": "fail", "info-leak": "fail", "out-of-buffer": "fail", "hang": "non-strict",
@@ -20,8 +21,6 @@ def _slug(text: str) -> str:
 
 
 def _reproducer_rows(pcap: Path) -> str:
-    from ..sessions.decode import decode_file, describe
-
     try:
         decoded = decode_file(pcap)
     except Exception as exc:  # a reproducer the decoder cannot read is shown as such, not hidden

@@ -21,12 +21,15 @@ import random
 import tempfile
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ggml_rpc.conformance.harness import Target
+from ggml_rpc.conformance.sessions.pcapwrite import write_session
+from ggml_rpc.conformance.sessions.replay import ReplayError, replay
 from ggml_rpc.reference.config import ServerConfig
+from ggml_rpc.reference.server import Server
 from ggml_rpc.spec import CONN_CAPS_SIZE, Command, Protocol, encode_request
 
 from .campaign import Campaign, Options
@@ -38,6 +41,8 @@ from .memory import return_free_memory
 from .oracle import ModelStall
 from .reports import finding_dict, to_sarif, write_reports
 from .saving import _hello_reply
+from .setup import target_campaign
+from .targets import EmbeddedFuzzTarget, fuzz_config
 from .transcripts import culprit, flatten, request_groups
 
 #: Steps of one example (generic steps and strategies together).
@@ -252,12 +257,8 @@ class Hunt(Campaign):
     def _replay(self, groups: list[Writes], early: bool = False) -> str:
         """Replay the program with ``ggml-rpc replay``'s engine (``early``: as a client that leaves before its last
         reply, EARLY_ROUNDS times); the kind of failure seen ('' if none)."""
-        from ggml_rpc.conformance.sessions.replay import ReplayError, replay
-
         with tempfile.TemporaryDirectory(prefix="ggml-rpc-hunt-") as tmp:
             pcap = Path(tmp) / "candidate.pcap"
-            from ggml_rpc.conformance.sessions.pcapwrite import write_session
-
             rounds = EARLY_ROUNDS if early else 1
             write_session(pcap, [flatten(groups)] * rounds + [self._probe()], early=range(rounds) if early else ())
             try:
@@ -276,53 +277,23 @@ class Hunt(Campaign):
     # ---- reports -------------------------------------------------------------------------------------------------
 
     def report(self) -> dict[str, Any]:
-        """Everything ``findings.json`` holds."""
-        st = self.stats
-        return {
-            "target": self.target.description,
-            "protocol": self.protocol.label,
-            "seed": self.options.seed,
-            "examples": st.examples,
-            "messages": st.messages,
-            "seconds": round(st.seconds, 1),
-            "messages_per_second": round(st.rate, 1),
-            "restarts": st.restarts,
-            "findings_seen": self.hunt.findings_seen,
-            "shrink_replays": self.hunt.shrink_replays,
-            "classes": [finding_dict(f, self.hits.get(f.class_id, 1)) for f in self.findings],
-        }
+        """Everything ``findings.json`` holds: the campaign's figures, the hunt's, and each class with its hits."""
+        out = super().report()
+        del out["classes"]  # listed last, with the hunt's hit counts
+        return {**out, "findings_seen": self.hunt.findings_seen, "shrink_replays": self.hunt.shrink_replays,
+                "classes": [finding_dict(f, self.hits.get(f.class_id, 1)) for f in self.findings]}
 
 
 
 def hunt_campaign(target: Target, options: Options, *, protocol: Protocol | None = None,
                   **hooks: Callable[..., Any]) -> Hunt:
     """A hunt against a started target; the model takes the facts the target announces (as target_campaign)."""
-    from .setup import SetupError, learn_target
-    from .targets import FUZZ_DEVICE_MEMORY, fuzz_config
-
-    facts = learn_target(target.host, target.port, timeout=options.timeout, protocol=protocol)
-    if facts.devices < 1:
-        raise SetupError("the server reports no device")
-    from dataclasses import replace
-
-    from ggml_rpc.reference.devices import DeviceConfig
-
-    memory = facts.memory if facts.memory is not None else FUZZ_DEVICE_MEMORY
-    device = DeviceConfig(memory=memory, alignment=facts.alignment, max_size=facts.max_size)
-    config = replace(fuzz_config(facts.protocol, devices=facts.devices), device=device)
-    return Hunt(target, facts.protocol, config, options, devices=facts.devices, alignment=facts.alignment,
-                **hooks)
+    return target_campaign(target, options, protocol=protocol, kind=Hunt, **hooks)
 
 
 def embedded_hunt(protocol: Protocol, options: Options, *, server_cls: type | None = None,
                   **hooks: Callable[..., Any]) -> Hunt:
     """A hunt against the embedded reference server (or a variant); call ``target.start()`` first."""
-    from dataclasses import replace
-
-    from ggml_rpc.reference.server import Server
-
-    from .targets import EmbeddedFuzzTarget, fuzz_config
-
     config = fuzz_config(protocol)
     target = EmbeddedFuzzTarget(config, server_cls or Server, cache=False)
     return Hunt(target, protocol, config, replace(options, exact=True), alignment=config.device.alignment,

@@ -15,23 +15,33 @@ The oracle is the reference server's own connection logic (:mod:`.oracle`); the 
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ggml_rpc.spec import Command
+from ggml_rpc.spec import Protocol as WireProtocol
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, multiple, rule
 
 from .draws import HypothesisDraw
+from .example import Example
 from .valid_requests import BufferRef, ConnRef, TensorRef, alloc_size, placed_tensors
-
-if TYPE_CHECKING:
-    from .campaign import Campaign
 
 #: Longest burst of seeded steps after a rule's own request.
 BURST_MAX = 48
 
 
-def build_machine(campaign: Campaign) -> type[RuleBasedStateMachine]:
+class ExampleSource(Protocol):
+    """What the machine needs of the campaign that runs it (:class:`.campaign.Campaign`)."""
+
+    protocol: WireProtocol
+    devices: int
+
+    def new_example(self) -> Example:
+        """The example a new hypothesis example drives (the campaign checks its budget and target first)."""
+        ...
+
+
+def build_machine(campaign: ExampleSource) -> type[RuleBasedStateMachine]:
     """A state machine class for the campaign's protocol (one rule per command of its table)."""
     protocol = campaign.protocol
     devices = st.integers(0, max(0, campaign.devices - 1))
@@ -105,4 +115,4 @@ def build_machine(campaign: Campaign) -> type[RuleBasedStateMachine]:
     return FuzzMachine
 
 
-__all__ = ["BURST_MAX", "build_machine"]
+__all__ = ["BURST_MAX", "ExampleSource", "build_machine"]

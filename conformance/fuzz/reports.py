@@ -5,13 +5,20 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .. import kit_version
 from .findings import SavedFinding
 
-if TYPE_CHECKING:
-    from .campaign import Campaign
+
+class Reported(Protocol):
+    """A campaign as its reports see it (:class:`.campaign.Campaign`, :class:`.hunt.Hunt`)."""
+
+    findings: list[SavedFinding]
+
+    def report(self) -> dict[str, Any]:
+        """Everything ``findings.json`` holds."""
+        ...
 
 
 def finding_dict(f: SavedFinding, hits: int = 1) -> dict[str, Any]:
@@ -28,16 +35,10 @@ def finding_dict(f: SavedFinding, hits: int = 1) -> dict[str, Any]:
     }
 
 
-def write_reports(campaign: Campaign, out_dir: Path, sarif: Path | None = None) -> Path:
+def write_reports(campaign: Reported, out_dir: Path, sarif: Path | None = None) -> Path:
     """``findings.json`` in ``out_dir`` (and SARIF at ``sarif``); the JSON file's path."""
-    from .hunt import Hunt  # here, not at the top: the hunt imports this module
-
     out_dir.mkdir(parents=True, exist_ok=True)
-    data = campaign.report() if isinstance(campaign, Hunt) else {
-        "target": campaign.target.description, "protocol": campaign.protocol.label, "seed": campaign.options.seed,
-        "examples": campaign.stats.examples, "messages": campaign.stats.messages,
-        "seconds": round(campaign.stats.seconds, 1), "messages_per_second": round(campaign.stats.rate, 1),
-        "restarts": campaign.stats.restarts, "classes": [finding_dict(f) for f in campaign.findings]}
+    data = campaign.report()
     path = out_dir / "findings.json"
     path.write_text(json.dumps(data, indent=2) + "\n")
     if sarif is not None:
@@ -86,4 +87,4 @@ def to_sarif(findings: list[SavedFinding], summary: dict[str, Any]) -> dict[str,
 
 
 
-__all__ = ["SARIF_SCHEMA", "finding_dict", "to_sarif", "write_reports"]
+__all__ = ["SARIF_SCHEMA", "Reported", "finding_dict", "to_sarif", "write_reports"]

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ggml_rpc.spec import CONN_CAPS_SIZE, Command, Protocol, encode_request
+from ggml_rpc.conformance.sessions.replay import ReplayError, replay
+from ggml_rpc.spec import CONN_CAPS_SIZE, Command, Protocol, encode_reply, encode_request, hello_reply
 
 from .findings import Finding, SavedFinding, save
 
@@ -17,8 +18,6 @@ class FindingSaver:
     def _replay_fails(self, pcap: Path | None, kind: str) -> bool:
         """Does ``ggml-rpc replay``'s engine, re-running ``pcap`` against the target, fail (the target dies again
         after a crash -- on a restarted target --, or its replies differ)?"""
-        from ggml_rpc.conformance.sessions.replay import ReplayError, replay
-
         if pcap is None:
             return False
         try:
@@ -113,8 +112,6 @@ def _rewrite_line(out_dir: Path | None, saved: SavedFinding) -> None:
 
 
 def _hello_reply(protocol: Protocol) -> bytes:
-    from ggml_rpc.spec import encode_reply, hello_reply
-
     return encode_reply(protocol, Command.HELLO, hello_reply(protocol.version))
 
 

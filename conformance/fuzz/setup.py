@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from ggml_rpc.conformance.client import ConnectionClosed, RpcClient
 from ggml_rpc.conformance.harness import Target
@@ -14,6 +14,8 @@ from ggml_rpc.spec import HandshakeError, Protocol, ProtocolError
 
 from .campaign import Campaign, Options
 from .targets import FUZZ_DEVICE_MEMORY, EmbeddedFuzzTarget, fuzz_config
+
+C = TypeVar("C", bound=Campaign)
 
 
 class SetupError(Exception):
@@ -67,8 +69,9 @@ def embedded_campaign(protocol: Protocol, options: Options, *, server_cls: type[
 
 
 def target_campaign(target: Target, options: Options, *, protocol: Protocol | None = None,
-                    **hooks: Callable[..., Any]) -> Campaign:
-    """A campaign against a started external or spawned target; the model takes the facts it announces.
+                    kind: type[C] = Campaign, **hooks: Callable[..., Any]) -> C:  # type: ignore[assignment]
+    """A campaign (``kind``: :class:`.campaign.Campaign` or the hunt) against a started external or spawned target;
+    the model takes the facts it announces.
 
     The model's per-device budget is the total memory the target announces, so that a reference-like server and
     its twin grant and refuse the same allocations; when the devices disagree the fuzzer's own small budget is used
@@ -80,5 +83,4 @@ def target_campaign(target: Target, options: Options, *, protocol: Protocol | No
     memory = facts.memory if facts.memory is not None else FUZZ_DEVICE_MEMORY
     device = DeviceConfig(memory=memory, alignment=facts.alignment, max_size=facts.max_size)
     config = replace(fuzz_config(facts.protocol, devices=facts.devices), device=device)
-    return Campaign(target, facts.protocol, config, options, devices=facts.devices, alignment=facts.alignment,
-                    **hooks)
+    return kind(target, facts.protocol, config, options, devices=facts.devices, alignment=facts.alignment, **hooks)
