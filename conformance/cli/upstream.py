@@ -129,7 +129,7 @@ def run_codebooks(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from ..upstream.install import InstallError, server_hello
+    from ..upstream.hello import HelloError, server_hello
     from ..upstream.peers import PEERS, WHEEL_ENTRY, cache_root, installed_sanitized_peers
 
     rows = []
@@ -151,7 +151,7 @@ def run_list(args: argparse.Namespace) -> int:
         if peer.installed() and not args.no_hello:
             try:
                 row["hello"] = ".".join(map(str, server_hello(peer)))
-            except (InstallError, OSError) as exc:
+            except (HelloError, OSError) as exc:
                 row["hello"] = f"no answer: {exc}"
         rows.append(row)
     if args.json:

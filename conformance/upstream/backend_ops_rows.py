@@ -11,15 +11,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+from ggml_rpc.spec.enums import GgmlOp, GluOp, UnaryOp
 
 from .cells import FAIL, PASS, UNSUPPORTED, Cell, Row
 from .interpose import BackendOpsResult, run_backend_ops
 from .peers import PEERS
 from .runs import UpstreamServer, reference_server
-
-if TYPE_CHECKING:
-    from .matrix import Workspace
+from .workspace import Workspace
 
 #: The fixed subset CI runs (`--ops` default): element-wise, normalisation, softmax, copies and small reductions
 #: whose whole upstream case lists run in seconds, plus the ops that read every quantised type (MUL_MAT, GET_ROWS,
@@ -35,8 +34,6 @@ def ops_from_option(option: str | None) -> list[str]:
     if option == "none":
         return []
     if option == "all":
-        from ggml_rpc.spec.enums import GgmlOp, GluOp, UnaryOp
-
         # test-backend-ops names a UNARY or GLU case by its sub-op (`-o SILU`, `-o SWIGLU`), never by UNARY/GLU.
         return ([o.name for o in GgmlOp if o.name not in ("NONE", "UNARY", "GLU")] + [o.name for o in UnaryOp]
                 + [o.name for o in GluOp])

@@ -1,6 +1,7 @@
 """What an interop row is and what it gives: a row (ID, title, versions, the function that runs it), its cell
 (status, one-line detail, figures) and the result kept for the reports.  The matrix and the row families
-(:mod:`.split_rows`, :mod:`.backend_ops_rows`) share these, so none of them imports another."""
+(:mod:`.split_rows`, :mod:`.backend_ops_rows`) share these (and :class:`.workspace.Workspace`), so none of them
+imports another."""
 
 from __future__ import annotations
 

@@ -22,12 +22,15 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..harness import parse_address
 from ..provenance import git_state
-
-if TYPE_CHECKING:
-    from .peers import Peer
+from ..sessions.proxy import running_proxy
+from .backend_ops_rows import CI_OPS, ops_from_option
+from .interpose import run_backend_ops
+from .peers import Peer, peer_for
+from .runs import UpstreamServer, reference_server
 
 CLOSENESS_FILE = Path(__file__).resolve().with_name("op_closeness.json")
 FORMAT = "ggml-rpc-op-closeness/1"
@@ -73,12 +76,6 @@ def measure_op(peer: Peer, op: str, workdir: Path, timeout: float = 900.0,
     """One op: test-backend-ops through the recording proxy to upstream, then the two replays (not made of a
     recording larger than ``max_capture`` bytes: FLASH_ATTN_EXT's is 35 GB, whose cases can be taken a subset at a
     time with ``params``, test-backend-ops' filter of the cases' parameters)."""
-    from ggml_rpc.conformance.harness import parse_address
-    from ggml_rpc.conformance.sessions.proxy import running_proxy
-
-    from .interpose import run_backend_ops
-    from .runs import UpstreamServer, reference_server
-
     pcap = workdir / f"{op}.pcap"
     try:
         with UpstreamServer(peer, cache=False) as up, \
@@ -229,9 +226,6 @@ def section(data: dict[str, Any] | None = None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .backend_ops_rows import CI_OPS, ops_from_option
-    from .peers import peer_for
-
     p = argparse.ArgumentParser(prog="python -m ggml_rpc.conformance.upstream.closeness")
     p.add_argument("--ops", default=None, help="CI (default: " + ",".join(CI_OPS) + "), all, or OP,OP,...")
     p.add_argument("--proto", type=int, default=7, help="upstream peer's major version (default 7)")

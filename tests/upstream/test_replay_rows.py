@@ -9,22 +9,20 @@ from types import SimpleNamespace
 
 import pytest
 from ggml_rpc.conformance.sessions.compare import ReplayReport
-from ggml_rpc.conformance.upstream import replay_rows
+from ggml_rpc.conformance.upstream import matrix
 from ggml_rpc.conformance.upstream.cells import FAIL, PASS
 
 
-def _row(monkeypatch, tmp_path: Path, report: ReplayReport, model: str = "zoo-q4_0") -> replay_rows.Cell:
+def _row(monkeypatch, tmp_path: Path, report: ReplayReport, model: str = "zoo-q4_0") -> matrix.Cell:
     @contextlib.contextmanager
     def server(_major, _cache):
         yield "127.0.0.1:1"
 
-    monkeypatch.setattr(replay_rows, "reference_server", server)
-    import ggml_rpc.conformance.sessions.replay as replay_module
-
-    monkeypatch.setattr(replay_module, "replay", lambda *_a, **_k: report)
+    monkeypatch.setattr(matrix, "reference_server", server)
+    monkeypatch.setattr(matrix, "replay", lambda *_a, **_k: report)
     peer = SimpleNamespace(version="7.0.0", major=7)
     ws = SimpleNamespace(recorded={("7.0.0", model): tmp_path / "s.pcap"}, root=tmp_path, zoo=[model])
-    return replay_rows.replay_row(peer, ws, model, "reference")
+    return matrix.replay_row(peer, ws, model, "reference")
 
 
 def _report(computed: int, worst: float, by_op: dict) -> ReplayReport:

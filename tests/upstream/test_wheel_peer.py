@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from ggml_rpc.conformance.cli import main
 from ggml_rpc.conformance.upstream import peers, wheel, wheel_peer
-from ggml_rpc.conformance.upstream.install import raw_hello, server_hello
+from ggml_rpc.conformance.upstream.hello import raw_hello, server_hello
 from ggml_rpc.conformance.upstream.runs import UpstreamServer, completion, generated_text, kit, split_completion
 
 # ---- no install needed --------------------------------------------------------------------------------------
