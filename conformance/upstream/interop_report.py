@@ -14,7 +14,7 @@ from ..harness.html import escape, standalone_page
 from ..provenance import git_state
 from .cells import RowResult
 from .models import STANDARD_MODELS
-from .peers import PEERS
+from .peers import peers_of
 
 TITLE = "# Interop matrix: ggml-rpc-kit against genuine upstream llama.cpp"
 _COLUMNS = ("row", "versions", "result", "seconds", "detail")
@@ -25,13 +25,15 @@ def metadata(versions: list[str], repo: Path | None = None) -> dict[str, Any]:
     # A run is credited to a commit only with a clean tree: uncommitted changes are named as such.
     commit, dirty = git_state(repo or Path.cwd())
     upstream = {}
-    for v in versions:
-        info = PEERS[v].info()
-        if PEERS[v].kind == "wheel":
-            upstream[v] = f"{info.get('package', PEERS[v].requirement)} (wheel), installed in " \
-                          f"{info.get('install_seconds', '?')} s"
+    for peer in peers_of(versions):
+        info = peer.info()
+        if peer.kind == "wheel":
+            upstream[peer.label] = f"{info.get('package', peer.requirement)} (wheel), installed in " \
+                                   f"{info.get('install_seconds', '?')} s"
+        elif peer.kind == "debian":
+            upstream[peer.label] = f"{peer.requirement}, installed in {info.get('install_seconds', '?')} s"
         else:
-            upstream[v] = f"{info.get('package', PEERS[v].release)}, built in {info.get('build_seconds', '?')} s"
+            upstream[peer.label] = f"{info.get('package', peer.release)}, built in {info.get('build_seconds', '?')} s"
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "commit": commit,

@@ -24,7 +24,7 @@ from ggml_rpc.spec import Command, Reply
 from .cells import FAIL, PASS, UNSUPPORTED, Cell, Row, RowResult
 from .gguf_tensors import tensor_infos
 from .known_bugs import all_checks
-from .peers import PEERS, Peer
+from .peers import Peer, peers_of
 from .runs import UpstreamServer, abort_reason, completion, completion_argv, generated_text, kit, reference_server
 from .split_rows import split_rows
 from .workspace import Workspace
@@ -71,14 +71,20 @@ def _through_proxy(peer: Peer, model: Path, address: str, pcap: Path) -> tuple[A
 
 def client_line(peer: Peer, model: str) -> str:
     """The client command a recording names (the PROXY address in place of the port)."""
-    if peer.kind == "sdist":
-        return "llama-completion " + " ".join(completion_argv(peer, Path(f"{model}.gguf"), "PROXY")[1:])
+    if peer.kind in ("sdist", "debian"):
+        argv = completion_argv(peer, Path(f"{model}.gguf"), "PROXY")
+        return "llama-completion " + " ".join(argv[argv.index(str(peer.llama_completion)) + 1:])
     argv = peer.generate_argv(Path(f"{model}.gguf"), "PROXY")
     return "python -m " + " ".join(argv[argv.index("-m") + 1:])
 
 
 def server_name(peer: Peer) -> str:
-    return "rpc-server" if peer.kind == "sdist" else "ggml_backend_rpc_start_server (the kit's wheel_peer serve)"
+    return {"sdist": "rpc-server", "debian": "ggml-rpc-server (Debian's llama.cpp-tools-extra)"}.get(
+        peer.kind, "ggml_backend_rpc_start_server (the kit's wheel_peer serve)")
+
+
+#: What each kind of peer's client is, in row titles.
+CLIENTS = {"sdist": "llama-completion", "wheel": "client (wheel, Llama)", "debian": "llama-completion (Debian)"}
 
 
 #: A genuine upstream server passes at least this many checks (what it does right must stay judged right).
@@ -94,7 +100,7 @@ def check_row(peer: Peer, ws: Workspace) -> Cell:
     regression, and fails the row."""
     server = UpstreamServer(peer, cache=True, llama_cache=Path(tempfile.mkdtemp(dir=ws.root, prefix="llama-cache-")))
     server.cache_dir.mkdir(parents=True, exist_ok=True)
-    out = ws.root / f"check-{peer.version}.json"
+    out = ws.root / f"check-{peer.label}.json"
     done = kit("check", "--spawn", server.spawn_command(), "--cache-dir", str(server.cache_dir), "--json", str(out))
     if not out.is_file():
         return Cell(FAIL, f"ggml-rpc check produced no report: {done.why()}")
@@ -129,12 +135,12 @@ def completion_reference_row(peer: Peer, ws: Workspace, model: str) -> Cell:
     hashed = len(hashed_tensors(ws.models(peer)[model]))
     with tempfile.TemporaryDirectory(dir=ws.root, prefix="ref-cache-") as cache:
         with reference_server(peer.major, Path(cache)) as address:
-            cold_pcap = ws.root / f"ref-{peer.version}-{model}-cold.pcap"
+            cold_pcap = ws.root / f"ref-{peer.label}-{model}-cold.pcap"
             done, violations = _through_proxy(peer, ws.models(peer)[model], address, cold_pcap)
             if not done.ok:
                 return Cell(FAIL, f"cold run: {done.why()}")
             files = _cache_files(Path(cache))
-            warm_pcap = ws.root / f"ref-{peer.version}-{model}-warm.pcap"
+            warm_pcap = ws.root / f"ref-{peer.label}-{model}-warm.pcap"
             warm, warm_violations = _through_proxy(peer, ws.models(peer)[model], address, warm_pcap)
     problems = []
     if generated_text(done.stdout) != expected:
@@ -153,7 +159,7 @@ def completion_reference_row(peer: Peer, ws: Workspace, model: str) -> Cell:
     figures = {"cache_files": len(files), "hash_cold": cold_hits, "hash_warm": warm_hits,
                "seconds_cold": round(done.seconds, 2), "seconds_warm": round(warm.seconds, 2),
                "same_as_cpu_only": same_as_cpu,
-               "cpu_only_texts_disagreed": ws.baseline_disagreements.get((peer.version, model))}
+               "cpu_only_texts_disagreed": ws.baseline_disagreements.get((peer.label, model))}
     if problems:
         return Cell(FAIL, "; ".join(problems), figures)
     return Cell(PASS, f"{_same_text_detail(same_as_cpu)}; {len(files)} cache file(s) after the cold run, warm run "
@@ -164,20 +170,20 @@ def proxy_upstream_row(peer: Peer, ws: Workspace, model: str) -> Cell:
     """Upstream client -> ggml-rpc proxy --check --pcap -> upstream server: no violation, the text it gives without
     the proxy; keeps the pcap."""
     expected, same_as_cpu = ws.expected_text(peer, model)
-    pcap = ws.pcap_dir / f"v{peer.major}-upstream-{model}-cold.pcap"
+    pcap = ws.pcap_dir / f"{peer.tag}-upstream-{model}-cold.pcap"
     with UpstreamServer(peer, cache=True) as server:
         done, violations = _through_proxy(peer, ws.models(peer)[model], server.address, pcap)
         files = _cache_files(server.cache_dir)
     if not done.ok:
         return Cell(FAIL, f"{done.why()}")
-    ws.recorded[(peer.version, model)] = pcap
+    ws.recorded[(peer.label, model)] = pcap
     ws.record(pcap, protocol=peer.version, package=peer.requirement, model=model, client=client_line(peer, model),
               server=f"{server_name(peer)} with a cache directory ({peer.version}), empty", scenario="generation-cold",
               hashed=hashed_tensors(ws.models(peer)[model]))
     if hashed_tensors(ws.models(peer)[model]):
         # A second run against the same server cache: the weights above 10 MiB are found by hash.
-        warm_pcap = ws.pcap_dir / f"v{peer.major}-upstream-{model}-warm.pcap"
-        with UpstreamServer(peer, cache=True, llama_cache=ws.root / f"warm-cache-{peer.version}") as server:
+        warm_pcap = ws.pcap_dir / f"{peer.tag}-upstream-{model}-warm.pcap"
+        with UpstreamServer(peer, cache=True, llama_cache=ws.root / f"warm-cache-{peer.label}") as server:
             completion(peer, ws.models(peer)[model], server.address)
             warm, warm_violations = _through_proxy(peer, ws.models(peer)[model], server.address, warm_pcap)
         hits = _hash_results(warm_pcap)
@@ -206,7 +212,7 @@ def proxy_upstream_row(peer: Peer, ws: Workspace, model: str) -> Cell:
 def cross_version_row(client: Peer, server: Peer, ws: Workspace, model: str) -> Cell:
     """A client of one major version against a server of the other refuses, upstream and reference alike."""
     outcomes = {}
-    pcap = ws.pcap_dir / f"v{client.major}client-v{server.major}server-hello.pcap"
+    pcap = ws.pcap_dir / f"{client.tag}client-{server.tag}server-hello.pcap"
     with UpstreamServer(server, cache=False) as up:
         with running_proxy(parse_address(up.address), pcap=pcap) as proxy:
             outcomes["upstream"] = completion(client, ws.models(client)[model], f"{proxy.host}:{proxy.port}",
@@ -224,7 +230,7 @@ def cross_version_row(client: Peer, server: Peer, ws: Workspace, model: str) -> 
     refused = {name: not done.ok for name, done in outcomes.items()}
     if not all(refused.values()):
         wrong = [name for name, r in refused.items() if not r]
-        return Cell(FAIL, f"the v{client.major} client ran against the v{server.major} {', '.join(wrong)} server",
+        return Cell(FAIL, f"the {client.tag} client ran against the {server.tag} {', '.join(wrong)} server",
                     figures)
     if figures["upstream"] != figures["reference"]:
         return Cell(FAIL, f"refused differently: upstream {figures['upstream']!r}, reference "
@@ -233,9 +239,38 @@ def cross_version_row(client: Peer, server: Peer, ws: Workspace, model: str) -> 
                 figures)
 
 
+def cross_build_row(client: Peer, server: Peer, ws: Workspace, model: str) -> Cell:
+    """Two genuine builds of one version (the wheel's, Debian's): the client of one through ``proxy --check`` to the
+    server of the other runs the session with no violation and prints the text it prints with its own build's
+    server."""
+    expected = ws.upstream_text(client, model)
+    pcap = ws.pcap_dir / f"{client.tag}client-{server.tag}server-{model}.pcap"
+    with UpstreamServer(server, cache=False) as up:
+        done, violations = _through_proxy(client, ws.models(client)[model], up.address, pcap)
+    figures: dict[str, Any] = {"violations": len(violations), "pcap": pcap.name,
+                               "seconds_generation": round(done.seconds, 2)}
+    if not done.ok:
+        return Cell(FAIL, f"the {client.tag} client failed against the {server.tag} server: {done.why()}", figures)
+    ws.record(pcap, protocol=server.version, model=model, package=f"{client.requirement} client, "
+              f"{server.requirement} server", client=f"{client_line(client, model)} (the {client.label} client)",
+              server=f"{server_name(server)} ({server.label})", scenario="cross-build")
+    problems = []
+    text = generated_text(done.stdout)
+    figures["same_as_own_server"] = text == expected
+    if text != expected:
+        problems.append(f"text differs from the {client.label} client's with its own server: {text!r} vs "
+                        f"{expected!r}")
+    if violations:
+        problems.append(f"{len(violations)} violations, first: {violations[0]}")
+    if problems:
+        return Cell(FAIL, "; ".join(problems), figures)
+    return Cell(PASS, f"0 violations, the text the {client.label} client gives with its own server; recorded "
+                      f"{pcap.name} ({pcap.stat().st_size:,} bytes)", figures)
+
+
 def check_wrong_proto_row(expected: str, server: Peer, ws: Workspace) -> Cell:
     """``ggml-rpc check --proto N`` against an upstream server of another version: the verdict says so."""
-    out = ws.root / f"check-proto{expected}-vs-{server.version}.json"
+    out = ws.root / f"check-proto{expected}-vs-{server.label}.json"
     with UpstreamServer(server, cache=False) as up:
         done = kit("check", "--server", up.address, "--proto", expected, "--checks", "HELLO-*", "--json", str(out),
                    timeout=120)
@@ -269,7 +304,7 @@ def replay_row(peer: Peer, ws: Workspace, model: str, against: str) -> Cell:
     """``ggml-rpc replay`` of the recorded upstream session against the reference server or upstream: 0 mismatches;
     for a zoo model, every computed read within :data:`REPLAY_NMSE_BAR` of upstream's (the standard models' rows
     report where they stand against it)."""
-    pcap = ws.recorded.get((peer.version, model))
+    pcap = ws.recorded.get((peer.label, model))
     if pcap is None:
         return Cell(UNSUPPORTED, "no recorded session (its proxy row did not pass)")
     if against == "reference":
@@ -300,34 +335,45 @@ def replay_row(peer: Peer, ws: Workspace, model: str, against: str) -> Cell:
 
 def rows(versions: list[str], ws: Workspace, models: list[str], *, backend_ops: Callable[[], Iterator[Row]] | None
          = None) -> Iterator[Row]:
-    """Every row of the matrix for ``versions``, in the order they run."""
-    for version in versions:
-        peer = PEERS[version]
-        v = f"v{peer.major}"
-        client = "llama-completion" if peer.kind == "sdist" else "client (wheel, Llama)"
-        yield Row(f"CHECK-{v}", f"ggml-rpc check --spawn upstream {v} rpc server with a cache directory", version,
+    """Every row of the matrix for ``versions`` (each version's release peer and Debian's build of it when
+    installed: :func:`.peers.peers_of`), in the order they run."""
+    chosen = peers_of(versions)
+    for peer in chosen:
+        v = peer.tag
+        yield Row(f"CHECK-{v}", f"ggml-rpc check --spawn upstream {v} rpc server with a cache directory", peer.version,
                   lambda p=peer: check_row(p, ws))
         for model in [*models, *ws.zoo]:
-            yield Row(f"GEN-{v}-REF-{model}", f"upstream {v} {client} -> reference {v}, {model}", version,
-                      lambda p=peer, m=model: completion_reference_row(p, ws, m))
+            yield Row(f"GEN-{v}-REF-{model}", f"upstream {v} {CLIENTS[peer.kind]} -> reference v{peer.major}, {model}",
+                      peer.version, lambda p=peer, m=model: completion_reference_row(p, ws, m))
             yield Row(f"GEN-{v}-PROXY-{model}", f"upstream {v} client -> proxy --check -> upstream {v}, {model}",
-                      version, lambda p=peer, m=model: proxy_upstream_row(p, ws, m))
+                      peer.version, lambda p=peer, m=model: proxy_upstream_row(p, ws, m))
             for against in ("reference", "upstream"):
                 yield Row(f"REPLAY-{v}-{against.upper()}-{model}",
-                          f"replay of the upstream {v} {model} session -> {against} {v}", version,
+                          f"replay of the upstream {v} {model} session -> "
+                          f"{'upstream ' + v if against == 'upstream' else f'reference v{peer.major}'}", peer.version,
                           lambda p=peer, m=model, a=against: replay_row(p, ws, m, a))
-        yield from split_rows(peer, ws, models[0])
-    # Every pair of majors refuses each other, upstream and reference alike; the kit's check says so.
-    chosen = [PEERS[v] for v in versions]
+        # The other genuine builds of the version serve beside this one in a split of its own.
+        yield from split_rows(peer, ws, models[0],
+                              partners=[o for o in chosen if o.version == peer.version and o != peer])
+    # Every pair of majors refuses each other, upstream and reference alike; the kit's check says so. Two builds
+    # of one version work together.
     small = models[0]
+    checked: set[tuple[int, str]] = set()
     for client in chosen:
         for server in chosen:
-            if client.major == server.major:
+            c, s = client.tag, server.tag
+            if client == server:
                 continue
-            c, s = f"v{client.major}", f"v{server.major}"
+            if client.major == server.major:
+                yield Row(f"CROSS-{c}-{s}", f"upstream {c} client -> proxy --check -> upstream {s} server, {small}",
+                          server.version, lambda a=client, b=server: cross_build_row(a, b, ws, small))
+                continue
             yield Row(f"CROSS-{c}-{s}", f"upstream {c} client -> {s} servers (upstream, reference) refuse",
                       f"{client.version}/{server.version}",
                       lambda a=client, b=server: cross_version_row(a, b, ws, small))
+            if (client.major, s) in checked:
+                continue
+            checked.add((client.major, s))
             yield Row(f"CROSS-CHECK-{client.major}-{s}",
                       f"ggml-rpc check --proto {client.major} against upstream {s} reports the mismatch",
                       server.version, lambda a=client, b=server: check_wrong_proto_row(str(a.major), b, ws))

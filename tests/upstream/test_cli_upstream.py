@@ -51,14 +51,10 @@ def test_a_sanitized_build_has_its_own_prefix_options_and_run_time_settings(monk
     assert "allocator_may_return_null=1" in env["ASAN_OPTIONS"] and "halt_on_error=0" in env["UBSAN_OPTIONS"]
     assert "ASAN_OPTIONS" not in plain.launch_env()
     assert peers.installed_sanitized_peers() == []
-    with pytest.raises(ValueError, match="prebuilt wheel"):
-        peers.sanitized_peer("8.0.0")
-
-
-def test_sanitize_of_a_wheel_version_is_a_usage_error(capsys) -> None:
-    assert main(["upstream", "install", "--proto", "8", "--sanitize", "address"]) == 2
-    err = capsys.readouterr().err
-    assert "no source build to instrument" in err and "Traceback" not in err
+    # 8.0.0 comes as a wheel: its instrumented build is ggml alone from Debian's source (test_debian_peer.py).
+    assert peers.sanitized_peer("8.0.0").kind == "ggml"
+    with pytest.raises(ValueError, match="unknown sanitizer"):
+        peers.sanitized_peer("7.0.0", "thread")
 
 
 def test_unknown_version_is_a_usage_error(capsys) -> None:
@@ -75,8 +71,9 @@ def test_list_without_peers_says_how_to_install(monkeypatch, tmp_path, capsys) -
     assert "8.0.0  not installed (llama-cpp-py-sync==0.11739; ggml-rpc upstream install --proto 8)" in out
     assert main(["upstream", "list", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [r["version"] for r in rows] == ["6.0.0", "7.0.0", "8.0.0"] and not any(r["installed"] for r in rows)
-    assert [r["kind"] for r in rows] == ["sdist", "sdist", "wheel"]
+    assert [r["version"] for r in rows] == ["6.0.0", "7.0.0", "8.0.0", "8.0.0"]
+    assert not any(r["installed"] for r in rows)
+    assert [r["kind"] for r in rows] == ["sdist", "sdist", "wheel", "debian"]
 
 
 def test_interop_without_peers_is_a_usage_error(monkeypatch, tmp_path, capsys) -> None:

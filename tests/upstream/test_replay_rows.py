@@ -20,7 +20,7 @@ def _row(monkeypatch, tmp_path: Path, report: ReplayReport, model: str = "zoo-q4
 
     monkeypatch.setattr(matrix, "reference_server", server)
     monkeypatch.setattr(matrix, "replay", lambda *_a, **_k: report)
-    peer = SimpleNamespace(version="7.0.0", major=7)
+    peer = SimpleNamespace(version="7.0.0", label="7.0.0", major=7)
     ws = SimpleNamespace(recorded={("7.0.0", model): tmp_path / "s.pcap"}, root=tmp_path, zoo=[model])
     return matrix.replay_row(peer, ws, model, "reference")
 
