@@ -239,8 +239,12 @@ def install_debian_peer(peer: Peer, *, say: Say = print, force: bool = False) ->
     """Install Debian's build of ``peer.version`` unless it is installed already; returns its record."""
     if peer.installed() and not force:
         info = peer.info()
+        vocab = install_vocab(peer)  # upstream's, once a 6/7 build is there to copy it from
+        if vocab != info.get("vocab"):
+            info["vocab"] = vocab
+            peer.record.write_text(json.dumps(info, indent=2) + "\n")
         say(f"{peer.label}: already installed in {peer.prefix} ({peer.requirement}, installed in "
-            f"{info.get('install_seconds', '?')} s)")
+            f"{info.get('install_seconds', '?')} s); vocabulary: {vocab}")
         return info
     peer.prefix.mkdir(parents=True, exist_ok=True)
     log = peer.prefix / "install.log"

@@ -154,6 +154,18 @@ def test_an_installed_debian_peer_adds_its_rows_to_the_matrix(monkeypatch, tmp_p
     assert peers.PEERS["8.0.0"].tag == "v8" and peers.PEERS["8.0.0"].label == "8.0.0"
 
 
+def test_a_reinstall_takes_upstreams_vocabulary_once_a_build_has_it(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("GGML_RPC_KIT_UPSTREAM", str(tmp_path))
+    peer = peers.debian_peer("8.0.0")
+    _fake_install(peer)
+    seven = peers.PEERS["7.0.0"]
+    seven.vocab.parent.mkdir(parents=True)
+    seven.vocab.write_bytes(b"GGUF upstream's vocabulary")
+    info = debian.install_debian_peer(peer, say=lambda line: None)
+    assert info["vocab"].startswith("upstream's ggml-vocab-llama-spm.gguf, copied from 7.0.0")
+    assert peer.vocab.read_bytes() == b"GGUF upstream's vocabulary" and json.loads(peer.record.read_text()) == info
+
+
 def test_debians_zoo_is_quantised_by_debians_own_programs(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("GGML_RPC_KIT_UPSTREAM", str(tmp_path))
     peer = peers.debian_peer("8.0.0")
