@@ -39,6 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", metavar="HOST:PORT", help="address of the server under test")
     p.add_argument("--spawn", metavar="CMD", help="start the server under test with CMD ({port} is replaced by a "
                    "free port); it is restarted after a check kills it, and the death is reported")
+    p.add_argument("--no-fork-server", dest="fork_server", action="store_false", help="with --spawn: start the "
+                   "server anew after every death instead of forking it (by default the kit's fork server is "
+                   "preloaded: the server is started once and each restart is a fork of it as it first accepted a "
+                   "connection, when the server allows it)")
     p.add_argument("--proto", default="auto", help="the version expected (and, without --server/--spawn, the one "
                    "the embedded server speaks): " + proto_help("auto", auto="learn it from HELLO"))
     p.add_argument("--checks", metavar="PATTERN", help="comma-separated shell patterns on check IDs or categories "
@@ -74,7 +78,7 @@ def _target(args: argparse.Namespace, proto: Protocol | None) -> Target:
         raise UsageError(f"--cache-dir {args.cache_dir}: not a directory")
     address = parse_address(args.server, "--server") if args.server else None
     if args.spawn:
-        target = SpawnedTarget(args.spawn, cache_dir=cache_dir)
+        target = SpawnedTarget(args.spawn, cache_dir=cache_dir, fork_server=args.fork_server)
         if address is not None:
             target.host, target.port = address
         elif "{port}" not in args.spawn:
@@ -131,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         report.header(console, target.description, target.address, runner.info)
         console.print(f"seed {runner.seed} (--seed {runner.seed} sends the same inputs again)")
+        if isinstance(target, SpawnedTarget):
+            console.print(target.restart_mode)
         totals: dict[Category, int] = {}
         for c in checks:
             totals[c.category] = totals.get(c.category, 0) + 1

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..harness import ExternalTarget, Target, TargetError, parse_address
+from ..harness import ExternalTarget, SpawnedTarget, Target, TargetError, parse_address
 from .interrupts import soft_stop
 from .options import UsageError, proto_help
 
@@ -37,6 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", "--out", dest="out", default=DEFAULT_OUT, metavar="DIR",
                    help=f"where findings are saved (default {DEFAULT_OUT}/; --out: the older spelling, kept as an "
                    "alias)")
+    p.add_argument("--no-fork-server", dest="fork_server", action="store_false", help="with --spawn: start the "
+                   "server anew after every death instead of forking it (by default the kit's fork server is "
+                   "preloaded into the server: started once, each restart a fork of it as it first accepted a "
+                   "connection, when the server allows it)")
     p.add_argument("--wait-restart", type=float, default=0.0, metavar="S", help="when the target dies and was not "
                    "spawned here, wait up to S seconds for it to come back instead of stopping")
     p.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds without reply or close that "
@@ -99,7 +103,7 @@ def _target(args: argparse.Namespace) -> Target:
         from ..fuzz.targets import spawned_target
 
         # An upstream server started with -c gets a cache directory the fuzzer owns, so the model can follow it.
-        return spawned_target(args.spawn)
+        return spawned_target(args.spawn, fork_server=args.fork_server)
     try:
         host, port = parse_address(args.server)
     except ValueError as exc:
@@ -170,6 +174,8 @@ def run(args: argparse.Namespace) -> int:
                 target.start()
             print(f"fuzzing {target.description} at {target.address}, protocol {campaign.protocol.label}, seed "
                   f"{args.seed}", file=sys.stderr)
+            if isinstance(target, SpawnedTarget):
+                print(target.restart_mode, file=sys.stderr)
             campaign.run()
     finally:
         target.stop()
@@ -185,6 +191,11 @@ def run(args: argparse.Namespace) -> int:
     return 1 if campaign.findings else 0
 
 
+def _forks(target: Target) -> str:
+    forks = getattr(target, "fork_restarts", 0)
+    return f" ({forks} of them forks)" if forks else ""
+
+
 def print_summary(campaign, out=None) -> None:
     out = out or sys.stdout
     st = campaign.stats
@@ -196,7 +207,7 @@ def print_summary(campaign, out=None) -> None:
     out.write(f"{st.examples} examples, {st.messages} messages ({st.broken} near-valid) in {st.seconds:.1f} s: "
               f"{st.rate:,.0f} execs/s; max RSS {st.max_rss_kib / 1024:.0f} MiB (fuzzer and model)"
               + (f", {st.max_target_rss_kib / 1024:.0f} MiB (target)" if st.max_target_rss_kib else "")
-              + f"; target restarts {st.restarts}\n")
+              + f"; target restarts {st.restarts}" + _forks(campaign.target) + "\n")
     if st.by_rule:
         out.write("rules broken: " + ", ".join(f"{k} {v}" for k, v in sorted(st.by_rule.items())) + "\n")
     out.write("findings: " + ", ".join(f"{v} {k}" for k, v in kinds.items()) + "\n")

@@ -166,8 +166,8 @@ def _finish(args: argparse.Namespace, report: ReplayReport) -> int:
 def _spawned(args: argparse.Namespace, captures: list[LoadedCapture], as_protocol: Protocol | None,
              address: tuple[str, int] | None) -> int:
     """``--spawn CMD``: the target started (and restarted after each death) by the replayer."""
+    from ..harness import SpawnedTarget, TargetError
     from ..harness.replay_spawn import SpawnedReplayer
-    from ..harness.targets import SpawnedTarget, TargetError
 
     target = SpawnedTarget(args.spawn)
     if address is not None:

@@ -275,6 +275,8 @@ class Campaign(FindingSaver):
         return {"target": self.target.description, "protocol": self.protocol.label, "seed": self.options.seed,
                 "examples": st.examples, "messages": st.messages, "seconds": round(st.seconds, 1),
                 "messages_per_second": round(st.rate, 1), "restarts": st.restarts,
+                # Restarts that were forks of the spawned server (its fork server), not new processes.
+                "fork_restarts": getattr(self.target, "fork_restarts", 0),
                 "classes": [finding_dict(f) for f in self.findings]}
 
     def run(self) -> list[SavedFinding]:

@@ -157,25 +157,14 @@ class FuzzSpawnedTarget(SpawnedTarget):
 
     ``GGML_NO_BACKTRACE=1`` (unless the user set it): upstream otherwise attaches gdb to print a backtrace at every
     abort, which costs seconds per death and pushes the assertion's ``file:line`` (part of a finding's class) out
-    of the log tail the fuzzer keeps.
+    of the log tail the fuzzer keeps. With ``fork_server`` (the default) a death costs a fork of the server as it
+    was when it first accepted a connection, not a process start (see :class:`SpawnedTarget`).
     """
 
-    def __init__(self, command: str, env: dict[str, str] | None = None, **kwargs: Any) -> None:
-        super().__init__(command, **kwargs)
-        self.env = {"GGML_NO_BACKTRACE": os.environ.get("GGML_NO_BACKTRACE", "1"), **(env or {})}
-
-    def start(self) -> None:
-        # The child inherits the environment at spawn time: set for the spawn only, the fuzzer's own is restored.
-        previous = {k: os.environ.get(k) for k in self.env}
-        os.environ.update(self.env)
-        try:
-            super().start()
-        finally:
-            for k, v in previous.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    def __init__(self, command: str, env: dict[str, str] | None = None, *, fork_server: bool = True,
+                 **kwargs: Any) -> None:
+        env = {"GGML_NO_BACKTRACE": os.environ.get("GGML_NO_BACKTRACE", "1"), **(env or {})}
+        super().__init__(command, env=env, fork_server=fork_server, **kwargs)
 
 
 class CachedSpawnedTarget(FuzzSpawnedTarget):
@@ -201,12 +190,13 @@ class CachedSpawnedTarget(FuzzSpawnedTarget):
             self.cache_dir.mkdir(parents=True, exist_ok=True)
 
 
-def spawned_target(command: str) -> FuzzSpawnedTarget:
-    """The target for ``--spawn CMD``: an upstream server started with ``-c`` gets a cache the fuzzer can follow."""
+def spawned_target(command: str, *, fork_server: bool = True) -> FuzzSpawnedTarget:
+    """The target for ``--spawn CMD``: an upstream server started with ``-c`` gets a cache the fuzzer can follow;
+    ``fork_server``: restarts are forks when the server allows it."""
     words = _words(command)
     if any(w in _UPSTREAM_CACHE_FLAGS for w in words[1:]) and _CACHE_DIR_FLAG not in words:
-        return CachedSpawnedTarget(command)
-    return FuzzSpawnedTarget(command)
+        return CachedSpawnedTarget(command, fork_server=fork_server)
+    return FuzzSpawnedTarget(command, fork_server=fork_server)
 
 
 def cache_unknown(target: Target) -> bool:

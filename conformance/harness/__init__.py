@@ -1,7 +1,7 @@
 """The conformance harness: checks as data, the targets they run against, the runner, and its reports.
 
-:mod:`.model` declares checks and their verdicts, :mod:`.targets` the servers under test (external, spawned,
-embedded), :mod:`.context` what a check function gets and may raise, :mod:`.runner` the run itself;
+:mod:`.model` declares checks and their verdicts, :mod:`.targets` the servers under test (external, embedded) and
+:mod:`.spawned` a spawned one, :mod:`.context` what a check function gets and may raise, :mod:`.runner` the run itself;
 :mod:`.report` draws the terminal tables and :mod:`.report_files` writes the JSON and JUnit files.
 
 This package's namespace is the API checks are written against (``from ggml_rpc.conformance.harness import
@@ -27,10 +27,10 @@ from .context import (
 )
 from .model import SPEC_DOC, Category, Check, Outcome, Result, iter_groups, select
 from .runner import ProgressFn, Runner
+from .spawned import SpawnedTarget
 from .targets import (
     EmbeddedTarget,
     ExternalTarget,
-    SpawnedTarget,
     Target,
     TargetError,
     exit_status,

@@ -18,7 +18,8 @@ from ..sessions.compare import Mismatch
 from ..sessions.decode import DecodedConnection
 from ..sessions.relocate import TargetCache
 from ..sessions.replay import DEATH, LoadedCapture, Replayer, ReplayError, _TargetStopped
-from .targets import SpawnedTarget, TargetError
+from .spawned import SpawnedTarget
+from .targets import TargetError
 
 #: The mismatch kind of a sanitizer report the server printed and survived (an instrumented build's UBSan).
 SANITIZER = "sanitizer"

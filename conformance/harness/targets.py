@@ -1,22 +1,17 @@
 """Targets: where the server under test is and how to bring it back.
 
-An :class:`ExternalTarget` is a server someone else runs; a :class:`SpawnedTarget` is started by the harness from a
-command line, its log tail kept, and restarted after it dies; an :class:`EmbeddedTarget` is the kit's reference
-server in this process.
+An :class:`ExternalTarget` is a server someone else runs; an :class:`EmbeddedTarget` is the kit's reference server in
+this process; a :class:`~.spawned.SpawnedTarget` (in :mod:`.spawned`) is started by the harness from a command line,
+its log tail kept, and restarted after it dies.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import shlex
 import signal
 import socket
-import subprocess
 import tempfile
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,7 +20,7 @@ from ggml_rpc.reference import running_server
 from ggml_rpc.reference.config import CodebookSource
 from ggml_rpc.spec import Protocol
 
-from .sanitizer_log import SanitizerLog, SanitizerReport
+from .sanitizer_log import SanitizerReport
 
 
 class TargetError(Exception):
@@ -136,148 +131,6 @@ def exit_status(code: int) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exited with code {code}"
-
-
-class SpawnedTarget(Target):
-    """A server the harness starts itself from a command line (``{port}`` is replaced by a free port).
-
-    Its output is kept (last lines) so that a death can be reported with its exit status and log tail.
-    """
-
-    can_restart = True
-
-    def __init__(
-        self, command: str, *, host: str = "127.0.0.1", cache_dir: Path | None = None, startup_timeout: float = 20.0
-    ) -> None:
-        self.command = command
-        self.host = host
-        self._cache_dir = cache_dir
-        self.startup_timeout = startup_timeout
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log: deque[str] = deque(maxlen=20)
-        #: Sanitizer reports of every process started so far (an instrumented build prints them on stderr).
-        self.sanitizer = SanitizerLog()
-        #: :attr:`sanitizer`'s count when the current process started: its own reports come after.
-        self._process_mark = 0
-        self._reader: threading.Thread | None = None
-        self.description = f"spawned: {command}"
-        self.restarts = 0
-
-    @property
-    def cache_dir(self) -> Path | None:
-        return self._cache_dir
-
-    def _argv(self) -> list[str]:
-        if "{port}" in self.command:
-            self.port = free_port(self.host)
-            return shlex.split(self.command.replace("{port}", str(self.port)))
-        if not self.port:
-            raise TargetError("--spawn needs --server HOST:PORT or a {port} placeholder in CMD")
-        return shlex.split(self.command)
-
-    def start(self) -> None:
-        argv = self._argv()
-        self.log.clear()
-        self._process_mark = self.sanitizer.count
-        try:
-            self.proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        except OSError as exc:
-            raise TargetError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
-        self._reader = threading.Thread(target=self._read_log, args=(self.proc,), daemon=True)
-        self._reader.start()
-        if not wait_for_port(self.host, self.port, self.startup_timeout, lambda: self.proc.poll() is None):
-            info = self.death_info() or {}
-            self.stop()
-            tail = " | ".join(info.get("log_tail", [])[-3:])
-            raise TargetError(f"spawned server did not listen on {self.address}: {info.get('status', 'timeout')}"
-                              + (f" ({tail})" if tail else ""))
-
-    def _read_log(self, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdout is not None
-        try:
-            for raw in proc.stdout:
-                line = raw.decode("utf-8", "replace").rstrip()
-                self.log.append(line)
-                self.sanitizer.feed(line)
-        except (ValueError, OSError):
-            pass  # stop() closed the pipe under this thread: the process is gone, nothing more to read
-
-    @property
-    def sanitizer_count(self) -> int:
-        return self.sanitizer.count
-
-    def sanitizer_reports(self, since: int) -> list[SanitizerReport]:
-        self._settle_output()
-        return self.sanitizer.since(since)
-
-    def _settle_output(self, limit: float = 0.2) -> None:
-        """Wait (briefly) until the output the server has written is read: a UBSan report is written before the
-        reply it precedes, but the reader thread may not have taken it from the pipe yet."""
-        proc = self.proc
-        if proc is None or proc.stdout is None or proc.stdout.closed:
-            return
-        import fcntl
-        import struct
-        import termios
-
-        deadline = time.monotonic() + limit
-        while time.monotonic() < deadline:
-            try:
-                pending = struct.unpack("i", fcntl.ioctl(proc.stdout.fileno(), termios.FIONREAD, b"\0" * 4))[0]
-            except (OSError, ValueError):
-                return
-            if pending == 0:
-                time.sleep(0.005)  # the reader's last line, taken but not yet parsed
-                return
-            time.sleep(0.005)
-
-    def death_info(self) -> dict[str, Any] | None:
-        if self.proc is None:
-            return None
-        try:
-            code = self.proc.wait(timeout=3.0)  # a dying process (core dump, exit handlers) takes a moment
-        except subprocess.TimeoutExpired:
-            return {"status": "still running but not answering", "log_tail": list(self.log)}
-        if self._reader is not None:
-            self._reader.join(timeout=1.0)
-        info: dict[str, Any] = {"status": exit_status(code), "exit_code": code, "log_tail": list(self.log)}
-        # Only a fatal report (ASan) explains a death; UBSan's recover and are findings of their own.
-        fatal = [r for r in self.sanitizer.since(self._process_mark) if r.fatal]
-        if fatal:
-            # The process's last fatal report is what killed it; the status names it rather than "exit code 1".
-            info["sanitizer"] = fatal[-1].to_dict()
-            info["status"] = f"{info['status']} after {fatal[-1].headline()}"
-        return info
-
-    def stop(self) -> None:
-        proc = self.proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=5)
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-    def restart(self) -> None:
-        self.stop()
-        self.restarts += 1
-        self.start()
-
-    def process_exited(self) -> bool:
-        return self.proc is not None and self.proc.poll() is not None
-
-    @property
-    def startup_wait(self) -> float:  # type: ignore[override]
-        return self.startup_timeout
 
 
 class EmbeddedTarget(Target):
