@@ -50,6 +50,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hunt", action="store_true", help="campaign mode for a target that dies often (upstream "
                    "rpc-server): seeded examples with strategies aimed at its known crash and leak classes, going "
                    "on after every death; one shrunk, re-verified reproducer per finding class")
+    p.add_argument("--workers", type=int, default=None, metavar="N", help="run N fuzzing processes (seeds SEED "
+                   "to SEED+N-1, each with its own target when the target is spawned or embedded; budgets are per "
+                   "worker) sharing one findings set and corpus through --database; their reports are merged into "
+                   "--output, each finding class once, the workers' own in --output/worker-K")
+    p.add_argument("--database", metavar="DIR|redis://HOST:PORT/DB", default=None, help="the hypothesis example "
+                   "database the workers share: a folder (default --output/database) or a Redis server that workers "
+                   "on several machines reach (needs the redis package: pip install 'ggml-rpc-kit[redis]'); a "
+                   "class any worker found is not shrunk or saved again by another, and the merged report holds the "
+                   "classes of every machine")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # a worker process's label (set by --workers)
     p.add_argument("--html", metavar="DIR", help="write DIR/index.html: one row per finding class, a page per class "
                    "with its reproducer's messages decoded by the spec")
     p.add_argument("--sarif", metavar="FILE", help="also write the findings as SARIF 2.1.0 (a file: standard "
@@ -111,6 +121,81 @@ def _target(args: argparse.Namespace) -> Target:
     return ExternalTarget(host, port)
 
 
+def _worker_argv(args: argparse.Namespace, number: int, label: str, out: Path, database: str) -> list[str]:
+    """The command line of worker ``number``: this run's options, its own seed and output folder."""
+    argv = ["fuzz", "--proto", args.proto, "--seed", str(args.seed + number), "-o", str(out), "--timeout",
+            str(args.timeout), "--wait-restart", str(args.wait_restart), "--worker", label, "--database", database]
+    for option, value in (("--server", args.server), ("--spawn", args.spawn), ("--examples", args.examples),
+                          ("--seconds", args.seconds), ("--steps", args.steps)):
+        if value is not None:
+            argv += [option, str(value)]
+    return argv + (["--hunt"] if args.hunt else []) + ([] if args.fork_server else ["--no-fork-server"])
+
+
+def run_workers(args: argparse.Namespace) -> int:
+    """``--workers N``: N worker processes of this campaign, then their reports merged into one."""
+    import socket
+    import subprocess
+
+    from ..fuzz.workers import DatabaseError, SharedFindings, merge_reports, open_database, sarif_of_record
+
+    out = Path(args.out)
+    database = args.database or str(out / "database")
+    try:
+        db = open_database(database)
+    except DatabaseError as exc:
+        raise UsageError(str(exc)) from None
+    host = socket.gethostname()
+    folders = [(f"{host}/{k}", out / f"worker-{k}") for k in range(args.workers)]
+    print(f"{args.workers} worker(s), findings shared through {database}", file=sys.stderr)
+    procs = []
+    try:
+        for k, (label, folder) in enumerate(folders):
+            folder.mkdir(parents=True, exist_ok=True)
+            log = open(folder / "worker.log", "w")  # closed once the worker has ended (below)
+            argv = [sys.executable, "-m", "ggml_rpc.conformance.cli", *_worker_argv(args, k, label, folder,
+                                                                                      database)]
+            procs.append((subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), log))
+        for proc, log in procs:
+            proc.wait()
+            log.close()
+    finally:
+        for proc, log in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(10)
+            log.close()
+    key = _campaign_key_of(folders)
+    shared = SharedFindings(db, key, host) if key is not None else None
+    record = merge_reports(folders, out, shared)
+    if args.sarif:
+        Path(args.sarif).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.sarif).write_text(json.dumps(sarif_of_record(record), indent=2) + "\n")
+    failed = [label for (label, _), (proc, _) in zip(folders, procs, strict=True) if proc.returncode not in (0, 1)]
+    print(f"{len(folders)} worker(s): {record['examples']} examples, {record['messages']} messages in "
+          f"{record['seconds']:.1f} s: {record['messages_per_second']:,.0f} execs/s; target restarts "
+          f"{record['restarts']}; {len(record['classes'])} finding class(es), each once")
+    for c in record["classes"]:
+        print(f"  {c['kind']} on {c.get('command') or '-'} ({c['class']}; worker {c['worker']}, {c.get('hits', 1)} "
+              f"hit(s)): {c.get('reproducer') or 'no reproducer here'}")
+    if failed:
+        print(f"worker(s) that failed: {', '.join(failed)} (see their worker.log)", file=sys.stderr)
+        return 2
+    return 1 if record["classes"] else 0
+
+
+def _campaign_key_of(folders: list[tuple[str, Path]]) -> bytes | None:
+    """The campaign key the workers used (each wrote it into its findings.json)."""
+    for _, folder in folders:
+        try:
+            data = json.loads((folder / "findings.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if data.get("shared_key"):
+            return str(data["shared_key"]).encode()
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from ggml_rpc.spec import V7, parse_version_option
 
@@ -118,6 +203,13 @@ def run(args: argparse.Namespace) -> int:
     from ..fuzz.hunt import HUNT_STEPS, embedded_hunt, hunt_campaign, write_reports
     from ..fuzz.setup import SetupError
 
+    if args.workers is not None and args.workers < 1:
+        raise UsageError("--workers must be at least 1")
+    if args.worker is None and (args.workers is not None or args.database is not None):
+        if args.html:
+            raise UsageError("--html with --workers/--database: run `ggml-rpc fuzz` once per worker for pages")
+        args.workers = args.workers or 1
+        return run_workers(args)
     if args.examples is not None and args.examples < 1:
         raise UsageError("--examples must be at least 1")
     if args.seconds is not None and args.seconds <= 0:
@@ -161,6 +253,18 @@ def run(args: argparse.Namespace) -> int:
             target.stop()
             raise UsageError(str(exc)) from None
     target = campaign.target
+    shared_key = None
+    if args.worker is not None:
+        from ..fuzz.workers import DatabaseError, SharedFindings, campaign_key, open_database
+
+        # The campaign's identity: the server as the user named it and the protocol it speaks (not a worker's
+        # port or cache folder).
+        shared_key = campaign_key(args.spawn or args.server or target.description, campaign.protocol.label)
+        try:
+            campaign.shared = SharedFindings(open_database(args.database), shared_key, args.worker)
+        except DatabaseError as exc:
+            target.stop()
+            raise UsageError(str(exc)) from None
 
     def stop() -> None:
         # First signal: finish cleanly (summary, target stopped); a second one ends at once.  From here on a dead
@@ -181,8 +285,13 @@ def run(args: argparse.Namespace) -> int:
         target.stop()
         status.done()
     print_summary(campaign)
-    if campaign.findings or args.hunt or args.sarif or args.html:  # a clean run without these leaves nothing
+    # A clean run without these leaves nothing; a worker always reports (to be merged).
+    if campaign.findings or args.hunt or args.sarif or args.html or args.worker:
         path = write_reports(campaign, Path(args.out), Path(args.sarif) if args.sarif else None)
+        if shared_key is not None:
+            data = json.loads(path.read_text())
+            data["shared_key"] = shared_key.decode()
+            path.write_text(json.dumps(data, indent=2) + "\n")
         if args.html:
             from ..fuzz.html import write_findings_html
 

@@ -39,6 +39,7 @@ from .oracle import ModelCache, clear_directory
 from .reports import finding_dict
 from .saving import FindingSaver
 from .targets import cache_unknown
+from .workers import SharedFindings
 
 #: Examples per hypothesis run (one round).
 ROUND_EXAMPLES = 10
@@ -136,6 +137,8 @@ class Campaign(FindingSaver):
         self.stop_requested = False
         #: The budget ran out inside a round: its remaining examples are inert.
         self.out_of_budget = False
+        #: The finding classes shared with other workers of the campaign (``--workers``, ``--database``), if any.
+        self.shared: SharedFindings | None = None
         self._machine = build_machine(self)
 
     # ---- target liveness ---------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import select
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ggml_rpc.conformance.client import cork
@@ -24,13 +25,27 @@ class Received:
     data: bytes
     closed: bool
     timed_out: bool
+    #: The wait ended early: the server sat blocked reading its socket, so nothing more would come without input.
+    idle: bool = False
+
+    def waited(self, timeout: float) -> str:
+        """How a wait that timed out ended, for a finding's message."""
+        return "(it waits for more input)" if self.idle else f"within {timeout:g} s"
+
+
+#: Seconds without a byte from the server after which a read asks whether it waits for input (when it can be told).
+IDLE_AFTER = 0.1
 
 
 class TargetConnection:
     """A TCP connection to the target, with bounded reads."""
 
-    def __init__(self, host: str, port: int, *, timeout: float) -> None:
+    def __init__(self, host: str, port: int, *, timeout: float,
+                 idle: Callable[[], bool | None] | None = None) -> None:
         self.timeout = timeout
+        #: Asked during a read that waits (see :meth:`Target.waiting_for_input`): True ends the wait at once, as a
+        #: timeout would end it later.
+        self.idle = idle
         try:
             self.sock = socket.create_connection((host, port), timeout=timeout)
         except ConnectionRefusedError as exc:
@@ -65,23 +80,31 @@ class TargetConnection:
             pass
 
     def read(self, n: int) -> Received:
-        """Up to exactly ``n`` bytes, stopping early at EOF/reset or after the timeout."""
+        """Up to exactly ``n`` bytes, stopping early at EOF/reset, after the timeout, or as soon as the server is seen
+        waiting for input (``idle``: what it has not sent by then, it will not send)."""
         out = bytearray()
         deadline = time.monotonic() + self.timeout
+        quiet_since = time.monotonic()
         while len(out) < n:
             try:
                 chunk = self.sock.recv(n - len(out))
             except BlockingIOError:
-                left = deadline - time.monotonic()
+                now = time.monotonic()
+                left = deadline - now
                 if left <= 0:
                     return Received(bytes(out), False, True)
-                select.select([self.sock], [], [], left)
+                if self.idle is not None and now - quiet_since >= IDLE_AFTER:
+                    if self.idle():
+                        return Received(bytes(out), False, True, idle=True)
+                    quiet_since = time.monotonic()
+                select.select([self.sock], [], [], min(left, IDLE_AFTER) if self.idle is not None else left)
                 continue
             except OSError:
                 return Received(bytes(out), True, False)
             if not chunk:
                 return Received(bytes(out), True, False)
             out += chunk
+            quiet_since = time.monotonic()
         return Received(bytes(out), False, False)
 
     def pending(self) -> Received:

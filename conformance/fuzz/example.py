@@ -148,7 +148,9 @@ class Example(ExampleSteps, ReplyChecks):
         self.close_current()
         ref.incarnation += 1
         try:
-            tconn = TargetConnection(self.host.target.host, self.host.target.port, timeout=self.host.timeout)
+            # A target that can say it waits for input ends a wait for a reply or a close as soon as it does.
+            tconn = TargetConnection(self.host.target.host, self.host.target.port, timeout=self.host.timeout,
+                                     idle=self.host.target.waiting_for_input)
         except Refused as exc:
             self._fail("crash", f"the target refuses connections ({exc}) after "
                        f"{self.last.describe() if self.last else 'the previous example'}", self.last)
@@ -188,7 +190,7 @@ class Example(ExampleSteps, ReplyChecks):
                 self._fail("wrong-reply", f"the target sent {len(rec.data)} byte(s) that no request asked for "
                            f"(first: {rec.data[:16].hex(' ')})", self.last)
             if rec.timed_out:
-                self._open_where_model_closes(tconn, f"the target did not close within {self.host.timeout:g} s after "
+                self._open_where_model_closes(tconn, f"the target did not close {rec.waited(self.host.timeout)} after "
                                               "the client finished sending", self.last)
         finally:
             tconn.close()
@@ -255,8 +257,9 @@ class Example(ExampleSteps, ReplyChecks):
         if out.closed:
             rec = tconn.until_closed()
             if rec.timed_out and not rec.data:
-                self._open_where_model_closes(tconn, f"the target neither closed nor answered within "
-                                              f"{self.host.timeout:g} s where the reference closes ({out.reason})", msg)
+                self._open_where_model_closes(tconn, f"the target neither closed nor answered "
+                                              f"{rec.waited(self.host.timeout)} where the reference closes "
+                                              f"({out.reason})", msg)
                 return None
             self._end_target()
             if rec.data:

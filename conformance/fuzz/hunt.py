@@ -27,7 +27,8 @@ from typing import Any
 
 from ggml_rpc.conformance.harness import Target
 from ggml_rpc.conformance.sessions.pcapwrite import write_session
-from ggml_rpc.conformance.sessions.replay import ReplayError, replay
+from ggml_rpc.conformance.sessions.replay import Replayer, ReplayError, replay
+from ggml_rpc.conformance.sessions.replay_captures import capture_of_writes
 from ggml_rpc.reference.config import ServerConfig
 from ggml_rpc.reference.server import Server
 from ggml_rpc.spec import CONN_CAPS_SIZE, Command, Protocol, encode_request
@@ -66,6 +67,8 @@ class HuntStats:
     verified: int = 0
     unverified: int = 0
     fuzzer_errors: int = 0
+    #: Hits of classes another worker of the campaign had found first.
+    shared_hits: int = 0
 
 
 class Hunt(Campaign):
@@ -156,6 +159,9 @@ class Hunt(Campaign):
         if saved is not None:
             self.hits[saved.class_id] = self.hits.get(saved.class_id, 0) + 1
             return
+        if self.shared is not None and self.shared.known(key):
+            self.hunt.shared_hits += 1  # another worker has the class: no shrinking, verifying or saving here
+            return
         at = culprit(ex.transcript)
         if at is None:
             return
@@ -165,7 +171,8 @@ class Hunt(Campaign):
         if self.target.can_restart and len(groups) == len(msgs):
             kept = self._shrink(list(range(len(groups))), groups, finding, early)
             groups, msgs = [groups[i] for i in kept], [msgs[i] for i in kept]
-            verified = self._reproduces(groups, finding, early)
+            # Verified as the saved reproducer will be replayed: from a pcap file.
+            verified = self._reproduces(groups, finding, early, from_file=True)
             # The death is the last request's that still reproduces it: a no-reply request before the one that
             # noticed the death (a GRAPH_COMPUTE before an ALLOC_BUFFER) takes the blame once shrinking shows it.
             last = msgs[-1]
@@ -198,6 +205,10 @@ class Hunt(Campaign):
             save(saved, [writes] * rounds + [self._probe()], self.options.out_dir, len(self.findings) + 1,
                  early=range(rounds) if early else ())
         self.findings.append(saved)
+        if self.shared is not None:
+            # Under the signature it was met with and, when shrinking moved the blame, the one it has now.
+            for signature in dict.fromkeys((key, finding.signature)):
+                self.shared.add(signature, saved, self.hits[saved.class_id])
         self.mark_dead()  # the next example checks the target (shrinking restarted it more than once)
         if self._on_finding is not None:
             self._on_finding(saved)
@@ -229,8 +240,9 @@ class Hunt(Campaign):
                 chunk //= 2
         return head + body
 
-    def _reproduces(self, groups: list[Writes], finding: Finding, early: bool) -> bool:
-        """Does this program fail a freshly restarted target as the finding did (same class)?"""
+    def _reproduces(self, groups: list[Writes], finding: Finding, early: bool, *, from_file: bool = False) -> bool:
+        """Does this program fail a freshly restarted target as the finding did (same class)?  ``from_file``: replayed
+        from a pcap of it, as ``ggml-rpc replay`` replays a reproducer (else from the same capture in memory)."""
         self.hunt.shrink_replays += 1
         try:
             self.target.restart()
@@ -242,7 +254,7 @@ class Hunt(Campaign):
             return False
         mark = self.target.sanitizer_count
         try:
-            got = self._replay(groups, early)
+            got = self._replay(groups, early, from_file=from_file)
         finally:
             self._dead = True
         if finding.kind == "undefined-behaviour":
@@ -254,19 +266,27 @@ class Hunt(Campaign):
             return death_symptom(self.target.death_info()) == death_symptom(finding.death)
         return got == finding.kind
 
-    def _replay(self, groups: list[Writes], early: bool = False) -> str:
+    def _replay(self, groups: list[Writes], early: bool = False, *, from_file: bool = False) -> str:
         """Replay the program with ``ggml-rpc replay``'s engine (``early``: as a client that leaves before its last
-        reply, EARLY_ROUNDS times); the kind of failure seen ('' if none)."""
-        with tempfile.TemporaryDirectory(prefix="ggml-rpc-hunt-") as tmp:
-            pcap = Path(tmp) / "candidate.pcap"
-            rounds = EARLY_ROUNDS if early else 1
-            write_session(pcap, [flatten(groups)] * rounds + [self._probe()], early=range(rounds) if early else ())
-            try:
-                report = replay([pcap], self.target.host, self.target.port, timeout=self.timeout)
-            except ReplayError:
-                return "crash"
-            except Exception:
-                return ""
+        reply, EARLY_ROUNDS times); the kind of failure seen ('' if none).  The capture is the pcap
+        :func:`.write_session` makes of the program (``from_file``), or the same capture decoded in memory (what
+        shrinking's many candidates use: writing and reading a file each is most of a replay's time)."""
+        rounds = EARLY_ROUNDS if early else 1
+        connections = [flatten(groups)] * rounds + [self._probe()]
+        left = range(rounds) if early else ()
+        try:
+            if from_file:
+                with tempfile.TemporaryDirectory(prefix="ggml-rpc-hunt-") as tmp:
+                    pcap = Path(tmp) / "candidate.pcap"
+                    write_session(pcap, connections, early=left)
+                    report = replay([pcap], self.target.host, self.target.port, timeout=self.timeout)
+            else:
+                capture = capture_of_writes(connections, early=left)
+                report = Replayer([capture], self.target.host, self.target.port, timeout=self.timeout).run()
+        except ReplayError:
+            return "crash"
+        except Exception:
+            return ""
         if report.ok:
             return ""
         kinds = {m.kind for m in report.mismatches}
@@ -281,6 +301,7 @@ class Hunt(Campaign):
         out = super().report()
         del out["classes"]  # listed last, with the hunt's hit counts
         return {**out, "findings_seen": self.hunt.findings_seen, "shrink_replays": self.hunt.shrink_replays,
+                "shared_hits": self.hunt.shared_hits,
                 "classes": [finding_dict(f, self.hits.get(f.class_id, 1)) for f in self.findings]}
 
 

@@ -21,7 +21,7 @@ class ReplyChecks:
     def _check_reply(self, msg: FuzzMessage, want: bytes, tconn: TargetConnection) -> None:
         head = tconn.read(REPLY_HEADER_SIZE)
         if head.timed_out:
-            self._fail("hang", f"no reply within {self.host.timeout:g} s", msg)
+            self._fail("hang", f"no reply {head.waited(self.host.timeout)}", msg)
         if len(head.data) < REPLY_HEADER_SIZE:
             self._closed_unexpectedly(msg, "replies")
         want_head, want_body = want[:REPLY_HEADER_SIZE], want[REPLY_HEADER_SIZE:]
@@ -31,7 +31,8 @@ class ReplyChecks:
             self._fail("wrong-reply", f"reply size {got}, the reference replies {len(want_body)} bytes", msg)
         body = tconn.read(len(want_body))
         if body.timed_out:
-            self._fail("hang", f"reply body incomplete after {self.host.timeout:g} s", msg)
+            self._fail("hang", "reply body incomplete " + ("(the target waits for more input)" if body.idle else
+                                                           f"after {self.host.timeout:g} s"), msg)
         if len(body.data) < len(want_body):
             self._closed_unexpectedly(msg, "replies")
         self._compare(msg, want_body, body.data)

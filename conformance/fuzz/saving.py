@@ -51,6 +51,8 @@ class FindingSaver:
             # the kit started too), and re-verifying it would outlast the 2 s a stop may take.
             return None
         self._seen.add(finding.signature)
+        if self.shared is not None and self.shared.known(finding.signature):
+            return None  # another worker of the campaign has this class (and its reproducer)
         transcript = [conn for conn in transcript if conn]
         saved = SavedFinding(finding.kind, finding.message, finding.command, finding.broken, messages=0,
                              connections=0, death=finding.death, shrunk=shrunk)
@@ -78,6 +80,8 @@ class FindingSaver:
         if saved.summary_file is not None:
             _rewrite_line(self.options.out_dir, saved)
         self.findings.append(saved)
+        if self.shared is not None:
+            self.shared.add(finding.signature, saved)
         if self._on_finding is not None:
             self._on_finding(saved)
         return saved

@@ -175,9 +175,10 @@ static void kit_supervise(int fd) {
                 kit_fail("waitpid");
             }
         }
-        /* The report first: once a connection is refused, the kit may already read it. */
-        kit_say("end %lu %d %d", n, (int) pid, status);
+        /* Refused first, reported then, as with a process that dies: its listening socket is closed before
+         * anyone can see its exit status. */
         shutdown(fd, SHUT_RDWR);
+        kit_say("end %lu %d %d", n, (int) pid, status);
         char word = 0;
         for (;;) {
             ssize_t r = read(kit_control, &word, 1);

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import select
 import shlex
 import signal
@@ -22,6 +23,39 @@ from typing import IO, Any
 from .forkserver import ForkServer, ForkServerUnavailable, library
 from .sanitizer_log import SanitizerLog, SanitizerReport
 from .targets import Target, TargetError, exit_status, free_port, wait_for_port
+
+#: Calls that read a descriptor, by machine (Linux's numbers): read, readv, recvfrom, recvmsg, recvmmsg.
+_READ_CALLS = {"x86_64": {0, 19, 45, 47, 299}, "aarch64": {63, 65, 207, 212, 243}}.get(platform.machine(), set())
+#: Seconds between the two looks of :func:`waiting_for_input` (a running process accrues CPU ticks meanwhile).
+IDLE_SAMPLE = 0.05
+
+
+def _reading_a_socket(pid: int) -> tuple[bool, int] | None:
+    """(is the process's main thread blocked in a read call on a socket, its CPU ticks so far), from /proc; None when
+    that cannot be read (not Linux, no permission, gone)."""
+    try:
+        call = Path(f"/proc/{pid}/syscall").read_text().split()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2:].split()
+        ticks = int(fields[11]) + int(fields[12])  # utime + stime, every thread's
+        if not call or call[0] == "running" or int(call[0]) not in _READ_CALLS:
+            return False, ticks
+        return os.readlink(f"/proc/{pid}/fd/{int(call[1], 16)}").startswith("socket:"), ticks
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def waiting_for_input(pid: int) -> bool | None:
+    """Is process ``pid`` blocked reading a socket and using no CPU, twice :data:`IDLE_SAMPLE` apart (a server
+    that waits for a client's next bytes: it will neither answer nor close before they come)?  None: unknown."""
+    first = _reading_a_socket(pid)
+    if first is None or not first[0]:
+        return None if first is None else False
+    time.sleep(IDLE_SAMPLE)
+    second = _reading_a_socket(pid)
+    if second is None:
+        return None
+    return second[0] and second[1] == first[1]
 
 
 class ProcessOutput:
@@ -323,6 +357,10 @@ class SpawnedTarget(Target):
         fork.fork_again()
         if not fork.wait("child_running", self.startup_timeout, self.pump):
             raise ForkServerUnavailable("the fork server did not fork a new child")
+
+    def waiting_for_input(self) -> bool | None:
+        pid = self.pid
+        return waiting_for_input(pid) if pid is not None else None
 
     def process_exited(self) -> bool:
         if self.proc is None:

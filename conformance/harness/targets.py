@@ -89,6 +89,11 @@ class Target:
         """True when the harness knows the server's process has ended (only a spawned server is known)."""
         return False
 
+    def waiting_for_input(self) -> bool | None:
+        """Is the server blocked reading its connection, using no CPU (so it sends nothing more until it gets more
+        input)?  None when the harness cannot tell (only a process on this machine can be looked at)."""
+        return None
+
     #: How long a step waits for a (re)starting server to accept before judging it gone.
     startup_wait = 0.0
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ggml_rpc.spec import Command, Direction, Protocol, fnv1a64
 
-from .decode import DecodedConnection, decode_file
+from .connection import Connection
+from .decode import DecodedConnection, decode_connection, decode_file
+from .pcapwrite import Write
+from .peer_link import decode_with_links
 from .spans import LazyBytes
 
 
@@ -24,19 +27,43 @@ class LoadedCapture:
 
 def load_captures(paths: Sequence[str | Path], protocol: Protocol | None = None) -> list[LoadedCapture]:
     """Decode every capture; any connection that does not decode cleanly makes the replay impossible."""
-    out = []
-    for path in paths:
-        conns = decode_file(path, protocol, validate=False)
-        for dc in conns:
-            # A client stream that breaks the spec is replayed as recorded up to the break, then sent raw: the
-            # recorded server closed there, the target must too.  A broken server stream cannot be replayed.
-            if dc.error is not None and dc.error_direction is not Direction.C2S:
-                raise ReplayError(f"{path}: connection {dc.conn.index}: the recorded server's replies do not decode "
-                                  f"({dc.error}); run `ggml-rpc decode` for details")
-            if dc.protocol is None and dc.error is None and not dc.cuts:
-                raise ReplayError(f"{path}: connection {dc.conn.index}: protocol version unknown (no HELLO reply)")
-        out.append(LoadedCapture(str(path), conns))
-    return out
+    return [_checked(str(path), decode_file(path, protocol, validate=False)) for path in paths]
+
+
+def capture_of_writes(connections: Iterable[Sequence[Write]], *, early: Collection[int] = (),
+                      name: str = "(in memory)") -> LoadedCapture:
+    """The capture :func:`.pcapwrite.write_session` would write for ``connections`` (each connection's writes, in
+    order), decoded as :func:`load_captures` decodes that file, without writing or reading it: each connection's
+    two streams, closed by both sides, or (``early``) left by the client before the server's last writes."""
+    conns = []
+    for number, writes in enumerate(connections):
+        last = max((i for i, (from_client, _) in enumerate(writes) if from_client), default=-1)
+        c2s = b"".join(bytes(data) for from_client, data in writes if from_client)
+        s2c = b"".join(bytes(data) for from_client, data in writes if not from_client)
+        conn = Connection.from_streams(number, ("127.0.0.1", 40000 + number), ("127.0.0.1", 50052), 0.0, c2s, s2c)
+        conn.c2s.seen, conn.s2c.seen = len(c2s), len(s2c)
+        conn.c2s.fin = True
+        if number in early:
+            # The client's FIN after its last request; what the server wrote after it is answered with a reset.
+            conn.c2s.fin_peer_bytes = sum(len(data) for from_client, data in writes[:last + 1] if not from_client)
+            conn.c2s.rst = conn.c2s.fin_peer_bytes < len(s2c)
+        else:
+            conn.c2s.fin_peer_bytes = len(s2c)
+            conn.s2c.fin, conn.s2c.fin_peer_bytes = True, len(c2s)
+        conns.append(conn)
+    return _checked(name, decode_with_links(conns, lambda c: decode_connection(c, None, validate=False)))
+
+
+def _checked(path: str, conns: list[DecodedConnection]) -> LoadedCapture:
+    for dc in conns:
+        # A client stream that breaks the spec is replayed as recorded up to the break, then sent raw: the
+        # recorded server closed there, the target must too.  A broken server stream cannot be replayed.
+        if dc.error is not None and dc.error_direction is not Direction.C2S:
+            raise ReplayError(f"{path}: connection {dc.conn.index}: the recorded server's replies do not decode "
+                              f"({dc.error}); run `ggml-rpc decode` for details")
+        if dc.protocol is None and dc.error is None and not dc.cuts:
+            raise ReplayError(f"{path}: connection {dc.conn.index}: protocol version unknown (no HELLO reply)")
+    return LoadedCapture(path, conns)
 
 
 def source_protocol(captures: Sequence[LoadedCapture], default: Protocol | None = None) -> Protocol:

@@ -342,6 +342,10 @@ class Peer:
 
             dirs = [str(self.prefix / "site"), *site.getsitepackages(), inherited.get("PYTHONPATH", "")]
             env = {"PYTHONPATH": os.pathsep.join(d for d in dirs if d)}
+            # The wheel's package imports numpy, whose OpenBLAS starts a worker thread that nothing of the server or
+            # the client uses; without it the server is one thread until it computes, which the kit's fork server
+            # needs (a fork copies one thread).
+            env["OPENBLAS_NUM_THREADS"] = "1"
             if self.loader is None:  # without the private loader, the system's finds the wheel's libraries here
                 env["LD_LIBRARY_PATH"] = os.pathsep.join(
                     p for p in (str(self.wheel_dir), inherited.get("LD_LIBRARY_PATH", "")) if p)

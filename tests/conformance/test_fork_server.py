@@ -8,10 +8,12 @@ import shlex
 import shutil
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ggml_rpc.conformance.fuzz.channel import TargetConnection
 from ggml_rpc.conformance.harness import SpawnedTarget
 from ggml_rpc.conformance.harness.forkserver import ForkServer
 
@@ -139,3 +141,29 @@ def test_without_the_fork_server_a_restart_is_a_new_process(spawned):
     ask(target, "crash")
     target.restart()
     assert target.proc.pid != first and (target.restarts, target.fork_restarts) == (1, 0)
+
+
+def test_a_server_blocked_reading_its_connection_is_seen_waiting_for_input(spawned):
+    target = start(spawned)
+    with socket.create_connection((target.host, target.port), timeout=5) as conn:
+        conn.sendall(b"count\n")
+        conn.recv(100)
+        time.sleep(0.2)  # as a read asks only after a quiet spell (IDLE_AFTER)
+        # It answered and reads the connection again: nothing more comes from it until the client sends.
+        assert target.waiting_for_input() is True
+        conn.sendall(b"hang\n")
+        time.sleep(0.2)
+        assert target.waiting_for_input() is False  # asleep, but not reading: it may still do something
+
+
+def test_a_read_ends_as_soon_as_the_server_waits_for_input(spawned):
+    target = start(spawned)
+    conn = TargetConnection(target.host, target.port, timeout=5.0, idle=target.waiting_for_input)
+    try:
+        conn.send(b"say hello\n")
+        started = time.monotonic()
+        got = conn.read(100)  # more than the server will ever send
+        assert (got.data, got.idle, got.timed_out) == (b"ok\n", True, True)
+        assert time.monotonic() - started < 2.0
+    finally:
+        conn.close()

@@ -1,0 +1,114 @@
+"""Hunt speed against genuine servers: messages/s and restarts/s of ``ggml-rpc fuzz --hunt --spawn``, per target and
+restart mode (a new process per death, or a fork of the first one: the kit's fork server).
+
+    python bench/bench_hunt.py [--peer 8.0.0 --peer 7.0.0] [--seconds 600] [--modes process,fork] [--seed 0]
+                               [--cli PATH/TO/ggml-rpc] [--json OUT.json]
+
+Each run is one campaign of ``--seconds``, run one at a time (the campaigns share the machine's cores with nothing of
+this script's). The servers are the installed peers (``ggml-rpc upstream list``), started as a user runs them: an
+sdist build's ``rpc-server -c`` (its cache in a folder the fuzzer owns), a wheel peer's entry module without a cache.
+``--cli`` measures another checkout's ``ggml-rpc`` (``before``: a version without the fork server, run without the
+option it lacks). Target: >= 200 messages/s on 2 cores against 7.0.0 and 8.0.0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ggml_rpc.conformance.provenance import git_state
+from ggml_rpc.conformance.upstream.peers import PEERS, Peer
+
+TARGET_RATE = 200.0
+MODES = ("process", "fork", "before")
+
+
+def spawn_command(peer: Peer) -> str:
+    """The ``--spawn`` command line of ``peer``'s server: its own environment (no ``LLAMA_CACHE``: the fuzzer sets
+    its own for ``-c``), loopback, one thread."""
+    env = peer.launch_env()
+    argv = peer.server_argv("{port}", cache=peer.kind != "wheel")
+    return shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), *argv]).replace("'{port}'", "{port}")
+
+
+def run(cli: str, label: str, command: str, mode: str, seconds: float, seed: int) -> dict[str, Any]:
+    """One campaign; its findings.json summary and the rates."""
+    with tempfile.TemporaryDirectory(prefix="ggml-rpc-bench-hunt-") as tmp:
+        argv = [cli, "fuzz", "--hunt", "--spawn", command, "--seconds", str(seconds), "--seed", str(seed),
+                "-o", tmp] + (["--no-fork-server"] if mode == "process" else [])
+        started = time.monotonic()
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=seconds * 3 + 600)
+        wall = time.monotonic() - started
+        found = Path(tmp) / "findings.json"
+        if not found.is_file():
+            raise SystemExit(f"{label} {mode}: no findings.json (exit {p.returncode}): {p.stderr[-600:]}")
+        data = json.loads(found.read_text())
+    restart_line = next((line for line in p.stderr.splitlines() if line.startswith("restarts:")), "")
+    secs = float(data["seconds"]) or 1.0
+    classes = data["classes"]
+    return {
+        "target": label, "mode": mode, "command": command, "seed": seed, "budget_seconds": seconds,
+        "wall_seconds": round(wall, 1), "seconds": data["seconds"], "examples": data["examples"],
+        "messages": data["messages"], "messages_per_second": round(data["messages"] / secs, 1),
+        "restarts": data["restarts"], "restarts_per_second": round(data["restarts"] / secs, 2),
+        "fork_restarts": data.get("fork_restarts", 0), "shrink_replays": data.get("shrink_replays"),
+        "findings_seen": data.get("findings_seen"), "classes": len(classes),
+        "verified": sum(1 for c in classes if c["verified"]), "restart_mode": restart_line, "exit_code": p.returncode,
+        "class_ids": sorted(c["class"] for c in classes),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--peer", action="append", default=[], help="an installed peer's version (default: 7.0.0 and "
+                   "8.0.0, those installed)")
+    p.add_argument("--seconds", type=float, default=600.0)
+    p.add_argument("--modes", default="process,fork", help=f"comma-separated, of {', '.join(MODES)}")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cli", default=shutil.which("ggml-rpc") or "ggml-rpc")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    if any(m not in MODES for m in modes):
+        p.error(f"--modes: choose from {', '.join(MODES)}")
+    versions = args.peer or [v for v in ("7.0.0", "8.0.0") if PEERS[v].installed()]
+    peers = [PEERS[v] for v in versions]
+    missing = [peer.version for peer in peers if not peer.installed()]
+    if missing:
+        p.error(f"not installed: {', '.join(missing)} (ggml-rpc upstream install)")
+    commit, dirty = git_state()
+    cli_commit, cli_dirty = git_state(Path(os.path.realpath(args.cli)).parents[2]) \
+        if Path(args.cli).is_absolute() else (commit, dirty)
+    record: dict[str, Any] = {
+        "machine": {"cores": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
+                    "load_average_start": os.getloadavg()[0], "commit": commit, "dirty": dirty,
+                    "cli": args.cli, "cli_commit": cli_commit, "cli_dirty": cli_dirty},
+        "target_messages_per_second": TARGET_RATE, "runs": [],
+    }
+    for peer in peers:
+        command = spawn_command(peer)
+        for mode in modes:
+            print(f"{peer.label} {mode}: {args.seconds:g} s ...", file=sys.stderr, flush=True)
+            result = run(args.cli, peer.label, command, mode, args.seconds, args.seed)
+            result["load_average_after"] = os.getloadavg()[0]
+            record["runs"].append(result)
+            print(f"  {result['messages_per_second']:,.1f} messages/s, {result['restarts_per_second']:.2f} "
+                  f"restarts/s ({result['fork_restarts']} forks), {result['examples']} examples, "
+                  f"{result['classes']} classes ({result['verified']} verified)", file=sys.stderr, flush=True)
+            if args.json:
+                Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps(record["runs"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
