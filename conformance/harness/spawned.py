@@ -234,8 +234,14 @@ class SpawnedTarget(Target):
             info = self.death_info() or {}
             self.stop()
             tail = " | ".join(info.get("log_tail", [])[-3:])
-            raise TargetError(f"spawned server did not listen on {self.address}: {info.get('status', 'timeout')}"
-                              + (f" ({tail})" if tail else ""))
+            status = f"{info.get('status', 'timeout')}" + (f" ({tail})" if tail else "")
+            if fork is not None and self.proc.poll() is not None:
+                # A program that cannot start with the preload (an ASan build wants its runtime first in the
+                # library list) is started again without it.
+                self.fork_server, self.fork_note = False, f"the server did not start with it: {status}"
+                self.start()
+                return
+            raise TargetError(f"spawned server did not listen on {self.address}: {status}")
         if fork is not None:
             self._settle_fork_server(fork, self.startup_timeout - (time.monotonic() - started))
 

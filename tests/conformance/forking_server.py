@@ -9,7 +9,8 @@
 * ``exit N``: exits with code N;
 * ``hang``: stops answering (sleeps);
 
-``--thread`` starts a second thread before listening (a fork would not copy it).
+``--thread`` starts a second thread before listening (a fork would not copy it); ``--no-preload`` exits at once
+when a library is preloaded, as an AddressSanitizer build does when its runtime is not first.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ REPORT = Path(__file__).resolve().parents[1] / "fuzz" / "sanitizer_reports" / "a
 
 def main() -> None:
     port = int(sys.argv[1])
+    if "--no-preload" in sys.argv[2:] and os.environ.get("LD_PRELOAD"):
+        print("==1==ASan runtime does not come first in initial library list", flush=True)
+        sys.exit(1)
     if "--thread" in sys.argv[2:]:
         threading.Thread(target=threading.Event().wait, daemon=True).start()
     listener = socket.socket()

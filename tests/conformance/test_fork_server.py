@@ -134,6 +134,13 @@ def test_a_server_with_other_threads_at_accept_runs_as_a_plain_process(spawned):
     assert ask(target, "count").split()[1] == str(target.proc.pid)
 
 
+def test_a_server_that_cannot_start_with_the_preload_is_started_without_it(spawned):
+    target = start(spawned, "--no-preload")
+    assert not target.forking and "did not start with it" in target.fork_note
+    assert "ASan runtime does not come first" in target.fork_note
+    assert ask(target, "say fine").strip() == "ok"
+
+
 def test_without_the_fork_server_a_restart_is_a_new_process(spawned):
     target = start(spawned, fork_server=False)
     assert not target.forking and target.fork_note == ""
