@@ -169,7 +169,11 @@ def _bound_values(scope: Scope, values: dict[str, Any], parts: list[str], leaf: 
     elif leaf in ("n_copies", "stride"):
         # 8.0.0 rows: one row too many, a stride that runs past, and products that wrap 64 bits.
         size = max(1, values.get("size", 1))
-        cands += [current + 1, nbytes // size + 1, (U64 // size) + 1, 1 << 32, 1 << 63]
+        cands += [current + 1, nbytes // size + 1, (U64 // size) + 1, 1 << 63]
+        if leaf == "stride" or values.get("stride", 0) << 32 >= nbytes:
+            # 2^32 rows only where they run past the buffer: stacked on one row (stride 0) they are a valid read
+            # of gigabytes, which the model would have to hold whole to judge.
+            cands.append(1 << 32)
     elif leaf in ("ne", "nb"):
         cands += [current + 1, current * 2, current * 4096]
     lo, hi = int_range(fmt)
