@@ -123,6 +123,10 @@ def _set(values: Any, parts: list[str], new: Any) -> Any:
     return copy
 
 
+#: The most bytes a near-valid row count may make a valid GET_TENSOR_2D read (see :func:`_bound_values`).
+MAX_ROWS_READ = 1 << 20
+
+
 def _boundaries(fmt: str) -> list[int]:
     lo, hi = int_range(fmt)
     vals = {lo, hi, hi - 1, 0, 1}
@@ -169,11 +173,15 @@ def _bound_values(scope: Scope, values: dict[str, Any], parts: list[str], leaf: 
     elif leaf in ("n_copies", "stride"):
         # 8.0.0 rows: one row too many, a stride that runs past, and products that wrap 64 bits.
         size = max(1, values.get("size", 1))
-        cands += [current + 1, nbytes // size + 1, (U64 // size) + 1, 1 << 63]
-        if leaf == "stride" or values.get("stride", 0) << 32 >= nbytes:
-            # 2^32 rows only where they run past the buffer: stacked on one row (stride 0) they are a valid read
-            # of gigabytes, which the model would have to hold whole to judge.
-            cands.append(1 << 32)
+        cands += [current + 1, nbytes // size + 1, (U64 // size) + 1, 1 << 32, 1 << 63]
+        if leaf == "n_copies":
+            # Rows stacked closer than they are long (stride 0 repeats one row) stay inside the buffer however many
+            # there are: such a count is a valid read of size * n_copies bytes (gigabytes for 2^31 rows), which
+            # the model would have to hold whole to judge. Kept: counts that run past the buffer, wrap 64 bits, or
+            # ask for little.
+            stride = values.get("stride", 0)
+            cands = [c for c in cands if stride * max(0, c - 1) + size > nbytes or size * c > U64
+                     or size * c <= MAX_ROWS_READ]
     elif leaf in ("ne", "nb"):
         cands += [current + 1, current * 2, current * 4096]
     lo, hi = int_range(fmt)
