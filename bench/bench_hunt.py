@@ -1,12 +1,13 @@
 """Hunt speed against genuine servers: messages/s and restarts/s of ``ggml-rpc fuzz --hunt --spawn``, per target and
 restart mode (a new process per death, or a fork of the first one: the kit's fork server).
 
-    python bench/bench_hunt.py [--peer 8.0.0 --peer 7.0.0] [--seconds 600] [--modes process,fork] [--seed 0]
-                               [--cli PATH/TO/ggml-rpc] [--json OUT.json]
+    python bench/bench_hunt.py [--peer 8.0.0 --peer 8.0.0+debian --peer 7.0.0] [--seconds 600] [--modes process,fork]
+                               [--seed 0] [--cli PATH/TO/ggml-rpc] [--json OUT.json]
 
 Each run is one campaign of ``--seconds``, run one at a time (the campaigns share the machine's cores with nothing of
 this script's). The servers are the installed peers (``ggml-rpc upstream list``), started as a user runs them: an
-sdist build's ``rpc-server -c`` (its cache in a folder the fuzzer owns), a wheel peer's entry module without a cache.
+sdist build's or Debian's server with ``-c`` (its cache in a folder the fuzzer owns), a wheel peer's entry module
+without a cache.
 ``--cli`` measures another checkout's ``ggml-rpc`` (``before``: a version without the fork server, run without the
 option it lacks). Target: >= 200 messages/s on 2 cores against 7.0.0 and 8.0.0.
 """
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ggml_rpc.conformance.provenance import git_state
-from ggml_rpc.conformance.upstream.peers import PEERS, Peer
+from ggml_rpc.conformance.upstream.peers import PEERS, Peer, debian_peer
 
 TARGET_RATE = 200.0
 MODES = ("process", "fork", "before")
@@ -70,8 +71,8 @@ def run(cli: str, label: str, command: str, mode: str, seconds: float, seed: int
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--peer", action="append", default=[], help="an installed peer's version (default: 7.0.0 and "
-                   "8.0.0, those installed)")
+    p.add_argument("--peer", action="append", default=[], help="an installed peer: its version, or VERSION+debian "
+                   "for Debian's build (default: 7.0.0 and 8.0.0, those installed)")
     p.add_argument("--seconds", type=float, default=600.0)
     p.add_argument("--modes", default="process,fork", help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--seed", type=int, default=0)
@@ -82,7 +83,10 @@ def main() -> None:
     if any(m not in MODES for m in modes):
         p.error(f"--modes: choose from {', '.join(MODES)}")
     versions = args.peer or [v for v in ("7.0.0", "8.0.0") if PEERS[v].installed()]
-    peers = [PEERS[v] for v in versions]
+    try:
+        peers = [debian_peer(v.split("+")[0]) if v.endswith("+debian") else PEERS[v] for v in versions]
+    except (KeyError, ValueError) as exc:
+        p.error(f"--peer: {exc}")
     missing = [peer.version for peer in peers if not peer.installed()]
     if missing:
         p.error(f"not installed: {', '.join(missing)} (ggml-rpc upstream install)")
