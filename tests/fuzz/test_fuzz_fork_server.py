@@ -60,8 +60,8 @@ def _check(capsys, *extra: str) -> tuple[int, dict, str]:
 
 
 def test_check_verdicts_are_those_of_a_restarted_process(capsys):
-    forked_code, forked, forked_err = _check(capsys)
-    plain_code, plain, plain_err = _check(capsys, "--no-fork-server")
+    forked_code, forked, forked_err = _check(capsys, "--fork-server")
+    plain_code, plain, plain_err = _check(capsys)
     assert "restarts: forks of the server" in forked_err and "restarts: a new server process each" in plain_err
     assert forked_code == plain_code == 1
 
