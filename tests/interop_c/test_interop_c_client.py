@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from ggml_rpc.conformance.upstream.peers import LOOPBACK, PEERS, Peer
+from ggml_rpc.conformance.upstream.peers import DEBIAN_BUILDS, LOOPBACK, PEERS, Peer, debian_peer
 from ggml_rpc.conformance.upstream.runs import UpstreamServer, reference_server
 
 HERE = Path(__file__).resolve().parent
@@ -119,10 +119,11 @@ def test_c_client_computes_on_the_reference_server(client, major):
 
 
 @pytest.mark.upstream
-@pytest.mark.parametrize("peer", list(PEERS.values()), ids=lambda p: p.label)
+@pytest.mark.parametrize("peer", [*PEERS.values(), *map(debian_peer, DEBIAN_BUILDS)], ids=lambda p: p.label)
 def test_c_client_computes_on_the_genuine_server(client, peer: Peer):
     if not peer.installed():
-        message = f"upstream {peer.label} not installed: run `ggml-rpc upstream install --proto {peer.major}`"
+        source = " --from debian" if peer.origin == "debian" else ""
+        message = f"upstream {peer.label} not installed: run `ggml-rpc upstream install --proto {peer.major}{source}`"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)

@@ -14,7 +14,7 @@ import struct
 import numpy as np
 import pytest
 from ggml_rpc.conformance.client import RpcClient
-from ggml_rpc.conformance.upstream.peers import PEERS, Peer
+from ggml_rpc.conformance.upstream.peers import DEBIAN_BUILDS, PEERS, Peer, debian_peer
 from ggml_rpc.conformance.upstream.runs import UpstreamServer
 from ggml_rpc.spec import GgmlOp, TensorFlag, make_tensor
 
@@ -26,7 +26,8 @@ _COMPUTE = int(TensorFlag.COMPUTE)
 
 def _peer(peer: Peer) -> Peer:
     if not peer.installed():
-        message = f"upstream {peer.label} not installed: run `ggml-rpc upstream install --proto {peer.major}`"
+        source = " --from debian" if peer.origin == "debian" else ""
+        message = f"upstream {peer.label} not installed: run `ggml-rpc upstream install --proto {peer.major}{source}`"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
@@ -54,7 +55,7 @@ def _norm_written(client: RpcClient, use_count: int) -> tuple[bool, np.ndarray]:
     return not bool((got == _SENTINEL).all()), product
 
 
-@pytest.mark.parametrize("peer", list(PEERS.values()), ids=lambda p: p.label)
+@pytest.mark.parametrize("peer", [*PEERS.values(), *map(debian_peer, DEBIAN_BUILDS)], ids=lambda p: p.label)
 def test_use_count_one_fuses_rms_norm_and_mul(peer: Peer) -> None:
     with UpstreamServer(_peer(peer), cache=False) as server:
         host, port = server.address.rsplit(":", 1)
