@@ -25,6 +25,7 @@ import ggml_rpc.conformance.checks.handshake
 import ggml_rpc.conformance.checks.isolation
 import ggml_rpc.conformance.checks.kernel_bounds
 import ggml_rpc.conformance.checks.rows
+import ggml_rpc.conformance.checks.shadow
 from ggml_rpc.conformance.checks._support import REGISTRY
 from ggml_rpc.conformance.harness import Category, Check
 

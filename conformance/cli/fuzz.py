@@ -60,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "class any worker found is not shrunk or saved again by another, and the merged report holds the "
                    "classes of every machine")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # a worker process's label (set by --workers)
+    p.add_argument("--no-shadow", dest="shadow", action="store_false", help="do not apply the shadow-memory "
+                   "oracle (by default, after every write the buffers it must not have touched are read back and "
+                   "judged: a difference is a corruption finding)")
     p.add_argument("--html", metavar="DIR", help="write DIR/index.html: one row per finding class, a page per class "
                    "with its reproducer's messages decoded by the spec")
     p.add_argument("--sarif", metavar="FILE", help="also write the findings as SARIF 2.1.0 (a file: standard "
@@ -224,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     seconds = args.seconds if args.seconds is not None or args.examples is not None else 60.0
     options = Options(examples=args.examples, seconds=seconds, seed=args.seed, out_dir=Path(args.out),
-                      timeout=args.timeout, wait_restart=args.wait_restart)
+                      timeout=args.timeout, wait_restart=args.wait_restart, shadow=args.shadow)
     if seconds is not None:
         # Shrinking a finding takes at most half the budget (a minute at most): short runs stay short.
         options.shrink_seconds = min(options.shrink_seconds, max(5.0, seconds / 2))
@@ -316,7 +319,8 @@ def print_summary(campaign, out=None) -> None:
     out.write(f"{st.examples} examples, {st.messages} messages ({st.broken} near-valid) in {st.seconds:.1f} s: "
               f"{st.rate:,.0f} execs/s; max RSS {st.max_rss_kib / 1024:.0f} MiB (fuzzer and model)"
               + (f", {st.max_target_rss_kib / 1024:.0f} MiB (target)" if st.max_target_rss_kib else "")
-              + f"; target restarts {st.restarts}" + _forks(campaign.target) + "\n")
+              + f"; target restarts {st.restarts}" + _forks(campaign.target)
+              + (f"; shadow-memory reads {st.shadow_reads}" if st.shadow_reads else "") + "\n")
     if st.by_rule:
         out.write("rules broken: " + ", ".join(f"{k} {v}" for k, v in sorted(st.by_rule.items())) + "\n")
     out.write("findings: " + ", ".join(f"{v} {k}" for k, v in kinds.items()) + "\n")

@@ -38,6 +38,7 @@ from .message import FuzzMessage
 from .oracle import ModelCache, clear_directory
 from .reports import finding_dict
 from .saving import FindingSaver
+from .shadow import READ_TAG
 from .targets import cache_unknown
 from .workers import SharedFindings
 
@@ -67,6 +68,8 @@ class Stats:
     max_target_rss_kib: int = 0
     by_command: Counter = field(default_factory=Counter)
     by_rule: Counter = field(default_factory=Counter)
+    #: Reads of the shadow-memory oracle (:mod:`.shadow`) among the messages.
+    shadow_reads: int = 0
 
     @property
     def seconds(self) -> float:
@@ -94,6 +97,8 @@ class Options:
     #: Stop shrinking a finding after this many seconds and keep the smallest failing example seen so far.
     shrink_seconds: float = 60.0
     round_examples: int = ROUND_EXAMPLES
+    #: Apply the shadow-memory oracle after every write (:mod:`.shadow`): read back what it must not have touched.
+    shadow: bool = True
 
 
 class Campaign(FindingSaver):
@@ -111,6 +116,7 @@ class Campaign(FindingSaver):
         self.alignment = alignment
         self.timeout = options.timeout
         self.exact = options.exact
+        self.shadow = options.shadow
         # The model has a hash cache when the target's can be seen and emptied between examples (the embedded
         # target with a cache, an upstream -c the fuzzer spawned with its own LLAMA_CACHE).  A target whose cache
         # the model cannot know may answer SET_TENSOR_HASH with a hit where the model misses: accepted, see
@@ -230,6 +236,8 @@ class Campaign(FindingSaver):
         st = self.stats
         st.messages += 1
         st.by_command[msg.name] += 1
+        if READ_TAG in msg.tags:
+            st.shadow_reads += 1
         if msg.broken:
             st.broken += 1
             st.by_rule[msg.tags[0] if msg.tags else msg.broken.split(":", 1)[0]] += 1

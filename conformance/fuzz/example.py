@@ -31,6 +31,7 @@ from .findings import Finding, Writes
 from .message import FuzzMessage
 from .oracle import ModelConnection
 from .reply_checks import ReplyChecks
+from .shadow import ExampleShadow
 from .steps import BROKEN_PER_TEN, MAX_READ, PREREQUISITES, WRITES, ExampleSteps
 from .valid_requests import ConnRef, Scope
 
@@ -95,6 +96,9 @@ class Example(ExampleSteps, ReplyChecks):
         #: Sanitizer reports the target had printed before this example (an instrumented server's reports after
         #: it are this example's).
         self._sanitizer_mark = host.target.sanitizer_count
+        #: The shadow-memory oracle: reads back after every write what the write must not have touched.
+        self.shadow: ExampleShadow | None = ExampleShadow(
+            self, exact=host.exact, alignment=host.alignment) if host.shadow else None
 
     # ---- connections -----------------------------------------------------------------------------------------
 
@@ -253,6 +257,8 @@ class Example(ExampleSteps, ReplyChecks):
         if out.reply:
             self._check_reply(msg, out.reply, tconn)
             self._check_sanitizer(msg)
+            if self.shadow is not None and not out.closed:
+                self.shadow.after(ref, msg)
             return out.reply[REPLY_HEADER_SIZE:]
         if out.closed:
             rec = tconn.until_closed()
@@ -276,6 +282,8 @@ class Example(ExampleSteps, ReplyChecks):
         if rec.closed:
             self._end_target()
             self._closed_unexpectedly(msg, "keeps the connection open")
+        if self.shadow is not None:
+            self.shadow.after(ref, msg)
         return None
 
     def _check_sanitizer(self, msg: FuzzMessage | None, *, settle: bool = False) -> None:

@@ -17,7 +17,8 @@ from ggml_rpc.conformance.sessions.pcapwrite import write_session
 
 #: ``info-leak``: bytes the server never wrote (another allocation's, freed data, pointers) in a reply.
 #: ``undefined-behaviour``: an instrumented server's sanitizer report it survived (UBSan recovers).
-KINDS = ("crash", "hang", "wrong-reply", "out-of-buffer", "info-leak", "undefined-behaviour")
+#: ``corruption``: after a write, a buffer holds bytes the shadow memory says it must not (:mod:`.shadow`).
+KINDS = ("crash", "hang", "wrong-reply", "out-of-buffer", "info-leak", "undefined-behaviour", "corruption")
 
 
 def sanitizer_symptom(symptom: str) -> bool:

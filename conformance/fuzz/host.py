@@ -38,6 +38,8 @@ class ExampleHost(Protocol):
     model_cache: ModelCache | None
     #: The target may hold cache entries the model cannot know of.
     cache_unknown: bool
+    #: The shadow-memory oracle applies after every write.
+    shadow: bool
 
     @property
     def examples_inert(self) -> bool:

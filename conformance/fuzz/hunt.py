@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 import tempfile
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -43,6 +44,7 @@ from .oracle import ModelStall
 from .reports import finding_dict, to_sarif, write_reports
 from .saving import _hello_reply
 from .setup import target_campaign
+from .shadow import CANARY_TAG
 from .targets import EmbeddedFuzzTarget, fuzz_config
 from .transcripts import culprit, flatten, request_groups
 
@@ -85,6 +87,8 @@ class Hunt(Campaign):
         self.hits: dict[str, int] = {}
         #: Src-chain depths the target outlived (see :func:`.hunt_strategies.deep_chain`).
         self.survived_deep: set[int] = set()
+        #: A reference server a corruption's candidate reproducers must replay clean against (started when needed).
+        self._reference_server: Server | None = None
 
     # ---- the run -----------------------------------------------------------------------------------------------
 
@@ -116,6 +120,9 @@ class Hunt(Campaign):
             self._close_example()
             if self.model_cache is not None:
                 self.model_cache.remove()
+            if self._reference_server is not None:
+                self._reference_server.stop()
+                self._reference_server = None
         return self.findings
 
     def _one(self, rng: random.Random) -> None:
@@ -169,14 +176,18 @@ class Hunt(Campaign):
         early = finding.broken is not None and finding.broken.startswith("early-close")
         verified: bool | None = None
         if self.target.can_restart and len(groups) == len(msgs):
-            kept = self._shrink(list(range(len(groups))), groups, finding, early)
+            # A corruption's canary fills stay: without them a read returns the target's own fresh memory.
+            pinned = {i for i, m in enumerate(msgs) if CANARY_TAG in m.tags} if finding.kind == "corruption" else set()
+            kept = self._shrink(list(range(len(groups))), groups, finding, early, pinned)
             groups, msgs = [groups[i] for i in kept], [msgs[i] for i in kept]
             # Verified as the saved reproducer will be replayed: from a pcap file.
             verified = self._reproduces(groups, finding, early, from_file=True)
             # The death is the last request's that still reproduces it: a no-reply request before the one that
             # noticed the death (a GRAPH_COMPUTE before an ALLOC_BUFFER) takes the blame once shrinking shows it.
             last = msgs[-1]
-            if verified and (last.name, last.broken) != (finding.command, finding.broken):
+            # A corruption stays blamed on its write: the last request is the read that saw it.
+            if verified and finding.kind != "corruption" and (last.name, last.broken) != (finding.command,
+                                                                                          finding.broken):
                 finding.command, finding.broken = last.name, last.broken
                 again = self._classes.get(finding.signature)
                 if again is not None:
@@ -217,10 +228,14 @@ class Hunt(Campaign):
         return [(True, encode_request(self.protocol, Command.HELLO, {"conn_caps": bytes(CONN_CAPS_SIZE)})),
                 (False, _hello_reply(self.protocol))]
 
-    def _shrink(self, order: list[int], groups: list[Writes], finding: Finding, early: bool) -> list[int]:
+    def _shrink(self, order: list[int], groups: list[Writes], finding: Finding, early: bool,
+                pinned: frozenset[int] | set[int] = frozenset()) -> list[int]:
         """Delta debugging over the requests after HELLO (indices into ``groups``): drop chunks, the last request
-        included, while the program still fails a fresh target as the finding did."""
-        head, body = order[:1], order[1:]
+        included, while the program still fails a fresh target as the finding did; ``pinned`` requests stay. A
+        candidate the reference does not replay clean is dropped at once (in this process, no restart): only the
+        ones tried on a fresh target count against the budget."""
+        head = order[:1] + [i for i in order[1:] if i in pinned]
+        body = [i for i in order[1:] if i not in pinned]
         budget = SHRINK_TRIALS
         chunk = max(1, len(body) // 2)
         while chunk >= 1 and budget > 0 and len(body) > 1:
@@ -230,19 +245,30 @@ class Hunt(Campaign):
                 candidate = body[:i] + body[i + chunk:]
                 if not candidate:
                     break
+                program = [groups[k] for k in sorted(head + candidate)]
+                if not self._clean(program, finding, early):
+                    i += chunk
+                    continue
                 budget -= 1
-                if self._reproduces([groups[k] for k in head + candidate], finding, early):
+                if self._reproduces(program, finding, early):
                     body = candidate
                     removed = True
                 else:
                     i += chunk
             if not removed:
                 chunk //= 2
-        return head + body
+        return sorted(head + body)
 
     def _reproduces(self, groups: list[Writes], finding: Finding, early: bool, *, from_file: bool = False) -> bool:
         """Does this program fail a freshly restarted target as the finding did (same class)?  ``from_file``: replayed
-        from a pcap of it, as ``ggml-rpc replay`` replays a reproducer (else from the same capture in memory)."""
+        from a pcap of it, as ``ggml-rpc replay`` replays a reproducer (else from the same capture in memory).
+
+        The program must also replay clean against the reference: its recorded replies are the original example's,
+        so a program that lost a request the later ones depended on (a write a read returns, a BUFFER_GET_BASE an
+        address is relocated by) fails anywhere, for another reason than the finding's. (A src chain 300,000 deep
+        is not worth the reference's seconds: its program is one message.)"""
+        if not self._clean(groups, finding, early):
+            return False
         self.hunt.shrink_replays += 1
         try:
             self.target.restart()
@@ -254,7 +280,7 @@ class Hunt(Campaign):
             return False
         mark = self.target.sanitizer_count
         try:
-            got = self._replay(groups, early, from_file=from_file)
+            got = self._replay(groups, early, from_file=from_file, corruption=finding.kind == "corruption")
         finally:
             self._dead = True
         if finding.kind == "undefined-behaviour":
@@ -266,11 +292,28 @@ class Hunt(Campaign):
             return death_symptom(self.target.death_info()) == death_symptom(finding.death)
         return got == finding.kind
 
-    def _replay(self, groups: list[Writes], early: bool = False, *, from_file: bool = False) -> str:
+    def _clean(self, groups: list[Writes], finding: Finding, early: bool) -> bool:
+        """Does the program replay clean against the reference (a src chain 300,000 deep is taken as it is)?"""
+        if finding.broken is not None and finding.broken.startswith("deep"):
+            return True
+        return self._replay(groups, early, at=self._reference()) == ""
+
+    def _reference(self) -> tuple[str, int]:
+        """Address of a reference server of the model's configuration in this process (started once)."""
+        if self._reference_server is None:
+            self._reference_server = Server(replace(self.model_config, cache_dir=None), "127.0.0.1", 0)
+            threading.Thread(target=self._reference_server.serve_forever, daemon=True, name="hunt-reference").start()
+        return "127.0.0.1", self._reference_server.port
+
+    def _replay(self, groups: list[Writes], early: bool = False, *, from_file: bool = False, corruption: bool = False,
+                at: tuple[str, int] | None = None) -> str:
         """Replay the program with ``ggml-rpc replay``'s engine (``early``: as a client that leaves before its last
-        reply, EARLY_ROUNDS times); the kind of failure seen ('' if none).  The capture is the pcap
-        :func:`.write_session` makes of the program (``from_file``), or the same capture decoded in memory (what
-        shrinking's many candidates use: writing and reading a file each is most of a replay's time)."""
+        reply, EARLY_ROUNDS times) against the target (or the server ``at``); the kind of failure seen ('' if none).
+        The capture is the pcap :func:`.write_session` makes of the program (``from_file``), or the same capture
+        decoded in memory (what shrinking's many candidates use: writing and reading a file each is most of a
+        replay's time).  ``corruption``: a read that returns other bytes than the reference's is a corruption (the
+        program's reads are the oracle's)."""
+        host, port = at if at is not None else (self.target.host, self.target.port)
         rounds = EARLY_ROUNDS if early else 1
         connections = [flatten(groups)] * rounds + [self._probe()]
         left = range(rounds) if early else ()
@@ -279,10 +322,10 @@ class Hunt(Campaign):
                 with tempfile.TemporaryDirectory(prefix="ggml-rpc-hunt-") as tmp:
                     pcap = Path(tmp) / "candidate.pcap"
                     write_session(pcap, connections, early=left)
-                    report = replay([pcap], self.target.host, self.target.port, timeout=self.timeout)
+                    report = replay([pcap], host, port, timeout=self.timeout)
             else:
                 capture = capture_of_writes(connections, early=left)
-                report = Replayer([capture], self.target.host, self.target.port, timeout=self.timeout).run()
+                report = Replayer([capture], host, port, timeout=self.timeout).run()
         except ReplayError:
             return "crash"
         except Exception:
@@ -292,7 +335,9 @@ class Hunt(Campaign):
         kinds = {m.kind for m in report.mismatches}
         if "transport" in kinds:
             return "crash"
-        return "info-leak" if any(m.command == "GET_TENSOR" for m in report.mismatches) else "wrong-reply"
+        if any(m.command in ("GET_TENSOR", "GET_TENSOR_2D") for m in report.mismatches):
+            return "corruption" if corruption else "info-leak"
+        return "wrong-reply"
 
     # ---- reports -------------------------------------------------------------------------------------------------
 
@@ -300,7 +345,8 @@ class Hunt(Campaign):
         """Everything ``findings.json`` holds: the campaign's figures, the hunt's, and each class with its hits."""
         out = super().report()
         del out["classes"]  # listed last, with the hunt's hit counts
-        return {**out, "findings_seen": self.hunt.findings_seen, "shrink_replays": self.hunt.shrink_replays,
+        return {**out, "shadow_reads": self.stats.shadow_reads, "findings_seen": self.hunt.findings_seen,
+                "shrink_replays": self.hunt.shrink_replays,
                 "shared_hits": self.hunt.shared_hits,
                 "classes": [finding_dict(f, self.hits.get(f.class_id, 1)) for f in self.findings]}
 

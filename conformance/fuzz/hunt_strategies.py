@@ -35,6 +35,7 @@ from ggml_rpc.spec.tensor import src_ids
 from .draws import RandomDraw
 from .example import Example
 from .message import FuzzMessage
+from .shadow_writes import empty_outside, shadow_write
 from .valid_requests import BufferRef, TensorRef
 
 #: The src-chain depth upstream's recursive graph rebuild does not survive (6.0.0 and 7.0.0: 100,000 computes).
@@ -550,7 +551,7 @@ STRATEGIES: tuple[tuple[int, Strategy], ...] = (
     (14, region_edge), (10, null_node), (10, get_rows_index), (10, huge_claim), (8, other_layout),
     (8, early_close), (12, fresh_read),
     (8, block_misaligned), (8, size_arithmetic), (8, foreign_buffer), (6, graph_structure), (10, kernel_bounds),
-    (4, custom_op),
+    (4, custom_op), (24, shadow_write), (10, empty_outside),
 )
 
 

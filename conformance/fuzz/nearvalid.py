@@ -30,6 +30,7 @@ from ggml_rpc.spec import (
     ggml_nbytes,
 )
 from ggml_rpc.spec.codec import REQUEST_HEADER_SIZE
+from ggml_rpc.spec.geometry import Span, outside_addresses
 from ggml_rpc.spec.schema_walk import element_size, int_range
 from hypothesis import strategies as st
 
@@ -162,8 +163,11 @@ def _bound_values(scope: Scope, values: dict[str, Any], parts: list[str], leaf: 
     if leaf == "device":
         cands += [scope.devices, scope.devices + 1]
     elif leaf == "data" and buf is not None:
-        cands += [buf.base - 1, buf.base + buf.size, buf.base + buf.size - max(1, nbytes) + 1,
-                  (U64 - max(nbytes, 1) + 2) & U64]
+        # The geometry generator's places outside the buffer (below, across, past it, inside another live one),
+        # and an end that wraps 64 bits.
+        others = [Span(b.handle, b.base, b.size) for b in scope.buffers if b is not buf]
+        cands += outside_addresses(Span(buf.handle, buf.base, buf.size), nbytes, others=others)
+        cands.append((U64 - max(nbytes, 1) + 2) & U64)
     elif leaf == "offset":
         room = (buf.base + buf.size - t["data"]) if (buf is not None and t is not None) else nbytes
         cands += [nbytes, nbytes + 1, room, room + 1, (U64 - (t["data"] if t else 0) + 1) & U64]

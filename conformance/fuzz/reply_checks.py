@@ -38,6 +38,11 @@ class ReplyChecks:
         self._compare(msg, want_body, body.data)
 
     def _compare(self, msg: FuzzMessage, want: bytes, got: bytes) -> None:
+        verdict = self.shadow.judge(msg, got) if self.shadow is not None else None
+        if verdict is not None:  # one of the shadow-memory oracle's reads: judged over the bytes the shadow knows
+            if verdict.message:
+                self._fail("corruption", verdict.message, verdict.write, symptom=verdict.symptom)
+            return
         cmd = msg.command
         spec = self.protocol.commands[cmd]
         schema = spec.reply.schema  # type: ignore[union-attr]

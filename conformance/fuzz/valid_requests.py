@@ -26,6 +26,7 @@ from typing import Any
 
 from construct import Struct
 from ggml_rpc.spec import TYPES, Command, GgmlOp, GgmlType, Payload, Protocol, Shape, TensorFlag, ggml_nbytes
+from ggml_rpc.spec.geometry import VIEWS, Span, classify, draw_geometry, view_of
 from ggml_rpc.spec.schema_walk import FieldInfo, fields
 from ggml_rpc.spec.tensor import GGML_MAX_OP_PARAMS, GGML_MAX_SRC, RpcTensor, encode_name, make_tensor, null_tensor
 from hypothesis import strategies as st
@@ -41,6 +42,11 @@ PLACE_TYPES = tuple(int(GgmlType[n]) for n in ("F32", "F16", "I32", "I8", "BF16"
 GRAPH_OPS = tuple(int(GgmlOp[n]) for n in ("NONE", "DUP", "ADD", "SUB", "MUL", "DIV", "SQR", "SCALE", "CPY",
                                             "CONT", "RESHAPE", "VIEW"))
 _COMPUTE = int(TensorFlag.COMPUTE)
+#: Geometry classes of placed tensors: any op of the fuzzed graphs takes them (no transposed, broadcast or
+#: overlapping rows, which element-wise kernels refuse or write in no set order).
+PLACED_SHAPES = ("contiguous", "one-element", "empty-0", "empty-1", "empty-2", "empty-3", "block-edge", "padded",
+                 "negative-unit")
+IN_PLACES = ("inside", "misaligned", "at-start", "at-end")
 
 
 @dataclass(eq=False)
@@ -203,6 +209,8 @@ def graph_fields(d: Draw, scope: Scope) -> dict[str, Any]:
         t = d.tensor()
         return {"device": device, "nodes": [t["id"]], "tensors": [t]}
     out = d.choice(scope.tensors)
+    if d.integer(0, 7) == 0:
+        return _view_graph(d, scope, out, device)
     # Sources of the same type and shape, so that element-wise ops can run.
     same = [t for t in scope.tensors if t.fields["type"] == out.fields["type"] and t.fields["ne"] == out.fields["ne"]
             and t is not out]
@@ -222,6 +230,15 @@ def graph_fields(d: Draw, scope: Scope) -> dict[str, Any]:
             tensors.append(t.fields)
     tensors.append(node)
     return {"device": device, "nodes": [node["id"]], "tensors": tensors}
+
+
+def _view_graph(d: Draw, scope: Scope, base: TensorRef, device: int) -> dict[str, Any]:
+    """A graph of one VIEW node over a known tensor: view_offs at its start, inside it, at its end or past it."""
+    b = base.buffer
+    g = classify(base.fields, Span(b.handle, b.base, b.size), alignment=scope.alignment)
+    v = view_of(d, g, id=scope.new_id(), view=d.choice(VIEWS))
+    node = dict(v.fields, op=int(GgmlOp.VIEW), flags=_COMPUTE, src=[base.fields["id"]] + [0] * (GGML_MAX_SRC - 1))
+    return {"device": device, "nodes": [node["id"]], "tensors": [base.fields, node]}
 
 
 def valid_request(d: Draw, scope: Scope, command: Command) -> FuzzMessage:
@@ -309,7 +326,10 @@ def alloc_size(d: Draw) -> int:
 
 
 def placed_tensor(d: Draw, scope: Scope, buf: BufferRef, like: TensorRef | None = None) -> TensorRef:
-    """A contiguous tensor inside ``buf`` (aligned as the server's alignment asks); ``like``: same type and shape."""
+    """A tensor inside ``buf``: mostly contiguous and aligned as the server's alignment asks, one time in four of a
+    geometry class (``spec.geometry``: at the buffer's first or last byte, misaligned; one element, empty in a
+    dimension, a block per row, padded rows, a negative stride where it moves nothing); ``like``: same type and
+    shape."""
     tid = scope.new_id()
     align = max(1, scope.alignment)
     if like is not None and like.nbytes:
@@ -318,6 +338,11 @@ def placed_tensor(d: Draw, scope: Scope, buf: BufferRef, like: TensorRef | None 
             t = dict(like.fields, id=tid, name=encode_name(f"t{tid}"), buffer=buf.handle,
                      data=buf.base + d.integer(0, slots) * align)
             return TensorRef(t, buf, like.nbytes)
+    if buf.size and d.integer(0, 3) == 0:
+        g = draw_geometry(d, Span(buf.handle, buf.base, buf.size), id=tid, shapes=PLACED_SHAPES, places=IN_PLACES,
+                          types=PLACE_TYPES, alignment=align, max_span=min(buf.size, MAX_DATA))
+        if g.in_buffer:
+            return TensorRef(dict(g.fields, name=encode_name(f"t{tid}")), buf, g.nbytes)
     ttype = d.choice(PLACE_TYPES)
     info = TYPES[ttype]
     blocks_fit = buf.size // info.size

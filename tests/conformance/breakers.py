@@ -23,7 +23,10 @@ from faulty import (
     Msg,
     RewriteReply,
     RewriteRequest,
+    fake_reply,
 )
+from ggml_rpc.conformance.checks.shadow import SHADOW_CHECKS, in_class
+from ggml_rpc.conformance.harness.shadow import written_tensor
 from ggml_rpc.spec import (
     HASH_THRESHOLD,
     TYPES,
@@ -33,10 +36,12 @@ from ggml_rpc.spec import (
     cache_file_name,
     encode_request,
     fnv1a64,
+    make_tensor,
     tensor_nbytes,
 )
 from ggml_rpc.spec.checks import region_2d_span
 from ggml_rpc.spec.codec import REPLY_HEADER
+from ggml_rpc.spec.geometry import Span, classify
 from ggml_rpc.spec.messages import Shape
 
 C = Command
@@ -784,3 +789,55 @@ BUG_CLASS_BREAKERS: dict[str, Callable[[], Breaker]] = {
                                                 GgmlOp.MAP_CUSTOM3)),
 }
 BREAKERS |= BUG_CLASS_BREAKERS
+
+
+# ---- shadow memory: a server that writes past the destination of one command and geometry class -----------------
+
+#: Bytes a shadow breaker writes into the neighbouring buffer.
+STRAY_BYTES = 16
+
+
+class WritesPast(Breaker):
+    """After a request of ``command`` whose written tensor is of the check's geometry class (or any BUFFER_CLEAR),
+    the server also writes STRAY_BYTES bytes at the start of the buffer allocated after that tensor's buffer (before
+    it, for the last one). A request the reference refuses (the ``outside`` class) is taken instead of refused, and
+    the stray bytes are written all the same."""
+
+    def __init__(self, command: Command, klass: str) -> None:
+        self.command, self.klass = command, klass
+
+    def request(self, conn: Conn, msg: Msg) -> Act | None:
+        f = msg.fields
+        if msg.command is not self.command or f is None:
+            return None
+        if self.command is C.BUFFER_CLEAR:
+            home = f["remote_ptr"]
+        else:
+            t = written_tensor(self.command, f)
+            if t is None or not t["buffer"]:
+                return None
+            home = t["buffer"]
+            size, base = conn.buffers.get(home, (0, 0))
+            span = Span(home, base, size) if base else None
+            if span is None or not in_class(self.klass, classify(t, span)):
+                return None
+        order = [h for h, (size, base) in conn.buffers.items() if base and size >= STRAY_BYTES]
+        if home not in order or len(order) < 2:
+            return None
+        i = order.index(home)
+        victim = order[i + 1] if i + 1 < len(order) else order[i - 1]
+        size, base = conn.buffers[victim]
+        stray = make_tensor(id=0x57A7, type=int(GgmlType.I8), ne=(size,), buffer=victim, data=base)
+        fields = {"tensor": stray, "offset": 0}
+        if conn.protocol.cache_rule.flag_field:
+            fields[conn.protocol.cache_rule.flag_field] = 0
+        inject = encode_request(conn.protocol, C.SET_TENSOR, fields, b"\xee" * STRAY_BYTES)
+        if self.klass == "outside":
+            return Act(forward=inject, answer=fake_reply(conn.protocol, msg, 0x01))
+        return Act(forward=msg.raw, then_upstream=(inject,))
+
+
+SHADOW_BREAKERS: dict[str, Callable[[], Breaker]] = {
+    c.id: (lambda c=c: WritesPast(c.command, c.klass)) for c in SHADOW_CHECKS
+}
+BREAKERS |= SHADOW_BREAKERS

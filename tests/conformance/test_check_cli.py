@@ -299,7 +299,7 @@ def test_every_check_has_a_stable_id_and_a_spec_link() -> None:
     ids = [c.id for c in CATALOGUE]
     assert len(ids) == len(set(ids))
     for c in CATALOGUE:
-        assert re.fullmatch(r"(HELLO|FRAME|DATA|CACHE-V[67]|ISO|COMPUTE|COMM)-\d{3}", c.id), c.id
+        assert re.fullmatch(r"(HELLO|FRAME|DATA|CACHE-V[67]|ISO|COMPUTE|COMM|SHADOW)-\d{3}", c.id), c.id
         for proto in (V6, V7, None):
             assert c.spec_link(proto).startswith("spec/PROTOCOL.md#")
 

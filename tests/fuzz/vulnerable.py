@@ -18,7 +18,7 @@ from typing import Any
 from ggml_rpc.reference import Hooks, ServerConfig, ServerCore
 from ggml_rpc.reference.closing import Close
 from ggml_rpc.reference.server import Server
-from ggml_rpc.spec import Command
+from ggml_rpc.spec import Command, tensor_nbytes
 from ggml_rpc.spec.codec import REPLY_HEADER
 
 
@@ -78,9 +78,39 @@ WRONG_ALIGNMENT = Hooks(handlers={Command.GET_ALIGNMENT: _wrong_alignment})
 ASAN_DEATH = Hooks(close=_asan_on_buffer_range)
 #: Every MEMSET_TENSOR prints a UBSan report first, and is then served: the server survives it.
 UBSAN_MEMSET = Hooks(handlers={Command.MEMSET_TENSOR: _ubsan_memset})
+#: Bytes the planted COPY_TENSOR bug writes past its destination.
+PLANTED_BYTES = 16
+
+
+def _copy_past_end(core: ServerCore, f: dict[str, Any]) -> None:
+    """The reference's COPY_TENSOR, then, when the copy ended exactly at its destination buffer's last byte, its
+    last PLANTED_BYTES bytes once more at the start of the buffer allocated next on the connection: what a server
+    whose copy runs on past the end of a buffer does to the allocation that follows it."""
+    core.handlers[Command.COPY_TENSOR](f)
+    src, dst = f["src"], f["dst"]
+    table = core.table
+    sbuf, dbuf = table.get(src["buffer"]), table.get(dst["buffer"])
+    if sbuf is None or dbuf is None:
+        return
+    n = tensor_nbytes(src)
+    if not n or dst["data"] + n != dbuf.end:
+        return
+    handles = list(table.buffers)
+    later = handles[handles.index(dbuf.handle) + 1:]
+    if not later:
+        return
+    nxt = table.buffers[later[0]]
+    k = min(PLANTED_BYTES, n, nxt.size)
+    start = src["data"] - sbuf.base + n - k
+    nxt.memory[:k] = sbuf.memory[start : start + k]
+
+
 #: GET_TENSOR without the region check: reads past a tensor's buffer are answered with whatever follows (here zero
 #: bytes standing for neighbouring memory) -- out-of-buffer data in a reply.
 LEAKY_GET_TENSOR = Hooks(handlers={Command.GET_TENSOR: _leaky_get_tensor})
+#: The planted write bug: a COPY_TENSOR whose destination ends exactly at its buffer's end writes PLANTED_BYTES more
+#: bytes into the next buffer (one command, one geometry: destination at-end).
+PLANTED_COPY = Hooks(handlers={Command.COPY_TENSOR: _copy_past_end})
 
 
 def server_with(hooks: Hooks, name: str) -> type[Server]:
@@ -96,6 +126,8 @@ def server_with(hooks: Hooks, name: str) -> type[Server]:
 
 #: Serves every connection with :data:`ABORTING`.
 VulnerableServer = server_with(ABORTING, "VulnerableServer")
+#: Serves every connection with :data:`PLANTED_COPY`.
+PlantedServer = server_with(PLANTED_COPY, "PlantedServer")
 
 
 def main() -> None:
