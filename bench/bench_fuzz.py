@@ -18,6 +18,7 @@ import time
 from ggml_rpc.conformance.fuzz import Options, embedded_campaign
 from ggml_rpc.conformance.fuzz.campaign import rss_kib
 from ggml_rpc.conformance.fuzz.example import Example
+from ggml_rpc.conformance.fuzz.steps import burst
 from ggml_rpc.spec import parse_version_option
 
 TARGET_RATE = 2000.0
@@ -45,7 +46,7 @@ def execution_rate(protocol, seconds: float, seed: int) -> float:
         while time.perf_counter() - t0 < seconds:
             ex = Example(campaign)  # examples of a campaign's size: state does not pile up
             for _ in range(20):
-                ex.burst(rng, 50)
+                burst(ex, rng, 50)
             ex.finish()
             messages += ex.messages
         return messages / (time.perf_counter() - t0)

@@ -48,10 +48,7 @@ UPPER_CYCLE_EDGES: set[tuple[str, str]] = set()
 #: Upper-zone function-local imports still to move to their module's top (or to remove).
 UPPER_LOCAL_IMPORTS: set[tuple[str, str]] = set()
 #: Upper-zone classes still built from mixins, as module.Class.
-UPPER_MIXIN_CLASSES: set[str] = {
-    "ggml_rpc.conformance.fuzz.campaign.Campaign",
-    "ggml_rpc.conformance.fuzz.example.Example",
-}
+UPPER_MIXIN_CLASSES: set[str] = set()
 
 @dataclass(frozen=True)
 class Import:

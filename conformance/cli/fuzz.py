@@ -264,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
         # port or cache folder).
         shared_key = campaign_key(args.spawn or args.server or target.description, campaign.protocol.label)
         try:
-            campaign.shared = SharedFindings(open_database(args.database), shared_key, args.worker)
+            campaign.store.shared = SharedFindings(open_database(args.database), shared_key, args.worker)
         except DatabaseError as exc:
             target.stop()
             raise UsageError(str(exc)) from None
@@ -321,8 +321,8 @@ def print_summary(campaign, out=None) -> None:
               + (f", {st.max_target_rss_kib / 1024:.0f} MiB (target)" if st.max_target_rss_kib else "")
               + f"; target restarts {st.restarts}" + _forks(campaign.target)
               + (f"; shadow-memory reads {st.shadow_reads}" if st.shadow_reads else "") + "\n")
-    if st.by_rule:
-        out.write("rules broken: " + ", ".join(f"{k} {v}" for k, v in sorted(st.by_rule.items())) + "\n")
+    if st.by_flaw:
+        out.write("rules broken: " + ", ".join(f"{k} {v}" for k, v in sorted(st.by_flaw.items())) + "\n")
     out.write("findings: " + ", ".join(f"{v} {k}" for k, v in kinds.items()) + "\n")
     unverified = [f for f in campaign.findings if f.verified is False]
     if unverified:

@@ -1,7 +1,7 @@
 """Fuzzing any ggml RPC server against the reference server's own logic (``ggml-rpc fuzz``).
 
 * :mod:`.valid_requests` and :mod:`.nearvalid`: requests derived from the spec's payload schemas -- valid ones steered
-  towards the server's state, and near-valid ones that break exactly one rule;
+  towards the server's state, and near-valid ones with exactly one flaw;
 * :mod:`.oracle`: the oracle, the reference server's per-connection dispatcher run in-process;
 * :mod:`.machine`: the hypothesis state machine (bundles of connections, buffers, tensors; a rule per command);
 * :mod:`.example` (with :mod:`.steps` and :mod:`.replies`) and :mod:`.campaign` (with :mod:`.saving`):
@@ -14,7 +14,7 @@
 """
 
 from .campaign import BudgetSpent, Campaign, Options, Stats, TargetGone
-from .findings import Finding, SavedFinding
+from .findings import FuzzFinding, SavedFinding
 from .setup import TargetFacts, embedded_campaign, learn_target, target_campaign
 from .targets import (
     FUZZ_DEVICE_MEMORY,
@@ -31,7 +31,7 @@ __all__ = [
     "CachedSpawnedTarget",
     "Campaign",
     "EmbeddedFuzzTarget",
-    "Finding",
+    "FuzzFinding",
     "FuzzSpawnedTarget",
     "Options",
     "SavedFinding",

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ggml_rpc.conformance.harness import Target
+from ggml_rpc.conformance.sessions.replay import ReplayError, replay
 from ggml_rpc.reference.config import ServerConfig
 from ggml_rpc.spec import CONN_CAPS_SIZE, Command, Protocol, encode_request
 from ggml_rpc.spec.codec import REPLY_HEADER_SIZE
@@ -30,17 +31,16 @@ from hypothesis.stateful import get_state_machine_test
 
 from .channel import Refused, TargetConnection
 from .example import Example
-from .findings import Finding, SavedFinding
+from .findings import FuzzFinding, SavedFinding
 from .machine import build_machine
 from .memory import return_free_memory as _return_free_memory
 from .memory import rss_kib
 from .message import FuzzMessage
 from .oracle import ModelCache, clear_directory
 from .reports import finding_dict
-from .saving import FindingSaver
+from .saving import FindingStore
 from .shadow import READ_TAG
 from .targets import cache_unknown
-from .workers import SharedFindings
 
 #: Examples per hypothesis run (one round).
 ROUND_EXAMPLES = 10
@@ -67,7 +67,8 @@ class Stats:
     #: Resident memory of the target process, when it runs on this machine under the campaign's control.
     max_target_rss_kib: int = 0
     by_command: Counter = field(default_factory=Counter)
-    by_rule: Counter = field(default_factory=Counter)
+    #: Messages sent with a flaw, per kind of flaw (:data:`.nearvalid.FLAWS`) or strategy tag.
+    by_flaw: Counter = field(default_factory=Counter)
     #: Reads of the shadow-memory oracle (:mod:`.shadow`) among the messages.
     shadow_reads: int = 0
 
@@ -101,8 +102,9 @@ class Options:
     shadow: bool = True
 
 
-class Campaign(FindingSaver):
-    """Fuzz one target with one protocol's state machine."""
+class Campaign:
+    """Fuzz one target with one protocol's state machine; its findings go to the :class:`.saving.FindingStore` it
+    holds."""
 
     def __init__(self, target: Target, protocol: Protocol, model_config: ServerConfig, options: Options, *,
                  devices: int = 1, alignment: int = 32,
@@ -124,14 +126,12 @@ class Campaign(FindingSaver):
         self.model_cache = ModelCache() if getattr(target, "use_cache", False) else None
         self.cache_unknown = self.model_cache is None and cache_unknown(target)
         self.stats = Stats()
-        self.findings: list[SavedFinding] = []
+        self.store = FindingStore(protocol, options.out_dir, on_finding)
         self.stopped_because = ""
         self._progress = progress
-        self._on_finding = on_finding
         self._last_status = 0.0
-        self._seen: set[tuple[str, str]] = set()
         self._example: Example | None = None
-        self._first_failure: tuple[Finding, list] | None = None
+        self._first_failure: tuple[FuzzFinding, list] | None = None
         self._first_size = 0
         self._shrink_started: float | None = None
         self._dead = False
@@ -143,9 +143,12 @@ class Campaign(FindingSaver):
         self.stop_requested = False
         #: The budget ran out inside a round: its remaining examples are inert.
         self.out_of_budget = False
-        #: The finding classes shared with other workers of the campaign (``--workers``, ``--database``), if any.
-        self.shared: SharedFindings | None = None
         self._machine = build_machine(self)
+
+    @property
+    def findings(self) -> list[SavedFinding]:
+        """The findings kept so far, in order."""
+        return self.store.findings
 
     # ---- target liveness ---------------------------------------------------------------------------------------
 
@@ -240,7 +243,7 @@ class Campaign(FindingSaver):
             st.shadow_reads += 1
         if msg.broken:
             st.broken += 1
-            st.by_rule[msg.tags[0] if msg.tags else msg.broken.split(":", 1)[0]] += 1
+            st.by_flaw[msg.tags[0] if msg.tags else msg.broken.split(":", 1)[0]] += 1
         if st.messages & 255 == 0:
             now = time.monotonic()
             if now - self._last_status >= 0.5:
@@ -259,7 +262,7 @@ class Campaign(FindingSaver):
             pid = getattr(proc, "pid", None)
         return pid
 
-    def found(self, example: Example, finding: Finding) -> None:
+    def found(self, example: Example, finding: FuzzFinding) -> None:
         """Keep the smallest failing example of the round's first kind of failure (what shrinking converges to)."""
         if self.stop_requested:
             return  # after a stop request a failure may be the kit's own termination (the target got the signal)
@@ -360,6 +363,45 @@ class Campaign(FindingSaver):
         finally:
             self._close_example()
 
+    # ---- findings ----------------------------------------------------------------------------------------------
+
+    def _replay_fails(self, pcap: Path | None, kind: str) -> bool:
+        """Does ``ggml-rpc replay``'s engine, re-running ``pcap`` against the target, fail (the target dies again
+        after a crash -- on a restarted target --, or its replies differ)?"""
+        if pcap is None:
+            return False
+        try:
+            if kind == "crash":
+                self.target.restart()
+                self.stats.restarts += 1
+            self.clear_caches()  # ``replay`` models a target cache that starts empty, as the example's did
+            report = replay([pcap], self.target.host, self.target.port, timeout=self.timeout)
+            failed = not report.ok
+        except ReplayError:
+            failed = True
+        except Exception:  # a reproducer that does not even replay is simply not kept
+            return False
+        finally:
+            self._dead = True  # make the next example check (and bring back) the target
+        return not self.alive() if kind == "crash" else failed
+
+    def _record_unshrunk(self, why: str) -> None:
+        if self._first_failure is None:
+            return
+        finding, transcript = self._first_failure
+        self._first_failure = None
+        saved = self._save(finding, transcript, shrunk=False)
+        if saved is not None:
+            saved.notes.append(f"not shrunk: {why}")
+
+    def _save(self, finding: FuzzFinding, transcript: list, *, shrunk: bool) -> SavedFinding | None:
+        if self.stop_requested:
+            # Stopping: the failure may be the kit's own termination (a process group's signal reaches a target
+            # the kit started too), and re-verifying it would outlast the 2 s a stop may take.
+            return None
+        return self.store.save(finding, transcript, shrunk=shrunk, replay_fails=self._replay_fails,
+                               can_restart=self.target.can_restart)
+
     def _close_example(self) -> None:
         ex = self._example
         if ex is not None:
@@ -383,8 +425,8 @@ def _scratch_hypothesis_home() -> Iterator[None]:
             set_hypothesis_home_dir(previous)
 
 
-def _find_finding(exc: BaseException) -> Finding | None:
-    if isinstance(exc, Finding):
+def _find_finding(exc: BaseException) -> FuzzFinding | None:
+    if isinstance(exc, FuzzFinding):
         return exc
     for sub in getattr(exc, "exceptions", ()) or ():
         found = _find_finding(sub)

@@ -1,7 +1,7 @@
 """The security checklist drawn from upstream's reported RPC bugs and from reading its code, item by item: what
 aims at it, and what proves the reference safe.
 
-Each item names the near-valid rule or stateful sequence of the fuzzer that targets it (``strategy``) and the tests
+Each item names the near-valid flaw or stateful sequence of the fuzzer that targets it (``strategy``) and the tests
 that show the reference server handles it (``tests``, pytest node ids relative to the repository root).  A test of
 the kit checks that every item has at least one of the two and that every name given here exists.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 class Item:
     number: int
     bad_input: str
-    #: The fuzzer's near-valid rule ("rule: field") or stateful sequence that aims at it; None if only tested.
+    #: The fuzzer's near-valid flaw ("kind: field") or stateful sequence that aims at it; None if only tested.
     strategy: str | None
     tests: tuple[str, ...]
 

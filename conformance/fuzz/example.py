@@ -19,50 +19,29 @@ target with the target's handles and addresses (learnt from ALLOC_BUFFER / BUFFE
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import numpy as np
 from ggml_rpc.conformance.sessions.relocate import Relocator
 from ggml_rpc.spec import CONN_CAPS_SIZE, Command, fnv1a64
 from ggml_rpc.spec.codec import REPLY_HEADER_SIZE
+from ggml_rpc.spec.layout import flat_layout
 
 from .channel import Refused, TargetConnection
-from .findings import Finding, Writes
+from .findings import FuzzFinding, Writes
+from .host import ExampleHost
 from .message import FuzzMessage
 from .oracle import ModelConnection
-from .reply_checks import ReplyChecks
+from .reply_checks import ReplyJudge
 from .shadow import ExampleShadow
-from .steps import BROKEN_PER_TEN, MAX_READ, PREREQUISITES, WRITES, ExampleSteps
-from .valid_requests import ConnRef, Scope
-
-if TYPE_CHECKING:
-    from .host import ExampleHost
+from .valid_requests import BufferRef, ConnRef, Scope
 
 #: Seconds a target that keeps a connection open where the reference closes gets to close after all.
 SLOW_CLOSE = 15.0
 
 HELLO = FuzzMessage(Command.HELLO, {"conn_caps": bytes(CONN_CAPS_SIZE)})
 
-def _handles(fields: dict) -> list[int]:
-    """Every buffer handle a request names (``remote_ptr``, and the ``buffer`` of each tensor it carries)."""
-    out = [fields["remote_ptr"]] if isinstance(fields.get("remote_ptr"), int) else []
-    for key in ("tensor", "src", "dst", "op"):
-        t = fields.get(key)
-        if isinstance(t, dict):
-            out.append(int(t["buffer"]))
-    for t in fields.get("srcs", ()) or ():
-        if isinstance(t, dict):
-            out.append(int(t["buffer"]))
-    tensors = fields.get("tensors")
-    if isinstance(tensors, np.ndarray):
-        out += [int(b) for b in np.unique(tensors["buffer"])]
-    elif tensors:
-        out += [int(t["buffer"]) for t in tensors]
-    return out
 
-
-class Example(ExampleSteps, ReplyChecks):
-    """State of one hypothesis example (a program of connections and messages)."""
+class Example:
+    """State of one example (a program of connections and messages); its replies are judged by the
+    :class:`~.reply_checks.ReplyJudge` it holds, its composite steps are :mod:`.steps`' functions of it."""
 
     def __init__(self, host: ExampleHost) -> None:
         self.host = host
@@ -72,6 +51,7 @@ class Example(ExampleSteps, ReplyChecks):
         self.current: ConnRef | None = None
         self.tconn: TargetConnection | None = None
         self.reloc = Relocator()
+        self.judge = ReplyJudge(host, host.protocol, self.reloc)
         self.transcript: list[Writes] = []
         self._writes: Writes = []
         #: The messages behind each connection's client writes, in the same order (what a finding is blamed on).
@@ -80,19 +60,11 @@ class Example(ExampleSteps, ReplyChecks):
         self.messages = 0
         self.refs = 0
         self.computed = False
-        self.finding: Finding | None = None
+        self.finding: FuzzFinding | None = None
         self.last: FuzzMessage | None = None
         self._last_ref: ConnRef | None = None
         self._scope_key: tuple | None = None
         self._opening: FuzzMessage | None = None
-        #: The target granted an allocation beyond the model's budget: it holds memory the model does not know of.
-        self.memory_diverged = False
-        #: The model no longer knows the target's state (a refusal after ``memory_diverged``, or a stale handle
-        #: the target has since handed out again): judge nothing more.
-        self.untracked = False
-        #: Target buffer handles live on the open connection (a server may reuse a freed buffer's address as the
-        #: handle of a new one: a stale model handle relocated to it names a live buffer, which is no finding).
-        self._target_live: set[int] = set()
         #: Sanitizer reports the target had printed before this example (an instrumented server's reports after
         #: it are this example's).
         self._sanitizer_mark = host.target.sanitizer_count
@@ -109,6 +81,16 @@ class Example(ExampleSteps, ReplyChecks):
     def _model_open(self, ref: ConnRef) -> bool:
         m = self.models.get(ref)
         return m is not None and not m.closed
+
+    @property
+    def memory_diverged(self) -> bool:
+        """The target granted an allocation beyond the model's budget (see :attr:`.ReplyJudge.memory_diverged`)."""
+        return self.judge.memory_diverged
+
+    @property
+    def untracked(self) -> bool:
+        """The model no longer knows the target's state: judge nothing more (see :attr:`.ReplyJudge.untracked`)."""
+        return self.judge.untracked
 
     @property
     def inert(self) -> bool:
@@ -164,7 +146,7 @@ class Example(ExampleSteps, ReplyChecks):
         cache = self.host.model_cache.cache if self.host.model_cache is not None else None
         self.models[ref] = ModelConnection(self.host.model_config, cache, name=f"model {ref!r}")
         self.current, self.tconn = ref, tconn
-        self._target_live = set()
+        self.judge.new_connection()
         self._last_ref = ref
         self._writes = []
         self.transcript.append(self._writes)
@@ -233,8 +215,7 @@ class Example(ExampleSteps, ReplyChecks):
         model = self.models[ref]
         tconn = self.tconn
         assert tconn is not None
-        if self._reused_handle(model, msg):
-            self.untracked = True
+        if self.judge.names_reused_handle(model.buffers, msg):
             return None
         mbytes, end = msg.encode(self.protocol)
         tbytes = msg.encode(self.protocol, self._relocate)[0] if msg.relocatable else mbytes
@@ -253,7 +234,7 @@ class Example(ExampleSteps, ReplyChecks):
         if msg.command is Command.SET_TENSOR and msg.data:
             self.scope.hashes.append(fnv1a64(msg.data))
         if msg.command is Command.FREE_BUFFER and not out.closed:
-            self._target_live.discard(self.reloc.handle(msg.fields.get("remote_ptr", 0)))
+            self.judge.freed(msg.fields.get("remote_ptr", 0))
         if out.reply:
             self._check_reply(msg, out.reply, tconn)
             self._check_sanitizer(msg)
@@ -286,6 +267,34 @@ class Example(ExampleSteps, ReplyChecks):
             self.shadow.after(ref, msg)
         return None
 
+    def _check_reply(self, msg: FuzzMessage, want: bytes, tconn: TargetConnection) -> None:
+        """Read the target's reply to ``msg`` (its size header first) and have it judged against the model's
+        ``want`` (header and payload)."""
+        head = tconn.read(REPLY_HEADER_SIZE)
+        if head.timed_out:
+            self._fail("hang", f"no reply {head.waited(self.host.timeout)}", msg)
+        if len(head.data) < REPLY_HEADER_SIZE:
+            self._closed_unexpectedly(msg, "replies")
+        want_head, want_body = want[:REPLY_HEADER_SIZE], want[REPLY_HEADER_SIZE:]
+        if head.data != want_head:
+            got = int.from_bytes(head.data, "little")
+            self._end_target()
+            self._fail("wrong-reply", f"reply size {got}, the reference replies {len(want_body)} bytes", msg)
+        body = tconn.read(len(want_body))
+        if body.timed_out:
+            self._fail("hang", "reply body incomplete " + ("(the target waits for more input)" if body.idle else
+                                                           f"after {self.host.timeout:g} s"), msg)
+        if len(body.data) < len(want_body):
+            self._closed_unexpectedly(msg, "replies")
+        verdict = self.shadow.judge(msg, body.data) if self.shadow is not None else None
+        if verdict is not None:  # one of the shadow-memory oracle's reads: judged over the bytes the shadow knows
+            if verdict.message:
+                self._fail("corruption", verdict.message, verdict.write, symptom=verdict.symptom)
+            return
+        wrong = self.judge.payload(msg, want_body, body.data, computed=self.computed)
+        if wrong is not None:
+            self._fail(wrong.kind, wrong.message, msg, symptom=wrong.symptom)
+
     def _check_sanitizer(self, msg: FuzzMessage | None, *, settle: bool = False) -> None:
         """An instrumented target that printed a sanitizer report it survived (UBSan recovers) broke a rule no
         reply shows: a finding of its own. A fatal report (ASan) is read with the death instead. The report may
@@ -301,17 +310,6 @@ class Example(ExampleSteps, ReplyChecks):
             more = f" (and {len(reports) - 1} more report(s))" if len(reports) > 1 else ""
             self._fail("undefined-behaviour", f"the target reported {first.headline()}{more}", msg,
                        symptom=first.symptom, sanitizer=first.to_dict())
-
-    def _reused_handle(self, model: ModelConnection, msg: FuzzMessage) -> bool:
-        """Does ``msg`` name a handle the model does not know on this connection, which relocates to a buffer the
-        target has live here (its old owner freed it, and the target gave the same value to a new buffer)?"""
-        if not self._target_live:
-            return False
-        live = model.buffers
-        for handle in _handles(msg.fields):
-            if handle and handle not in live and self.reloc.handle(handle) in self._target_live:
-                return True
-        return False
 
     def _open_where_model_closes(self, tconn: TargetConnection, message: str, msg: FuzzMessage | None) -> None:
         """The reference closes, the target keeps the connection open in silence: a hang only if the target really
@@ -329,6 +327,26 @@ class Example(ExampleSteps, ReplyChecks):
         if self.host.alive():
             self._fail("wrong-reply", message + " (the server itself still answers new connections)", msg)
         self._fail("hang", message, msg)
+
+    def _reply_fields(self, command: Command, payload: bytes) -> dict:
+        """A fixed-size reply payload decoded through its derived layout."""
+        return flat_layout(self.protocol.commands[command].reply.schema).unpack(payload)  # type: ignore[union-attr]
+
+    def alloc(self, ref: ConnRef, size: int, device: int) -> BufferRef | None:
+        """ALLOC_BUFFER then BUFFER_GET_BASE, as a client does; the buffer (model handle and base) or None."""
+        reply = self.send(ref, FuzzMessage(Command.ALLOC_BUFFER, {"device": device, "size": size}))
+        if not reply:
+            return None
+        f = self._reply_fields(Command.ALLOC_BUFFER, reply)
+        if not f["remote_ptr"]:
+            return None
+        base_reply = self.send(ref, FuzzMessage(Command.BUFFER_GET_BASE, {"remote_ptr": f["remote_ptr"]}))
+        if not base_reply:
+            return None
+        base = self._reply_fields(Command.BUFFER_GET_BASE, base_reply)["base_ptr"]
+        buf = BufferRef(ref, ref.incarnation, f["remote_ptr"], base, f["remote_size"], device)
+        self.scope.all_buffers.append(buf)
+        return buf
 
     def record_sent(self, msg: FuzzMessage, wire: bytes) -> None:
         """Count and record a message a strategy sent to the target alone (the model never sees it)."""
@@ -383,7 +401,7 @@ class Example(ExampleSteps, ReplyChecks):
         if kind == "hang" and self.host.target.process_exited():
             kind = "crash"
             message += " (the target process then exited)"
-        finding = Finding(kind, message, command=msg.name if msg else "", broken=msg.broken if msg else None)
+        finding = FuzzFinding(kind, message, command=msg.name if msg else "", broken=msg.broken if msg else None)
         finding.symptom = symptom
         finding.sanitizer = sanitizer
         self.finding = finding
@@ -394,4 +412,4 @@ class Example(ExampleSteps, ReplyChecks):
         raise finding
 
 
-__all__ = ["BROKEN_PER_TEN", "HELLO", "MAX_READ", "PREREQUISITES", "SLOW_CLOSE", "WRITES", "Example"]
+__all__ = ["HELLO", "SLOW_CLOSE", "Example"]

@@ -46,32 +46,34 @@ def death_symptom(death: dict | None) -> str:
     return symptom
 
 
-def rule_class(broken: str | None) -> str:
-    """The broken rule without its drawn value: ``bound: tensors.3.data = 0x7f…`` -> ``bound: tensors.*.data``.
+def flaw_class(broken: str | None) -> str:
+    """A message's flaw without its drawn value: ``bound: tensors.3.data = 0x7f…`` -> ``bound: tensors.*.data``.
 
     Size claims are bucketed by what they do to a server (>= 2^63: no container can hold it; >= 2^32; smaller).
     """
     if not broken:
         return "valid"
-    rule, _, rest = broken.partition(":")
+    flaw, _, rest = broken.partition(":")
     rest = rest.strip()
-    if rule == "size":
+    if flaw == "size":
         m = _SIZE_CLAIM.search(rest)
         claim = int(m.group(1)) if m else 0
         return "size: claim >= 2^63" if claim >= 1 << 63 else "size: claim >= 2^32" if claim >= 1 << 32 \
             else "size: small claim"
-    if rule == "truncation":
+    if flaw == "truncation":
         return "truncation"
     if rest.startswith("command byte"):
-        return f"{rule}: command byte"
+        return f"{flaw}: command byte"
     path = _INDEX.sub("*", rest.split(" = ", 1)[0])
-    return f"{rule}: {path}"
+    return f"{flaw}: {path}"
 
 Writes = list[tuple[bool, bytes]]
 
 
-class Finding(Exception):
-    """Raised inside an example when the target breaks an invariant; hypothesis then shrinks the example."""
+class FuzzFinding(Exception):
+    """Raised inside an example when the target breaks an invariant; hypothesis then shrinks the example.  (The
+    fuzzer's finding: a difference between the target and the model.  What a rule's predicate finds in one message
+    is :class:`ggml_rpc.spec.rules.Finding`.)"""
 
     def __init__(self, kind: str, message: str, *, command: str = "", broken: str | None = None) -> None:
         super().__init__(f"{kind}: {message}")
@@ -91,11 +93,11 @@ class Finding(Exception):
     @property
     def signature(self) -> tuple[str, str, str, str]:
         """Findings with the same signature are the same bug for de-duplication: the kind, the signal (and
-        assertion) or leak symptom, the command, and the rule broken (without its drawn value). A sanitizer's
-        report is a class by itself (kind, top upstream frame, command): the rule broken to get there is not."""
+        assertion) or leak symptom, the command, and the message's flaw (without its drawn value). A sanitizer's
+        report is a class by itself (kind, top upstream frame, command): the flaw that got there is not."""
         symptom = death_symptom(self.death) or self.symptom
-        rule = "-" if sanitizer_symptom(symptom) else rule_class(self.broken)
-        return self.kind, symptom, self.command, rule
+        flaw = "-" if sanitizer_symptom(symptom) else flaw_class(self.broken)
+        return self.kind, symptom, self.command, flaw
 
 
 @dataclass
@@ -113,9 +115,10 @@ class SavedFinding:
     death: dict | None = None
     shrunk: bool = True
     notes: list[str] = field(default_factory=list)
-    #: Deduplication key parts (see :attr:`Finding.signature`).
+    #: Deduplication key parts (see :attr:`FuzzFinding.signature`).
     symptom: str = ""
-    rule: str = ""
+    #: The flaw's class (:func:`flaw_class`; written "rule" in findings.json and SARIF, as before).
+    flaw: str = ""
     #: Seconds into the campaign of the first hit of this class.
     first_seconds: float = 0.0
     #: The reproducer was re-run against a fresh target and failed it the same way again.
@@ -130,21 +133,21 @@ class SavedFinding:
 
     @property
     def class_id(self) -> str:
-        """One stable name for the finding class (SARIF rule id): kind, symptom, command and rule; for a
+        """One stable name for the finding class (its SARIF ``ruleId``): kind, symptom, command and flaw; for a
         sanitizer's report kind, report class and command only."""
-        rule = "-" if sanitizer_symptom(self.symptom) else self.rule or "valid"
-        parts = [self.kind, self.symptom or "-", self.command or "-", rule]
+        flaw = "-" if sanitizer_symptom(self.symptom) else self.flaw or "valid"
+        parts = [self.kind, self.symptom or "-", self.command or "-", flaw]
         return "/".join(p.replace("/", "_") for p in parts)
 
     def line(self) -> str:
         """The one-line summary."""
         where = f" on {self.command}" if self.command else ""
-        rule = f" [{self.broken}]" if self.broken else ""
+        flaw = f" [{self.broken}]" if self.broken else ""
         size = f"{self.messages} message(s) in {self.connections} connection(s)"
         death = f"; target: {self.death.get('status')}" if self.death else ""
         checked = "" if self.verified is None else "; verified on a fresh target" if self.verified else \
             "; NOT verified"
-        return (f"{self.kind}{where}{rule}: {self.message} ({size}{'' if self.shrunk else ', not fully shrunk'}"
+        return (f"{self.kind}{where}{flaw}: {self.message} ({size}{'' if self.shrunk else ', not fully shrunk'}"
                 f"{death}{checked})")
 
 

@@ -2,7 +2,7 @@
 
 Rules of this module:
 
-1. An :class:`~.example.Example` (and its step and reply mixins) reaches the campaign only through
+1. An :class:`~.example.Example` (its reply judge and the steps that drive it too) reaches the campaign only through
    :class:`ExampleHost`; anything else of the campaign (rounds, budgets, shrinking, reports) is not its business.
 2. The campaign's several reasons for sending nothing more (target gone, shrinking out of time, budget spent, stop
    asked for) reach an example as one answer, :attr:`ExampleHost.examples_inert`.
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ggml_rpc.reference.config import ServerConfig
     from ggml_rpc.spec import Protocol as WireProtocol
 
-    from .findings import Finding
+    from .findings import FuzzFinding
     from .message import FuzzMessage
     from .oracle import ModelCache
 
@@ -59,7 +59,7 @@ class ExampleHost(Protocol):
         """One message sent (for the campaign's figures)."""
         ...
 
-    def found(self, example: object, finding: Finding) -> None:
+    def found(self, example: object, finding: FuzzFinding) -> None:
         """The example broke an invariant (called before the finding is raised)."""
         ...
 

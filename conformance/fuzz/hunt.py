@@ -8,8 +8,8 @@ run *strategies* aimed at upstream's reported bug classes and what its builds di
 row-index mutations, size headers of 2^63 and more, region edges, the other major's SET_TENSOR layout, a client that
 leaves before its reply, and reads of fresh buffers (info leaks).
 
-Findings are deduplicated by class -- (kind, signal and assertion or leak symptom, command, rule broken) -- and the
-first of each class is shrunk to a minimal reproducer on a fresh target (delta debugging over the requests of
+Findings are deduplicated by class -- (kind, signal and assertion or leak symptom, command, the message's flaw) --
+and the first of each class is shrunk to a minimal reproducer on a fresh target (delta debugging over the requests of
 the connection that failed, each candidate replayed by ``ggml-rpc replay``'s engine), then verified by one more
 run against a fresh target.  Reports: ``findings.txt`` lines, ``findings.json``, and SARIF 2.1.0.
 """
@@ -32,19 +32,19 @@ from ggml_rpc.conformance.sessions.replay import Replayer, ReplayError, replay
 from ggml_rpc.conformance.sessions.replay_captures import capture_of_writes
 from ggml_rpc.reference.config import ServerConfig
 from ggml_rpc.reference.server import Server
-from ggml_rpc.spec import CONN_CAPS_SIZE, Command, Protocol, encode_request
+from ggml_rpc.spec import Protocol
 
 from .campaign import Campaign, Options
 from .draws import RandomDraw
 from .example import Example
-from .findings import Finding, SavedFinding, Writes, death_symptom, rule_class, save
+from .findings import FuzzFinding, SavedFinding, Writes, death_symptom, flaw_class
 from .hunt_strategies import STRATEGIES, strategy
 from .memory import return_free_memory
 from .oracle import ModelStall
 from .reports import finding_dict, to_sarif, write_reports
-from .saving import _hello_reply
 from .setup import target_campaign
 from .shadow import CANARY_TAG
+from .steps import burst
 from .targets import EmbeddedFuzzTarget, fuzz_config
 from .transcripts import culprit, flatten, request_groups
 
@@ -139,9 +139,9 @@ class Hunt(Campaign):
                     strategy(rng)(self, ex, d, rng)
                 else:
                     # Seeded bursts of the generic generators carry the message rate (as in the machine).
-                    ex.burst(rng, rng.randint(1, BURST))
+                    burst(ex, rng, rng.randint(1, BURST))
             ex.finish()
-        except Finding as finding:
+        except FuzzFinding as finding:
             self._record(ex, finding)
         except ModelStall:
             self.hunt.fuzzer_errors += 1
@@ -153,11 +153,11 @@ class Hunt(Campaign):
 
     # ---- findings ------------------------------------------------------------------------------------------------
 
-    def found(self, example: Example, finding: Finding) -> None:
+    def found(self, example: Example, finding: FuzzFinding) -> None:
         """Nothing to keep for hypothesis here (it would start the shrink clock that turns examples inert): the
         finding reaches :meth:`_record` as the exception it is."""
 
-    def _record(self, ex: Example, finding: Finding) -> None:
+    def _record(self, ex: Example, finding: FuzzFinding) -> None:
         if self.stop_requested:
             return  # stopping: the failure may be the kit's own termination, and shrinking would outlast 2 s
         self.hunt.findings_seen += 1
@@ -166,7 +166,7 @@ class Hunt(Campaign):
         if saved is not None:
             self.hits[saved.class_id] = self.hits.get(saved.class_id, 0) + 1
             return
-        if self.shared is not None and self.shared.known(key):
+        if self.store.shared is not None and self.store.shared.known(key):
             self.hunt.shared_hits += 1  # another worker has the class: no shrinking, verifying or saving here
             return
         at = culprit(ex.transcript)
@@ -196,7 +196,7 @@ class Hunt(Campaign):
                     return
         saved = SavedFinding(finding.kind, finding.message, finding.command, finding.broken, messages=0,
                              connections=1, death=finding.death, shrunk=verified is not None, symptom=key[1],
-                             rule=rule_class(finding.broken), first_seconds=round(self.stats.seconds, 2),
+                             flaw=flaw_class(finding.broken), first_seconds=round(self.stats.seconds, 2),
                              verified=verified, sanitizer=finding.sanitizer)
         self._classes[key] = self._classes[finding.signature] = saved
         self.hits[saved.class_id] = 1
@@ -209,26 +209,15 @@ class Hunt(Campaign):
                                if verified is False else "not verified: the target cannot be restarted")
         writes = flatten(groups)
         saved.messages = sum(1 for c, _ in writes if c)
-        if self.options.out_dir is not None:
-            # A client that leaves before its reply: ``ggml-rpc replay`` leaves each connection where the client's
-            # FIN does, the last request riding with it; repeated, for a platform where that cannot be arranged.
-            rounds = EARLY_ROUNDS if early else 1
-            save(saved, [writes] * rounds + [self._probe()], self.options.out_dir, len(self.findings) + 1,
-                 early=range(rounds) if early else ())
-        self.findings.append(saved)
-        if self.shared is not None:
-            # Under the signature it was met with and, when shrinking moved the blame, the one it has now.
-            for signature in dict.fromkeys((key, finding.signature)):
-                self.shared.add(signature, saved, self.hits[saved.class_id])
         self.mark_dead()  # the next example checks the target (shrinking restarted it more than once)
-        if self._on_finding is not None:
-            self._on_finding(saved)
+        # A client that leaves before its reply: ``ggml-rpc replay`` leaves each connection where the client's FIN
+        # does, the last request riding with it; repeated, for a platform where that cannot be arranged.  Shared
+        # under the signature it was met with and, when shrinking moved the blame, the one it has now.
+        rounds = EARLY_ROUNDS if early else 1
+        self.store.keep(saved, [writes] * rounds, early=range(rounds) if early else (),
+                        signatures=dict.fromkeys((key, finding.signature)), hits=self.hits[saved.class_id])
 
-    def _probe(self) -> Writes:
-        return [(True, encode_request(self.protocol, Command.HELLO, {"conn_caps": bytes(CONN_CAPS_SIZE)})),
-                (False, _hello_reply(self.protocol))]
-
-    def _shrink(self, order: list[int], groups: list[Writes], finding: Finding, early: bool,
+    def _shrink(self, order: list[int], groups: list[Writes], finding: FuzzFinding, early: bool,
                 pinned: frozenset[int] | set[int] = frozenset()) -> list[int]:
         """Delta debugging over the requests after HELLO (indices into ``groups``): drop chunks, the last request
         included, while the program still fails a fresh target as the finding did; ``pinned`` requests stay. A
@@ -259,7 +248,7 @@ class Hunt(Campaign):
                 chunk //= 2
         return sorted(head + body)
 
-    def _reproduces(self, groups: list[Writes], finding: Finding, early: bool, *, from_file: bool = False) -> bool:
+    def _reproduces(self, groups: list[Writes], finding: FuzzFinding, early: bool, *, from_file: bool = False) -> bool:
         """Does this program fail a freshly restarted target as the finding did (same class)?  ``from_file``: replayed
         from a pcap of it, as ``ggml-rpc replay`` replays a reproducer (else from the same capture in memory).
 
@@ -292,7 +281,7 @@ class Hunt(Campaign):
             return death_symptom(self.target.death_info()) == death_symptom(finding.death)
         return got == finding.kind
 
-    def _clean(self, groups: list[Writes], finding: Finding, early: bool) -> bool:
+    def _clean(self, groups: list[Writes], finding: FuzzFinding, early: bool) -> bool:
         """Does the program replay clean against the reference (a src chain 300,000 deep is taken as it is)?"""
         if finding.broken is not None and finding.broken.startswith("deep"):
             return True
@@ -315,7 +304,7 @@ class Hunt(Campaign):
         program's reads are the oracle's)."""
         host, port = at if at is not None else (self.target.host, self.target.port)
         rounds = EARLY_ROUNDS if early else 1
-        connections = [flatten(groups)] * rounds + [self._probe()]
+        connections = [flatten(groups)] * rounds + [self.store.probe()]
         left = range(rounds) if early else ()
         try:
             if from_file:

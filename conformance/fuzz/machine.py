@@ -24,6 +24,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, multi
 
 from .draws import HypothesisDraw
 from .example import Example
+from .steps import break_connection, burst, command_step
 from .valid_requests import BufferRef, ConnRef, TensorRef, alloc_size, placed_tensors
 
 #: Longest burst of seeded steps after a rule's own request.
@@ -59,7 +60,7 @@ def build_machine(campaign: ExampleSource) -> type[RuleBasedStateMachine]:
 
         def _burst(self, n: int, seed: int) -> None:
             if n:
-                self.ex.burst(random.Random(seed), n)
+                burst(self.ex, random.Random(seed), n)
 
         @initialize(target=connections)
         def first_connection(self) -> ConnRef:
@@ -95,14 +96,14 @@ def build_machine(campaign: ExampleSource) -> type[RuleBasedStateMachine]:
         @rule(how=st.sampled_from(("handshake", "unknown command", "hello again")), data=st.data())
         def break_connection(self, how: str, data: st.DataObject) -> None:
             """Break the connection itself: a bad first message, a command id the version lacks, a second HELLO."""
-            self.ex.break_connection(HypothesisDraw(data.draw), how)
+            break_connection(self.ex, HypothesisDraw(data.draw), how)
 
         def teardown(self) -> None:
             self.ex.finish()
 
     def command_rule(command: Command):
         def send(self: FuzzMachine, data: st.DataObject, n: int, seed: int) -> None:
-            self.ex.command_step(HypothesisDraw(data.draw), command)
+            command_step(self.ex, HypothesisDraw(data.draw), command)
             self._burst(n, seed)
 
         send.__name__ = f"send_{command.name.lower()}"

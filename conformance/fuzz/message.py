@@ -40,7 +40,7 @@ class FuzzMessage:
     cut: int | None = None
     #: (payload offset, bytes) written over the encoded payload (a count that lies).
     patch: tuple[int, bytes] | None = None
-    #: The rule broken on purpose ("bound: tensor.data past its buffer"), None for a valid message.
+    #: The flaw put in on purpose ("bound: tensor.data past its buffer"), None for a valid message.
     broken: str | None = None
     #: Free-form labels for statistics.
     tags: tuple[str, ...] = field(default=())

@@ -1,12 +1,13 @@
-"""Near-valid requests: a valid request with exactly one rule broken, the rule chosen from the schema.
+"""Near-valid requests: a valid request with exactly one flaw, its kind and place chosen from the schema.
 
-Every leaf field of a payload (nested tensors included) is classified by its declared name into the rule it
-carries -- an **id** (a handle or a tensor id), a **bound** (an offset, a size, an address, a shape, a device
+Every leaf field of a payload (nested tensors included) is classified by its declared name into the kind of flaw
+it can carry -- an **id** (a handle or a tensor id), a **bound** (an offset, a size, an address, a shape, a device
 index), a **type** (ggml type, op), a **flag** (cache flag, tensor flags) -- and every counted array's count field
-into **count**.  Two wire-level rules apply to any message: a lying **size** header and a **truncation** (the
-message cut, then the connection ended).  Breaking a rule means replacing one value by a boundary value of that
-rule, computed from the state the request refers to (one past the buffer end, a handle of another connection, a
-removed type...).  A new command gets its near-valid variants from its schema like any other.
+into **count**.  Two wire-level flaws apply to any message: a lying **size** header and a **truncation** (the
+message cut, then the connection ended).  A flaw replaces one value by a boundary value of its kind, computed from
+the state the request refers to (one past the buffer end, a handle of another connection, a removed type...).  A
+new command gets its near-valid variants from its schema like any other.  (These kinds are the fuzzer's own; the
+rule table's rules, :mod:`ggml_rpc.spec.rules`, are what a server is judged by.)
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ from .draws import Draw, HypothesisDraw
 from .message import FuzzMessage
 from .valid_requests import Scope, payload_fields
 
-RULES = ("size", "id", "bound", "type", "count", "truncation", "flag")
+#: The kinds of flaw a near-valid request carries (the part of its ``broken`` text before the colon).
+FLAWS = ("size", "id", "bound", "type", "count", "truncation", "flag")
 
-#: Which rule a field carries, by the name the schemas give it.
-FIELD_RULES: dict[str, str] = {
+#: Which kind of flaw a field can carry, by the name the schemas give it.
+FIELD_FLAWS: dict[str, str] = {
     "remote_ptr": "id", "buffer": "id", "id": "id", "src": "id", "view_src": "id", "nodes": "id",
     "offset": "bound", "size": "bound", "data": "bound", "view_offs": "bound", "ne": "bound", "nb": "bound",
     "device": "bound", "n_copies": "bound", "stride": "bound", "rank": "bound",
@@ -55,17 +57,17 @@ U64 = (1 << 64) - 1
 
 
 @dataclass(frozen=True, slots=True)
-class Target:
-    """One place a rule can be broken: the rule, the dotted path of the field ('' for wire rules), its format."""
+class FlawSite:
+    """One place a flaw can be put: its kind, the dotted path of the field ('' for the wire's), its format."""
 
-    rule: str
+    flaw: str
     path: str
     fmt: str = ""
     #: Array fields: number of elements (an int) or the name of the count field; 1 for scalars.
     count: int | str = 1
 
 
-def _walk(schema: Struct, prefix: str, out: list[Target]) -> None:
+def _walk(schema: Struct, prefix: str, out: list[FlawSite]) -> None:
     for info in payload_fields(schema):
         path = prefix + info.name
         if info.kind in ("struct", "struct_array"):
@@ -74,18 +76,18 @@ def _walk(schema: Struct, prefix: str, out: list[Target]) -> None:
             _walk(info.struct, sub, out)
             continue
         if isinstance(info.count, str) and info.kind == "array":
-            pass  # counted int array: its elements keep their own rule below
-        rule = FIELD_RULES.get(info.name)
-        if rule is not None and info.kind in ("int", "array"):
-            out.append(Target(rule, path, info.fmt, info.count if info.kind == "array" else 1))
+            pass  # counted int array: its elements keep their own kind below
+        flaw = FIELD_FLAWS.get(info.name)
+        if flaw is not None and info.kind in ("int", "array"):
+            out.append(FlawSite(flaw, path, info.fmt, info.count if info.kind == "array" else 1))
     for count_name in [f.count for f in payload_fields(schema) if isinstance(f.count, str)]:
-        out.append(Target("count", prefix + count_name, "I"))
+        out.append(FlawSite("count", prefix + count_name, "I"))
 
 
 @cache
-def targets(payload: Payload) -> tuple[Target, ...]:
-    """Every place of ``payload`` where one rule can be broken (wire rules first)."""
-    out = [Target("size", ""), Target("truncation", "")]
+def flaw_sites(payload: Payload) -> tuple[FlawSite, ...]:
+    """Every place of ``payload`` where one flaw can be put (the wire's first)."""
+    out = [FlawSite("size", ""), FlawSite("truncation", "")]
     if payload.shape is not Shape.RAW:
         _walk(payload.schema, "", out)
     return tuple(out)
@@ -215,10 +217,10 @@ def _flag_values(leaf: str, current: int) -> list[int]:
     return sorted({current ^ compute, -1, 0x7FFFFFFF, compute | int(TensorFlag.PARAM)} - {current})
 
 
-def _leaf_paths(values: dict[str, Any], target: Target) -> list[list[str]]:
-    """Concrete element paths for a target path with ``*`` (array of structs) and array leaves."""
+def _leaf_paths(values: dict[str, Any], site: FlawSite) -> list[list[str]]:
+    """Concrete element paths for a site's path with ``*`` (array of structs) and array leaves."""
     paths: list[list[str]] = [[]]
-    for part in target.path.split("."):
+    for part in site.path.split("."):
         nxt = []
         for p in paths:
             if part == "*":
@@ -259,23 +261,23 @@ def size_claims(payload: Payload, actual: int) -> list[int]:
 
 
 def break_one(d: Draw, scope: Scope, msg: FuzzMessage, protocol: Protocol) -> FuzzMessage:
-    """``msg`` with exactly one rule broken (the rule and the place drawn from the payload's targets)."""
+    """``msg`` with exactly one flaw (its kind and place drawn from the payload's flaw sites)."""
     payload = protocol.commands[msg.command].request
     wire, _ = msg.encode(protocol)
-    options = [t for t in targets(payload) if t.rule in ("size", "truncation") or _leaf_paths(msg.fields, t)
-               or t.rule == "count"]
-    target = d.choice(options)
-    out = FuzzMessage(msg.command, msg.fields, msg.data, tags=(target.rule,))
-    if target.rule == "size":
+    options = [t for t in flaw_sites(payload) if t.flaw in ("size", "truncation") or _leaf_paths(msg.fields, t)
+               or t.flaw == "count"]
+    site = d.choice(options)
+    out = FuzzMessage(msg.command, msg.fields, msg.data, tags=(site.flaw,))
+    if site.flaw == "size":
         out.size = d.choice(size_claims(payload, len(wire) - REQUEST_HEADER_SIZE))
         out.broken = f"size: header claims {out.size} bytes"
         return out
-    if target.rule == "truncation":
+    if site.flaw == "truncation":
         out.cut = d.integer(1, len(wire) - 1) if len(wire) > 1 else 0
         out.broken = f"truncation: cut after {out.cut} of {len(wire)} bytes"
         return out
-    if target.rule == "count":
-        name = target.path
+    if site.flaw == "count":
+        name = site.path
         real = len(msg.fields[{f.count: f.name for f in payload_fields(payload.schema)
                                if isinstance(f.count, str)}[name]])
         count_fmt = "<" + next(f for f in payload_fields(payload.schema) if f.name == name).fmt
@@ -284,15 +286,15 @@ def break_one(d: Draw, scope: Scope, msg: FuzzMessage, protocol: Protocol) -> Fu
         out.patch = (count_offset(payload, msg.fields, name), struct.pack(count_fmt, lie))
         out.broken = f"count: {name} = {lie} for {real}"
         return out
-    parts = d.choice(_leaf_paths(msg.fields, target))
-    leaf = target.path.rsplit(".", 1)[-1]
+    parts = d.choice(_leaf_paths(msg.fields, site))
+    leaf = site.path.rsplit(".", 1)[-1]
     current = _get(msg.fields, parts)
-    fmt = target.fmt
-    if target.rule == "bound":
+    fmt = site.fmt
+    if site.flaw == "bound":
         cands = _bound_values(scope, msg.fields, parts, leaf, current, fmt)
-    elif target.rule == "id":
+    elif site.flaw == "id":
         cands = _id_values(scope, leaf, current, fmt, msg.fields)
-    elif target.rule == "type":
+    elif site.flaw == "type":
         cands = _type_values(leaf)
     else:
         cands = _flag_values(leaf, current)
@@ -300,19 +302,19 @@ def break_one(d: Draw, scope: Scope, msg: FuzzMessage, protocol: Protocol) -> Fu
     cands = [c for c in cands if lo <= c <= hi and c != current] or [hi if current != hi else lo]
     value = d.choice(cands)
     new_fields = _set(msg.fields, parts, value)
-    if target.rule == "type" and leaf == "op":
+    if site.flaw == "type" and leaf == "op":
         # An op only runs when its node is computed: keep the COMPUTE flag on the broken node.
         tparts = parts[:-1]
         node = _get(new_fields, tparts)
         if isinstance(node, dict) and "flags" in node:
             new_fields = _set(new_fields, [*tparts, "flags"], int(node["flags"]) | int(TensorFlag.COMPUTE))
     out.fields = new_fields
-    out.broken = f"{target.rule}: {'.'.join(parts)} = {value:#x}" if value >= 0 else \
-        f"{target.rule}: {'.'.join(parts)} = {value}"
+    out.broken = f"{site.flaw}: {'.'.join(parts)} = {value:#x}" if value >= 0 else \
+        f"{site.flaw}: {'.'.join(parts)} = {value}"
     return out
 
 
 @st.composite
 def near_valid(draw: st.DrawFn, scope: Scope, msg: FuzzMessage, protocol: Protocol) -> FuzzMessage:
-    """Hypothesis strategy of :func:`break_one` (the rule, the place and the value shrinkable)."""
+    """Hypothesis strategy of :func:`break_one` (the kind of flaw, its place and its value shrinkable)."""
     return break_one(HypothesisDraw(draw), scope, msg, protocol)

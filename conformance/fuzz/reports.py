@@ -23,7 +23,7 @@ class Reported(Protocol):
 
 def finding_dict(f: SavedFinding, hits: int = 1) -> dict[str, Any]:
     return {
-        "class": f.class_id, "kind": f.kind, "symptom": f.symptom, "command": f.command, "rule": f.rule,
+        "class": f.class_id, "kind": f.kind, "symptom": f.symptom, "command": f.command, "rule": f.flaw,
         "message": f.message, "broken": f.broken, "first_seconds": f.first_seconds, "hits": hits,
         "messages": f.messages, "connections": f.connections, "verified": f.verified, "shrunk": f.shrunk,
         "reproducer": str(f.pcap) if f.pcap else None,
@@ -51,13 +51,14 @@ SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 
 
 def to_sarif(findings: list[SavedFinding], summary: dict[str, Any]) -> dict[str, Any]:
-    """A SARIF 2.1.0 log: one rule and one result per finding class, the reproducer pcap as the artifact."""
-    rules, results, artifacts = [], [], []
+    """A SARIF 2.1.0 log: one result per finding class, each class described once (SARIF's ``rules`` array of the
+    driver, SARIF's word), the reproducer pcap as the artifact."""
+    classes, results, artifacts = [], [], []
     for f in findings:
-        rules.append({"id": f.class_id, "name": f.kind, "shortDescription": {"text": f.line()[:200]},
-                      "properties": {"kind": f.kind, "symptom": f.symptom, "command": f.command, "rule": f.rule}})
+        classes.append({"id": f.class_id, "name": f.kind, "shortDescription": {"text": f.line()[:200]},
+                        "properties": {"kind": f.kind, "symptom": f.symptom, "command": f.command, "rule": f.flaw}})
         result: dict[str, Any] = {
-            "ruleId": f.class_id, "ruleIndex": len(rules) - 1,
+            "ruleId": f.class_id, "ruleIndex": len(classes) - 1,
             "level": "error" if f.kind in ("crash", "info-leak", "out-of-buffer", "undefined-behaviour")
             else "warning",
             "message": {"text": f.line()},
@@ -76,7 +77,7 @@ def to_sarif(findings: list[SavedFinding], summary: dict[str, Any]) -> dict[str,
     out_dir = next((f.pcap.parent for f in findings if f.pcap is not None), None)
     run: dict[str, Any] = {
         "tool": {"driver": {"name": "ggml-rpc fuzz", "version": kit_version(),
-                            "informationUri": "https://github.com/ggml-org/llama.cpp", "rules": rules}},
+                            "informationUri": "https://github.com/ggml-org/llama.cpp", "rules": classes}},
         "results": results,
         "artifacts": artifacts,
         "properties": {k: v for k, v in summary.items() if k != "classes"},

@@ -1,54 +1,47 @@
-"""Saving a hypothesis round's finding (a mixin of :class:`.campaign.Campaign`): the failing connection alone when a
-replay of it alone still fails the target, else the whole example; the reproducer pcap, its summary and the line
-in ``findings.txt``."""
+"""Where a campaign's findings go: each class of finding kept once, its reproducer (pcap and summary) written into
+the output folder with its line in ``findings.txt``, and announced.  A hypothesis round's finding is kept as the
+failing connection alone when a replay of it alone still fails the target, else as the whole example."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 
-from ggml_rpc.conformance.sessions.replay import ReplayError, replay
 from ggml_rpc.spec import CONN_CAPS_SIZE, Command, Protocol, encode_reply, encode_request, hello_reply
 
-from .findings import Finding, SavedFinding, save
+from .findings import FuzzFinding, SavedFinding, Writes, save
+from .workers import SharedFindings
+
+#: ``replay_fails(pcap, kind)``: does re-running the reproducer ``pcap`` fail the target as a finding of ``kind``
+#: did (the campaign's own judgement: it restarts and empties the target).
+ReplayFails = Callable[[Path | None, str], bool]
 
 
-class FindingSaver:
-    """The saving steps; ``self`` is a :class:`.campaign.Campaign`."""
+class FindingStore:
+    """A campaign's findings (a :class:`.campaign.Campaign` holds one), in the order they were kept."""
 
-    def _replay_fails(self, pcap: Path | None, kind: str) -> bool:
-        """Does ``ggml-rpc replay``'s engine, re-running ``pcap`` against the target, fail (the target dies again
-        after a crash -- on a restarted target --, or its replies differ)?"""
-        if pcap is None:
-            return False
-        try:
-            if kind == "crash":
-                self.target.restart()
-                self.stats.restarts += 1
-            self.clear_caches()  # ``replay`` models a target cache that starts empty, as the example's did
-            report = replay([pcap], self.target.host, self.target.port, timeout=self.timeout)
-            failed = not report.ok
-        except ReplayError:
-            failed = True
-        except Exception:  # a reproducer that does not even replay is simply not kept
-            return False
-        finally:
-            self._dead = True  # make the next example check (and bring back) the target
-        return not self.alive() if kind == "crash" else failed
+    def __init__(self, protocol: Protocol, out_dir: Path | None,
+                 on_finding: Callable[[SavedFinding], None] | None = None) -> None:
+        self.protocol = protocol
+        self.out_dir = out_dir
+        self.findings: list[SavedFinding] = []
+        #: The finding classes shared with other workers of the campaign (``--workers``, ``--database``), if any.
+        self.shared: SharedFindings | None = None
+        self._on_finding = on_finding
+        self._seen: set[tuple[str, str, str, str]] = set()
 
+    def probe(self) -> Writes:
+        """The connection every reproducer ends with: HELLO and the reference's reply (a server the reproducer
+        killed refuses it, so ``ggml-rpc replay`` fails)."""
+        return [(True, encode_request(self.protocol, Command.HELLO, {"conn_caps": bytes(CONN_CAPS_SIZE)})),
+                (False, encode_reply(self.protocol, Command.HELLO, hello_reply(self.protocol.version)))]
 
-    def _record_unshrunk(self, why: str) -> None:
-        if self._first_failure is None:
-            return
-        finding, transcript = self._first_failure
-        self._first_failure = None
-        saved = self._save(finding, transcript, shrunk=False)
-        if saved is not None:
-            saved.notes.append(f"not shrunk: {why}")
-
-    def _save(self, finding: Finding, transcript: list, *, shrunk: bool) -> SavedFinding | None:
-        if finding.signature in self._seen or self.stop_requested:
-            # Stopping: the failure may be the kit's own termination (a process group's signal reaches a target
-            # the kit started too), and re-verifying it would outlast the 2 s a stop may take.
+    def save(self, finding: FuzzFinding, transcript: list, *, shrunk: bool, replay_fails: ReplayFails,
+             can_restart: bool) -> SavedFinding | None:
+        """Keep a hypothesis round's finding, unless one of its signature is kept already: the connection that
+        failed alone when ``replay_fails`` says a replay of it alone still fails the target (only after a crash
+        when the target ``can_restart``), else the whole example."""
+        if finding.signature in self._seen:
             return None
         self._seen.add(finding.signature)
         if self.shared is not None and self.shared.known(finding.signature):
@@ -56,36 +49,47 @@ class FindingSaver:
         transcript = [conn for conn in transcript if conn]
         saved = SavedFinding(finding.kind, finding.message, finding.command, finding.broken, messages=0,
                              connections=0, death=finding.death, shrunk=shrunk)
-        if self.options.out_dir is not None:
-            probe = [(True, encode_request(self.protocol, Command.HELLO, {"conn_caps": bytes(CONN_CAPS_SIZE)})),
-                     (False, _hello_reply(self.protocol))]
+        if self.out_dir is not None:
+            probe = self.probe()
             number = len(self.findings) + 1
             # The connection that crashed the server: the last one that sent more than its opening message
             # (a connection opened after the fatal message may still have been accepted by the dying process).
             culprit = next((conn for conn in reversed(transcript) if sum(1 for c, _ in conn if c) > 1), None)
-            if len(transcript) > 1 and culprit is not None and (finding.kind != "crash" or self.target.can_restart):
+            if len(transcript) > 1 and culprit is not None and (finding.kind != "crash" or can_restart):
                 # Connections share nothing but the hash cache: the one that failed is usually enough.  Keep it
                 # alone if a replay of it alone still fails against the target (a fresh one after a crash).
-                save(saved, [culprit, probe], self.options.out_dir, number)
-                if self._replay_fails(saved.pcap, finding.kind):
+                save(saved, [culprit, probe], self.out_dir, number)
+                if replay_fails(saved.pcap, finding.kind):
                     transcript = [culprit]
                     saved.notes.append("earlier connections dropped: replayed alone, the last one fails the same "
                                        "way")
                 else:
-                    _forget(self.options.out_dir, saved)
+                    _forget(self.out_dir, saved)
             if saved.pcap is None or not saved.pcap.exists():
-                save(saved, [*transcript, probe], self.options.out_dir, number)
+                save(saved, [*transcript, probe], self.out_dir, number)
         saved.messages = sum(sum(1 for c, _ in conn if c) for conn in transcript)
         saved.connections = len(transcript)
         if saved.summary_file is not None:
-            _rewrite_line(self.options.out_dir, saved)
-        self.findings.append(saved)
-        if self.shared is not None:
-            self.shared.add(finding.signature, saved)
-        if self._on_finding is not None:
-            self._on_finding(saved)
+            _rewrite_line(self.out_dir, saved)
+        self._announce(saved, [finding.signature])
         return saved
 
+    def keep(self, saved: SavedFinding, connections: list[Writes], *, early: Collection[int] = (),
+             signatures: Iterable[Sequence[str]] = (), hits: int = 1) -> None:
+        """Keep a finding already shrunk (the hunt's): its reproducer, ``connections`` then the probe, written into
+        the output folder (``early``: connections whose client leaves before its last reply), then announced, and
+        shared with the campaign's other workers under each of ``signatures`` with its ``hits``."""
+        if self.out_dir is not None:
+            save(saved, [*connections, self.probe()], self.out_dir, len(self.findings) + 1, early=early)
+        self._announce(saved, signatures, hits)
+
+    def _announce(self, saved: SavedFinding, signatures: Iterable[Sequence[str]], hits: int = 1) -> None:
+        self.findings.append(saved)
+        if self.shared is not None:
+            for signature in signatures:
+                self.shared.add(signature, saved, hits)
+        if self._on_finding is not None:
+            self._on_finding(saved)
 
 
 def _forget(out_dir: Path, saved: SavedFinding) -> None:
@@ -114,9 +118,4 @@ def _rewrite_line(out_dir: Path | None, saved: SavedFinding) -> None:
     index.write_text("\n".join(rows) + "\n")
 
 
-
-def _hello_reply(protocol: Protocol) -> bytes:
-    return encode_reply(protocol, Command.HELLO, hello_reply(protocol.version))
-
-
-__all__ = ["FindingSaver"]
+__all__ = ["FindingStore"]

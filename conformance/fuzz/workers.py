@@ -183,13 +183,13 @@ def merge_reports(reports: Sequence[tuple[str, Path]], out_dir: Path,
 
 def sarif_of_record(record: dict[str, Any]) -> dict[str, Any]:
     """A SARIF 2.1.0 log of a merged record (as :func:`.reports.to_sarif` writes one worker's)."""
-    rules, results, artifacts = [], [], []
+    classes, results, artifacts = [], [], []  # one description per class: SARIF's "rules"
     for c in record["classes"]:
         text = f"{c['kind']}{' on ' + c['command'] if c.get('command') else ''}: {c.get('message', '')}"
-        rules.append({"id": c["class"], "name": c["kind"], "shortDescription": {"text": text[:200]},
-                      "properties": {k: c.get(k) for k in ("kind", "symptom", "command", "rule")}})
+        classes.append({"id": c["class"], "name": c["kind"], "shortDescription": {"text": text[:200]},
+                        "properties": {k: c.get(k) for k in ("kind", "symptom", "command", "rule")}})
         result: dict[str, Any] = {
-            "ruleId": c["class"], "ruleIndex": len(rules) - 1,
+            "ruleId": c["class"], "ruleIndex": len(classes) - 1,
             "level": "error" if c["kind"] in ("crash", "info-leak", "out-of-buffer", "undefined-behaviour")
             else "warning",
             "message": {"text": text},
@@ -204,7 +204,7 @@ def sarif_of_record(record: dict[str, Any]) -> dict[str, Any]:
             result["locations"] = [{"physicalLocation": {"artifactLocation": {
                 "uri": pcap.name, "uriBaseId": "FINDINGS", "index": len(artifacts) - 1}}}]
         results.append(result)
-    run: dict[str, Any] = {"tool": {"driver": {"name": "ggml-rpc fuzz", "rules": rules}}, "results": results,
+    run: dict[str, Any] = {"tool": {"driver": {"name": "ggml-rpc fuzz", "rules": classes}}, "results": results,
                            "artifacts": artifacts,
                            "properties": {k: v for k, v in record.items() if k not in ("classes", "workers")}}
     folder = next((Path(c["reproducer"]).parent for c in record["classes"] if c.get("reproducer")), None)

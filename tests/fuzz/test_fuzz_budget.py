@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from ggml_rpc.conformance.fuzz import FUZZ_DEVICE_MEMORY, Campaign, Options, fuzz_config, learn_target, target_campaign
-from ggml_rpc.conformance.fuzz.findings import Finding
+from ggml_rpc.conformance.fuzz.findings import FuzzFinding
 from ggml_rpc.conformance.fuzz.message import FuzzMessage
 from ggml_rpc.conformance.harness import ExternalTarget
 from ggml_rpc.reference import running_server
@@ -77,6 +77,6 @@ def test_the_embedded_reference_is_still_judged_exactly(tmp_path):
                             Options(out_dir=tmp_path, exact=True), devices=1, alignment=config.device.alignment)
         ex = campaign.new_example()
         ref = ex.active()
-        with pytest.raises(Finding, match="allocation"):
+        with pytest.raises(FuzzFinding, match="allocation"):
             ex.send(ref, FuzzMessage(Command.ALLOC_BUFFER, {"device": 0, "size": config.device.memory}))
         ex.finish()

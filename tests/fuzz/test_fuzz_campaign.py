@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from ggml_rpc.conformance.fuzz import Options, embedded_campaign
-from ggml_rpc.conformance.fuzz.nearvalid import RULES
+from ggml_rpc.conformance.fuzz.nearvalid import FLAWS
 from ggml_rpc.spec import V6, V7_0_1, Command
 
 
@@ -21,9 +21,9 @@ def test_bounded_campaign_against_the_reference_finds_nothing(protocol, examples
     assert campaign.stopped_because == "budget spent"
     st = campaign.stats
     assert st.messages > 2000 and st.examples > 5
-    # Every command of the table was sent, and every kind of broken rule.
+    # Every command of the table was sent, and every kind of flaw.
     sent = set(st.by_command)
     assert {c.name for c in protocol.commands} <= sent
-    assert set(RULES) - {"count"} <= set(st.by_rule)
+    assert set(FLAWS) - {"count"} <= set(st.by_flaw)
     assert st.by_command[Command.GRAPH_COMPUTE.name] > 0 and st.restarts == 0
     assert not list(tmp_path.iterdir())

@@ -12,7 +12,7 @@ import json
 import pytest
 from ggml_rpc.conformance.checks._leaks import classify
 from ggml_rpc.conformance.fuzz import EmbeddedFuzzTarget, Options, fuzz_config
-from ggml_rpc.conformance.fuzz.findings import Finding, death_symptom, rule_class
+from ggml_rpc.conformance.fuzz.findings import FuzzFinding, death_symptom, flaw_class
 from ggml_rpc.conformance.fuzz.hunt import HUNT_STEPS, embedded_hunt, write_reports
 from ggml_rpc.conformance.sessions.replay import ReplayError, replay
 from ggml_rpc.reference import running_server
@@ -48,7 +48,7 @@ def test_keeps_going_after_deaths_and_keeps_one_reproducer_per_class(vulnerable_
     for f in crashes:
         # The one bug of the variant: a tensor outside its buffer (an address out of bounds, a handle naming
         # another buffer than the one the address lies in, or a size past 2^64 that wraps to a small one).
-        assert f.symptom.startswith("SIGABRT") and f.rule.startswith(("bound: ", "id: ", "arith: ")), f.line()
+        assert f.symptom.startswith("SIGABRT") and f.flaw.startswith(("bound: ", "id: ", "arith: ")), f.line()
         assert f.verified is True and f.pcap is not None and f.pcap.exists()
         assert f.messages <= 6  # HELLO, ALLOC_BUFFER, BUFFER_GET_BASE and the fatal request, about
     assert not [f.line() for f in hunt.findings if f.kind != "crash"]
@@ -104,12 +104,12 @@ def test_the_reference_survives_the_hunt(protocol, tmp_path):
     st = hunt.stats
     assert st.messages > EXAMPLES * 5
     # The strategies ran: size headers of 2^63, region edges, the other layout, early closes, fresh reads.
-    assert {"size", "bound", "layout", "early-close"} <= set(st.by_rule)
+    assert {"size", "bound", "layout", "early-close"} <= set(st.by_flaw)
 
 
 def test_classes_split_by_signal_assertion_and_rule_not_by_command_alone() -> None:
-    def crash(broken: str, status: str, log: str = "") -> Finding:
-        f = Finding("crash", "died", command="GET_TENSOR", broken=broken)
+    def crash(broken: str, status: str, log: str = "") -> FuzzFinding:
+        f = FuzzFinding("crash", "died", command="GET_TENSOR", broken=broken)
         f.death = {"status": f"killed by signal {status}", "log_tail": [log] if log else []}
         return f
 
@@ -120,10 +120,10 @@ def test_classes_split_by_signal_assertion_and_rule_not_by_command_alone() -> No
     assert a.signature == b.signature  # the drawn value is not part of the class
     assert len({a.signature, c.signature, d.signature}) == 3
     assert death_symptom(a.death) == "SIGABRT ggml-rpc.cpp:1416"
-    assert rule_class("bound: tensors.12.src.3 = 0x0") == "bound: tensors.*.src.*"
-    assert rule_class(f"size: header claims {1 << 63} bytes") == "size: claim >= 2^63"
-    assert rule_class("size: header claims 4100 bytes") == "size: small claim"
-    assert rule_class(None) == "valid"
-    leak = Finding("info-leak", "leaked", command="GET_TENSOR")
+    assert flaw_class("bound: tensors.12.src.3 = 0x0") == "bound: tensors.*.src.*"
+    assert flaw_class(f"size: header claims {1 << 63} bytes") == "size: claim >= 2^63"
+    assert flaw_class("size: header claims 4100 bytes") == "size: small claim"
+    assert flaw_class(None) == "valid"
+    leak = FuzzFinding("info-leak", "leaked", command="GET_TENSOR")
     leak.symptom = classify((0x7FAB_F11F_1CC0).to_bytes(8, "little") * 4).symptom
     assert leak.signature == ("info-leak", "pointers", "GET_TENSOR", "valid")

@@ -40,7 +40,7 @@ def finding(tmp_path: Path, kind: str = "crash", command: str = "GET_TENSOR") ->
     pcap = tmp_path / f"{kind}-{command}.pcap"
     pcap.write_bytes(b"pcap bytes of " + command.encode())
     return SavedFinding(kind, "the target died", command, "bound: tensor.data = 0x1", messages=3, connections=1,
-                        pcap=pcap, symptom="SIGABRT", rule="bound: tensor.data", verified=True)
+                        pcap=pcap, symptom="SIGABRT", flaw="bound: tensor.data", verified=True)
 
 
 def test_the_shared_set_holds_each_class_and_its_reproducer(tmp_path):

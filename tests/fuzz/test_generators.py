@@ -12,7 +12,7 @@ import pytest
 from ggml_rpc.conformance.fuzz.draws import HypothesisDraw, RandomDraw
 from ggml_rpc.conformance.fuzz.machine import build_machine
 from ggml_rpc.conformance.fuzz.message import PAD_LIMIT, FuzzMessage
-from ggml_rpc.conformance.fuzz.nearvalid import RULES, break_one, near_valid, targets, unknown_commands
+from ggml_rpc.conformance.fuzz.nearvalid import FLAWS, break_one, flaw_sites, near_valid, unknown_commands
 from ggml_rpc.conformance.fuzz.oracle import ModelConnection
 from ggml_rpc.conformance.fuzz.targets import fuzz_config
 from ggml_rpc.conformance.fuzz.valid_requests import (
@@ -113,7 +113,7 @@ def test_graph_recompute_after_a_graph_is_accepted():
 
 
 @pytest.mark.parametrize("protocol", [V6, V7_0_1], ids=lambda p: p.label)
-def test_near_valid_requests_break_exactly_one_rule(protocol):
+def test_near_valid_requests_carry_exactly_one_flaw(protocol):
     rng = random.Random(11)
     seen: set[str] = set()
     for command in protocol.commands:
@@ -122,19 +122,19 @@ def test_near_valid_requests_break_exactly_one_rule(protocol):
             d = RandomDraw(rng)
             msg = valid_request(d, scope, command)
             bad = break_one(d, scope, msg, protocol)
-            rule = bad.broken.split(":", 1)[0]
-            assert rule in RULES
-            seen.add(rule)
+            flaw = bad.broken.split(":", 1)[0]
+            assert flaw in FLAWS
+            seen.add(flaw)
             diff = {k for k, v in leaves(bad.fields).items() if leaves(msg.fields).get(k) != v}
             wire = [x for x in (bad.size, bad.cut, bad.patch) if x is not None]
-            if rule in ("size", "truncation", "count"):
+            if flaw in ("size", "truncation", "count"):
                 assert not diff and len(wire) == 1, bad.broken
             else:
                 assert not wire
                 # An op made out of range keeps its node computed (the COMPUTE flag may be set along with it).
                 assert len(diff - {k for k in diff if k.endswith(".flags") and ".op =" in bad.broken}) == 1, diff
                 assert bad.broken.split(" = ")[0].split(": ", 1)[1] in diff
-    assert seen == set(RULES)
+    assert seen == set(FLAWS)
 
 
 def test_a_broken_tensor_type_is_refused():
@@ -155,10 +155,10 @@ def test_a_broken_tensor_type_is_refused():
     assert refused >= 5
 
 
-def test_graph_targets_cover_every_rule():
+def test_graph_flaw_sites_cover_every_kind_of_flaw():
     payload = V7.commands[Command.GRAPH_COMPUTE].request
-    assert {t.rule for t in targets(payload)} == set(RULES)
-    counted = {t.path for t in targets(payload) if t.rule == "count"}
+    assert {t.flaw for t in flaw_sites(payload)} == set(FLAWS)
+    counted = {t.path for t in flaw_sites(payload) if t.flaw == "count"}
     assert counted == {"n_nodes", "n_tensors"}
 
 
@@ -184,7 +184,7 @@ def test_unknown_command_ids_derive_from_the_table():
     assert unknown_commands(V7_0_1) == [18, 20, 21, 255]
 
 
-def test_a_command_added_to_a_table_gets_a_rule_for_free():
+def test_a_command_added_to_a_table_gets_its_flaws_for_free():
     extra = V7.derive((7, 0, 9), add={Command.GET_DEVICE_SUPPORTS_OP: CommandSpec(
         Command.GET_DEVICE_SUPPORTS_OP, DEVICE_REQ, RESULT_REPLY, "a hypothetical device query")})
     plain = build_machine(SimpleNamespace(protocol=V7, devices=1))

@@ -48,7 +48,7 @@ def test_strategy_alone_decodes_and_the_reference_survives_it(monkeypatch, tmp_p
     hunt = embedded_hunt(protocol, Options(examples=EXAMPLES, seed=5, out_dir=tmp_path, timeout=2.0, steps=STEPS))
     run_clean(hunt)
     aimed = [m for m in sent if m.tags and m.tags[0] == tag]
-    assert len(aimed) >= EXAMPLES, (tag, dict(hunt.stats.by_rule))
+    assert len(aimed) >= EXAMPLES, (tag, dict(hunt.stats.by_flaw))
     assert all(m.broken for m in aimed)
     for msg in aimed:
         wire, _end = msg.encode(protocol)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from ggml_rpc.conformance.client import ConnectionClosed, RpcClient
 from ggml_rpc.conformance.fuzz.checklist import CHECKLIST
-from ggml_rpc.conformance.fuzz.nearvalid import FIELD_RULES, RULES
+from ggml_rpc.conformance.fuzz.nearvalid import FIELD_FLAWS, FLAWS
 from ggml_rpc.reference import running_server
 from ggml_rpc.spec import Command, GgmlOp, GgmlType, make_tensor, request_parts
 
@@ -66,10 +66,10 @@ def test_checklist_is_complete_and_names_what_exists():
             text = (ROOT / path).read_text()
             assert re.search(rf"^def {name}\(", text, re.M), node
         if item.strategy and not item.strategy.startswith("stateful:"):
-            rule, _, field = item.strategy.partition(": ")
-            assert rule in RULES, item.strategy
+            flaw, _, field = item.strategy.partition(": ")
+            assert flaw in FLAWS, item.strategy
             if field:
-                assert FIELD_RULES[field.rsplit(".", 1)[-1]] == rule, item.strategy
+                assert FIELD_FLAWS[field.rsplit(".", 1)[-1]] == flaw, item.strategy
 
 
 # ---- items without a server-level test elsewhere ---------------------------------------------------------------
