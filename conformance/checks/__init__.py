@@ -5,10 +5,12 @@ per category and register themselves when imported.  Imports are absolute so tha
 folder under another name (pytest's rootdir-based names) still shares one registry.
 
 Adding a check: write a function taking a :class:`~ggml_rpc.conformance.harness.Context` in the module of its
-category and declare it with ``@check("ID", "title", Category.X, section=..., majors=..., level=...)`` (from
-``_support``); it passes by returning (optionally a note), fails by raising ``fail(...)`` with evidence, skips with
-``Skipped`` and declines with ``Unsupported``.  Then give it a breaker in ``tests/conformance/breakers.py`` (a
-server broken in exactly that rule): the test suite refuses a check that cannot fail.
+category and declare it with ``@check("ID", "title", Category.X, section=..., majors=..., level=..., rules=...)``
+(from ``_support``; ``rules``: the ids of the rule table's rules it enforces, :mod:`ggml_rpc.spec.rules`); it passes
+by returning (optionally a note), fails by raising ``fail(...)`` with evidence, skips with ``Skipped`` and declines
+with ``Unsupported``.  Then give it a breaker in ``tests/conformance/breakers.py`` (a server broken in exactly what
+the check judges): the test suite refuses a check that cannot fail, and one whose requests or whose breaker's replies
+break a rule of the table it does not name.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import ggml_rpc.conformance.checks.framing
 import ggml_rpc.conformance.checks.graph_cache
 import ggml_rpc.conformance.checks.handshake
 import ggml_rpc.conformance.checks.isolation
-import ggml_rpc.conformance.checks.kernel_bounds
 import ggml_rpc.conformance.checks.rows
 import ggml_rpc.conformance.checks.shadow
 from ggml_rpc.conformance.checks._support import REGISTRY

@@ -30,7 +30,7 @@ from ggml_rpc.spec.codec import REPLY_HEADER, REQUEST_HEADER
 #: Every check in definition order; the catalogue module freezes it.
 REGISTRY: list[Check] = []
 
-#: Every major the kit covers: a rule applies to all of them unless it says otherwise.
+#: Every major the kit covers: a check applies to all of them unless it says otherwise.
 BOTH = (6, 7, 8)
 I8 = int(GgmlType.I8)
 F32 = int(GgmlType.F32)
@@ -50,15 +50,17 @@ def check(
     min_version: tuple[int, int, int] | None = None,
     max_version: tuple[int, int, int] | None = None,
     any_version: bool = False,
+    rules: tuple[str, ...] = (),
 ) -> Callable[[Callable[[Context], str | None]], Callable[[Context], str | None]]:
-    """Declare a check: the decorated function becomes the check's body."""
+    """Declare a check: the decorated function becomes the check's body; ``rules``: the ids of the rule table's
+    rules it enforces (see :attr:`~ggml_rpc.conformance.harness.Check.rules`)."""
 
     def deco(func: Callable[[Context], str | None]) -> Callable[[Context], str | None]:
         if any(c.id == id for c in REGISTRY):
             raise ValueError(f"duplicate check id {id}")
         body = _declined_only_if_computing(func) if category is Category.COMPUTE else func
         REGISTRY.append(
-            Check(id, title, category, level, majors, section, body, min_version, max_version, any_version)
+            Check(id, title, category, level, majors, section, body, min_version, max_version, any_version, rules)
         )
         return func
 
@@ -321,7 +323,7 @@ def _drain(sock: socket.socket, first_timeout: float) -> tuple[bytes, bool]:
     return bytes(got), False
 
 
-def expect_close(ctx: Context, client: RpcClient, sent: bytes, rule: str, *, probe: bool = True) -> None:
+def expect_close(ctx: Context, client: RpcClient, sent: bytes, step: str, *, probe: bool = True) -> None:
     """The request ``sent`` (already sent) must make the server close without a single reply byte."""
     if probe:
         try:
@@ -333,40 +335,40 @@ def expect_close(ctx: Context, client: RpcClient, sent: bytes, rule: str, *, pro
     got, closed = _drain(client.sock, ctx.timeout)
     sent_hex = hexdump(sent, 48)
     if got:
-        raise fail(f"{rule}: the server answered instead of closing", sent=sent_hex,
+        raise fail(f"{step}: the server answered instead of closing", sent=sent_hex,
                    expected="connection closed, no reply bytes", got=hexdump(got) + ("" if closed else " (still open)"))
     if not closed:
-        raise fail(f"{rule}: the connection stayed open (no close within {ctx.timeout:g} s)", sent=sent_hex,
+        raise fail(f"{step}: the connection stayed open (no close within {ctx.timeout:g} s)", sent=sent_hex,
                    expected="connection closed, no reply bytes", got="connection open, silent")
-    ctx.note(rule, sent=sent_hex, expected="close", got="closed, no reply bytes")
+    ctx.note(step, sent=sent_hex, expected="close", got="closed, no reply bytes")
 
 
-def send_and_expect_close(ctx: Context, client: RpcClient, sent: bytes, rule: str) -> None:
+def send_and_expect_close(ctx: Context, client: RpcClient, sent: bytes, step: str) -> None:
     try:
         client.send_raw(sent)
     except ConnectionClosed:
         pass
-    expect_close(ctx, client, sent, rule)
+    expect_close(ctx, client, sent, step)
 
 
-def bad_on_fresh(ctx: Context, build: Callable[[Buf], bytes], rule: str, size: int = 4096) -> None:
+def bad_on_fresh(ctx: Context, build: Callable[[Buf], bytes], step: str, size: int = 4096) -> None:
     """New connection and buffer, then the bad request ``build(buf)`` must close the connection."""
     buf = session(ctx, size)
-    send_and_expect_close(ctx, buf.client, build(buf), rule)
+    send_and_expect_close(ctx, buf.client, build(buf), step)
 
 
-def expect_open(ctx: Context, client: RpcClient, sent: bytes, rule: str) -> None:
+def expect_open(ctx: Context, client: RpcClient, sent: bytes, step: str) -> None:
     """After ``sent``, the connection must still answer the next command, and nothing else may arrive first."""
     try:
         client.send_raw(PROBE)
         header = bytearray(8)
         client._recv_into(memoryview(header))
     except ConnectionClosed as exc:
-        raise fail(f"{rule}: the server closed the connection", sent=hexdump(sent, 48),
+        raise fail(f"{step}: the server closed the connection", sent=hexdump(sent, 48),
                    expected="connection open", got=str(exc)) from None
     (size,) = REPLY_HEADER.unpack(header)
     if size != PROBE_REPLY_SIZE:
-        raise fail(f"{rule}: unexpected bytes before the next reply", sent=hexdump(sent, 48),
+        raise fail(f"{step}: unexpected bytes before the next reply", sent=hexdump(sent, 48),
                    expected="DEVICE_COUNT reply header " + hexdump(REPLY_HEADER.pack(PROBE_REPLY_SIZE)),
                    got=hexdump(header))
     body = bytearray(PROBE_REPLY_SIZE)

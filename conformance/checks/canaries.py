@@ -4,7 +4,7 @@ classes).
 A :class:`Guarded` buffer starts as fresh random bytes; the graph's tensors are placed in it with
 :data:`CANARY` bytes of canary before and after each. A server that computes a graph must leave every canary as
 it was and return no canary byte in an output; one that refuses it (closes) passes. The graph builders here make
-the graphs of the kernel-bounds checks (:mod:`.kernel_bounds`) and the graph-structure ones (:mod:`.bug_classes`).
+the graphs of the kernel-bounds and graph-structure checks (:mod:`.bug_classes`).
 """
 
 from __future__ import annotations

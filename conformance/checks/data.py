@@ -286,14 +286,16 @@ def _register_silent(check_id: str, command: C, build) -> None:
         _no_reply(ctx, command, build)
 
     body.__name__ = f"no_reply_{command.name.lower()}"
-    _check(check_id, f"{command.name} sends no reply at all (not even an empty one)", DA, section=command)(body)
+    _check(check_id, f"{command.name} sends no reply at all (not even an empty one)", DA, section=command,
+           rules=("NO-REPLY",))(body)
 
 
 for _id, _cmd, _build in _SILENT:
     _register_silent(_id, _cmd, _build)
 
 
-@_check("DATA-028", "GET_TENSOR of zero bytes answers an empty reply", DA, level=Level.SHOULD, section=C.GET_TENSOR)
+@_check("DATA-028", "GET_TENSOR of zero bytes answers an empty reply", DA, level=Level.SHOULD, section=C.GET_TENSOR,
+        rules=("REPLY-SIZE",))
 def get_empty(ctx: Context) -> None:
     buf = session(ctx)
     got = buf.client.get_tensor(buf.tensor(0, 16), 0, 0)

@@ -30,17 +30,17 @@ from ggml_rpc.spec.codec import REPLY_HEADER, REQUEST_HEADER_SIZE, TENSOR_DTYPE
 HUGE_SIZES = (1 << 63, (1 << 64) - 1)
 
 
-def _claim(ctx: Context, cmd: C, head: bytes, size: int, rule: str) -> None:
+def _claim(ctx: Context, cmd: C, head: bytes, size: int, step: str) -> None:
     """A fresh connection sends ``head`` under a header claiming ``size`` payload bytes: it must be closed."""
     client = ctx.connect()
     sent = raw_request(cmd, head, size=size)
     client.send_raw(sent)
-    expect_close(ctx, client, sent, rule, probe=False)
+    expect_close(ctx, client, sent, step, probe=False)
     client.close()
 
 
 @_check("FRAME-036", "a SET_TENSOR size header of 2^63 or more closes the connection (the server survives)", FR,
-        level=Level.SHOULD, section=C.SET_TENSOR)
+        level=Level.SHOULD, section=C.SET_TENSOR, rules=("REGION-PAST-TENSOR",))
 def set_tensor_claim_2_63(ctx: Context) -> None:
     for size in HUGE_SIZES:
         buf = session(ctx)
@@ -52,7 +52,7 @@ def set_tensor_claim_2_63(ctx: Context) -> None:
 
 
 @_check("FRAME-037", "a GRAPH_COMPUTE size header of 2^63 or more closes the connection (the server survives)", FR,
-        level=Level.SHOULD, section=C.GRAPH_COMPUTE)
+        level=Level.SHOULD, section=C.GRAPH_COMPUTE, rules=("DECODE",))
 def graph_claim_2_63(ctx: Context) -> None:
     for size in HUGE_SIZES:
         # A plausible start (device 0, one node) so that only the size is wrong.
@@ -82,7 +82,7 @@ def chain_graph(depth: int, device: int = 0) -> bytes:
     return raw_request(C.GRAPH_COMPUTE, body)
 
 
-def expect_open_or_closed(ctx: Context, client: RpcClient, sent: bytes, rule: str) -> str:
+def expect_open_or_closed(ctx: Context, client: RpcClient, sent: bytes, step: str) -> str:
     """After ``sent`` the server either goes on (the probe is answered, nothing before it) or closes without a
     byte; which one it did is returned (and noted)."""
     try:
@@ -94,16 +94,16 @@ def expect_open_or_closed(ctx: Context, client: RpcClient, sent: bytes, rule: st
     short = hexdump(sent, 48)
     if not got:
         if not client.expect_closed(timeout=ctx.timeout):
-            raise fail(f"{rule}: neither an answer to the next command nor a close within {ctx.timeout:g} s",
+            raise fail(f"{step}: neither an answer to the next command nor a close within {ctx.timeout:g} s",
                        sent=short, expected="the next command answered, or the connection closed",
                        got="connection open, silent")
-        ctx.note(rule, sent=short, expected="processed or closed", got="closed, no reply bytes")
+        ctx.note(step, sent=short, expected="processed or closed", got="closed, no reply bytes")
         return "refused"
     if len(got) != len(want) + PROBE_REPLY_SIZE or got[: len(want)] != want:
-        raise fail(f"{rule}: bytes arrived that answer no command", sent=short,
+        raise fail(f"{step}: bytes arrived that answer no command", sent=short,
                    expected=f"only the DEVICE_COUNT reply: {hexdump(want)} + {PROBE_REPLY_SIZE} bytes",
                    got=hexdump(got))
-    ctx.note(rule, sent=short, expected="processed or closed", got="processed, connection open")
+    ctx.note(step, sent=short, expected="processed or closed", got="processed, connection open")
     return "processed"
 
 
@@ -155,7 +155,7 @@ def close_before_reply(ctx: Context) -> None:
 
 
 @_check("FRAME-040", "a SET_TENSOR in the other major's layout (cache_flag byte present or missing) is refused", FR,
-        section=C.SET_TENSOR)
+        section=C.SET_TENSOR, rules=("FRAMING-OTHER-LAYOUT",))
 def set_tensor_other_layout(ctx: Context) -> str:
     buf = session(ctx)
     t = buf.tensor(0, 16)  # room after the tensor: the shifted bytes stay inside the buffer

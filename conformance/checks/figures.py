@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ggml_rpc.conformance.harness import Category, Check
+from ggml_rpc.conformance.harness import SPEC_DOC, Category, Check
 
 #: What each category enforces (prose; the figures beside it are computed).
 ENFORCES: dict[str, str] = {
@@ -52,7 +52,7 @@ _MERGED = {"cache-v7": "cache-v6"}
 
 
 @dataclass(frozen=True)
-class Row:
+class CategoryRow:
     categories: tuple[str, ...]
     count: int
     ids: str  # the ranges, e.g. "`FRAME-001…047`"
@@ -69,18 +69,18 @@ def _range(ids: Sequence[str]) -> str:
     return ", ".join(f"`{i}`" for i in ids)
 
 
-def rows(catalogue: Sequence[Check]) -> list[Row]:
+def rows(catalogue: Sequence[Check]) -> list[CategoryRow]:
     """One row per category (in run order), merged where :data:`_MERGED` says."""
     ids: dict[str, list[str]] = {}
     for c in catalogue:
         ids.setdefault(c.category.value, []).append(c.id)
-    out: list[Row] = []
+    out: list[CategoryRow] = []
     for cat in Category:
         name = cat.value
         if name not in ids or name in _MERGED:
             continue
         group = [name, *(k for k, v in _MERGED.items() if v == name and k in ids)]
-        out.append(Row(tuple(group), sum(len(ids[g]) for g in group), ", ".join(_range(ids[g]) for g in group),
+        out.append(CategoryRow(tuple(group), sum(len(ids[g]) for g in group), ", ".join(_range(ids[g]) for g in group),
                        ENFORCES[name]))
     return out
 
@@ -97,24 +97,36 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("<", "&lt;")
 
 
+#: Where the rule table is (a check's rules link there).
+RULES_ANCHOR = f"{SPEC_DOC}#rules"
+
+
+def _rules(check: Check) -> str:
+    """The check's rules of the table, each linked to it; a dash for a check of something the table does not state."""
+    return ", ".join(f"[`{r}`]({RULES_ANCHOR})" for r in check.rules) or "—"
+
+
 def page(catalogue: Sequence[Check]) -> str:
-    """The catalogue page: the summary table, then every check by category (ID, level, versions, title and the
-    section of spec/PROTOCOL.md it enforces, for the newest version it applies to), as ``check --list`` prints it."""
+    """The catalogue page: the summary table, then every check by category (ID, level, versions, title, the section
+    of spec/PROTOCOL.md it enforces, for the newest version it applies to, and the rules of the table it enforces),
+    as ``check --list`` prints it."""
     lines = ["# Check catalogue", "",
              "Generated from the catalogue (`ggml_rpc.conformance.checks.CATALOGUE`) when the site is built; "
              "`ggml-rpc check --list` prints the same list, `--checks` selects by ID or category "
-             "(`'HELLO-*,cache-v7'`).", "", table(catalogue), ""]
+             "(`'HELLO-*,cache-v7'`). The last column names the rules of the spec's "
+             f"[rule table]({RULES_ANCHOR}) a check enforces: those its requests break for the server to refuse, "
+             "and those the server's replies must keep.", "", table(catalogue), ""]
     by_category: dict[str, list[Check]] = {}
     for c in catalogue:
         by_category.setdefault(c.category.value, []).append(c)
     for name, checks in by_category.items():
-        lines += [f"## {name}", "", "| ID | level | versions | title | spec |", "|---|---|---|---|---|"]
+        lines += [f"## {name}", "", "| ID | level | versions | title | spec | rules |", "|---|---|---|---|---|---|"]
         for c in checks:
             link = c.spec_link(None)
             lines.append(f"| {c.id} | {c.level.value} | {_cell(c.versions_label)} | {_cell(c.title)} | "
-                         f"[{link.partition('#')[2]}]({link}) |")
+                         f"[{link.partition('#')[2]}]({link}) | {_rules(c)} |")
         lines.append("")
     return "\n".join(lines)
 
 
-__all__ = ["ENFORCES", "Row", "page", "rows", "table"]
+__all__ = ["ENFORCES", "RULES_ANCHOR", "CategoryRow", "page", "rows", "table"]

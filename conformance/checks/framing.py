@@ -56,7 +56,8 @@ def recompute_bytes(protocol: Protocol, device: int, uid: int = 1) -> bytes:
     return encode_request(protocol, C.GRAPH_RECOMPUTE, fields)
 
 
-@_check("FRAME-001", "a command id at or above RPC_CMD_COUNT closes the connection", FR, section="enum-commands")
+@_check("FRAME-001", "a command id at or above RPC_CMD_COUNT closes the connection", FR, section="enum-commands",
+        rules=("DECODE",))
 def unknown_command(ctx: Context) -> None:
     for cmd in (ctx.protocol.command_count, 200, 255):
         client = ctx.connect()
@@ -65,14 +66,14 @@ def unknown_command(ctx: Context) -> None:
 
 
 @_check("FRAME-002", "command NONE (a client-side sentinel: 18, 23 from 8.0.0) closes the connection", FR,
-        section="enum-commands")
+        section="enum-commands", rules=("DECODE",))
 def none_command(ctx: Context) -> None:
     sentinel = ctx.info.protocol.sentinel if ctx.info.protocol is not None else int(C.NONE)
     send_and_expect_close(ctx, ctx.connect(), raw_request(sentinel, b""), f"command {sentinel} (NONE)")
 
 
 @_check("FRAME-003", "GET_DEVICE_SUPPORTS_OP (19) closes the connection on servers before 7.0.1", FR,
-        section="enum-commands", max_version=(7, 0, 0))
+        section="enum-commands", max_version=(7, 0, 0), rules=("DECODE",))
 def supports_op_before_701(ctx: Context) -> None:
     # encoded with the 7.0.1 table, the first to have the command
     sent = encode_request(V7_0_1, C.GET_DEVICE_SUPPORTS_OP, {"device": 0, "op": null_tensor(), "srcs": _srcs()})
@@ -80,7 +81,7 @@ def supports_op_before_701(ctx: Context) -> None:
 
 
 @_check("FRAME-004", "a fixed-size request with the wrong size closes the connection (payload unread)", FR,
-        section="framing")
+        section="framing", rules=("DECODE",))
 def wrong_fixed_size(ctx: Context) -> None:
     # (command, bytes more or fewer than the size the spec table fixes for it)
     cases = [
@@ -98,7 +99,8 @@ def wrong_fixed_size(ctx: Context) -> None:
         client.close()
 
 
-@_check("FRAME-005", "DEVICE_COUNT with a non-empty payload closes the connection", FR, section=C.DEVICE_COUNT)
+@_check("FRAME-005", "DEVICE_COUNT with a non-empty payload closes the connection", FR, section=C.DEVICE_COUNT,
+        rules=("DECODE",))
 def device_count_size(ctx: Context) -> None:
     send_and_expect_close(ctx, ctx.connect(), raw_request(C.DEVICE_COUNT, bytes(4)), "DEVICE_COUNT with size 4")
 
@@ -144,7 +146,8 @@ def unknown_handle(ctx: Context) -> None:
             buf.client.close()
 
 
-@_check("FRAME-008", "a tensor whose type is >= GGML_TYPE_COUNT (43) closes the connection", FR, section="rpc_tensor")
+@_check("FRAME-008", "a tensor whose type is >= GGML_TYPE_COUNT (43) closes the connection", FR, section="rpc_tensor",
+        rules=("TENSOR-TYPE",))
 def bad_type(ctx: Context) -> None:
     def get(buf: Buf) -> bytes:
         t = buf.tensor(0, 16)
@@ -160,7 +163,8 @@ def bad_type(ctx: Context) -> None:
     bad_on_fresh(ctx, init, "INIT_TENSOR of a type-200 tensor")
 
 
-@_check("FRAME-009", "a tensor of a removed type (block size 0) closes the connection", FR, section="enum-types")
+@_check("FRAME-009", "a tensor of a removed type (block size 0) closes the connection", FR, section="enum-types",
+        rules=("TENSOR-REMOVED-TYPE",))
 def removed_type(ctx: Context) -> None:
     for type_id in (4, 31):
         def get(buf: Buf, type_id: int = type_id) -> bytes:
@@ -199,7 +203,8 @@ def set_tensor_request(ctx: Context, t: dict, offset: int, data: bytes) -> bytes
     return encode_request(ctx.protocol, C.SET_TENSOR, fields, data)
 
 
-@_check("FRAME-012", "SET_TENSOR shorter than its header closes the connection", FR, section=C.SET_TENSOR)
+@_check("FRAME-012", "SET_TENSOR shorter than its header closes the connection", FR, section=C.SET_TENSOR,
+        rules=("DECODE",))
 def set_tensor_short(ctx: Context) -> None:
     header = ctx.protocol.commands[C.SET_TENSOR].request.header_size
     bad_on_fresh(ctx, lambda buf: raw_request(C.SET_TENSOR, bytes(header - 1)), f"SET_TENSOR of {header - 1} bytes")
@@ -212,7 +217,8 @@ def set_tensor_no_buffer(ctx: Context) -> None:
                      f"SET_TENSOR with buffer {handle:#x}")
 
 
-@_check("FRAME-014", "SET_TENSOR whose region leaves the buffer closes the connection", FR, section=C.SET_TENSOR)
+@_check("FRAME-014", "SET_TENSOR whose region leaves the buffer closes the connection", FR, section=C.SET_TENSOR,
+        rules=("REGION-PAST-TENSOR",))
 def set_tensor_outside(ctx: Context) -> None:
     def at_end(buf: Buf) -> bytes:
         return set_tensor_request(ctx, buf.tensor(0, buf.size), buf.size, b"\x41")
@@ -229,7 +235,7 @@ def set_tensor_outside(ctx: Context) -> None:
 
 
 @_check("FRAME-015", "SET_TENSOR inside the buffer but past the tensor's nbytes closes the connection", FR,
-        section=C.SET_TENSOR)
+        section=C.SET_TENSOR, rules=("REGION-PAST-TENSOR",))
 def set_tensor_past_nbytes(ctx: Context) -> None:
     bad_on_fresh(ctx, lambda buf: set_tensor_request(ctx, buf.tensor(0, 16), 8, b"\x41" * 16),
                  "SET_TENSOR of 16 bytes at offset 8 of a 16-byte tensor")
@@ -245,7 +251,8 @@ def get_tensor_no_buffer(ctx: Context) -> None:
                  "GET_TENSOR with buffer 0")
 
 
-@_check("FRAME-017", "GET_TENSOR whose region leaves the buffer closes without a byte", FR, section=C.GET_TENSOR)
+@_check("FRAME-017", "GET_TENSOR whose region leaves the buffer closes without a byte", FR, section=C.GET_TENSOR,
+        rules=("REGION-PAST-TENSOR",))
 def get_tensor_outside(ctx: Context) -> None:
     bad_on_fresh(ctx, lambda buf: get_tensor_request(ctx, buf.tensor(buf.size - 16, 16), 0, 64),
                  "GET_TENSOR of 64 bytes from 16 bytes before the buffer end")
@@ -254,7 +261,7 @@ def get_tensor_outside(ctx: Context) -> None:
 
 
 @_check("FRAME-018", "GET_TENSOR inside the buffer but past the tensor's nbytes gets no reply bytes", FR,
-        section=C.GET_TENSOR)
+        section=C.GET_TENSOR, rules=("REGION-PAST-TENSOR",))
 def get_tensor_past_nbytes(ctx: Context) -> None:
     bad_on_fresh(ctx, lambda buf: get_tensor_request(ctx, buf.tensor(0, 16), 8, 16),
                  "GET_TENSOR of 16 bytes at offset 8 of a 16-byte tensor")
@@ -270,7 +277,8 @@ def memset_no_buffer(ctx: Context) -> None:
     bad_on_fresh(ctx, lambda buf: _memset(ctx, buf.tensor(0, 16, buffer=0), 0, 16), "MEMSET_TENSOR with buffer 0")
 
 
-@_check("FRAME-020", "MEMSET_TENSOR past the tensor's nbytes closes the connection", FR, section=C.MEMSET_TENSOR)
+@_check("FRAME-020", "MEMSET_TENSOR past the tensor's nbytes closes the connection", FR, section=C.MEMSET_TENSOR,
+        rules=("REGION-PAST-TENSOR",))
 def memset_past_nbytes(ctx: Context) -> None:
     bad_on_fresh(ctx, lambda buf: _memset(ctx, buf.tensor(0, 16), 8, 16), "MEMSET_TENSOR of 16 bytes at offset 8")
     bad_on_fresh(ctx, lambda buf: _memset(ctx, buf.tensor(0, 16), 17, 0), "MEMSET_TENSOR at offset 17 of 16 bytes")
@@ -289,7 +297,7 @@ def copy_no_buffer(ctx: Context) -> None:
 
 
 @_check("FRAME-022", "COPY_TENSOR whose source does not fit in the destination's buffer closes the connection", FR,
-        section=C.COPY_TENSOR)
+        section=C.COPY_TENSOR, rules=("COPY-FITS-DST",))
 def copy_overflow(ctx: Context) -> None:
     def build(buf: Buf) -> bytes:
         src = buf.tensor(0, 64, id=1)
@@ -319,12 +327,14 @@ def alloc_size_bad_type(ctx: Context) -> None:
     send_and_expect_close(ctx, ctx.connect(), sent, "GET_ALLOC_SIZE of a type-43 tensor")
 
 
-@_check("FRAME-025", "GRAPH_COMPUTE shorter than 8 bytes closes the connection", FR, section=C.GRAPH_COMPUTE)
+@_check("FRAME-025", "GRAPH_COMPUTE shorter than 8 bytes closes the connection", FR, section=C.GRAPH_COMPUTE,
+        rules=("DECODE",))
 def graph_tiny(ctx: Context) -> None:
     send_and_expect_close(ctx, ctx.connect(), raw_request(C.GRAPH_COMPUTE, bytes(4)), "GRAPH_COMPUTE of 4 bytes")
 
 
-@_check("FRAME-026", "GRAPH_COMPUTE shorter than its node ids closes the connection", FR, section=C.GRAPH_COMPUTE)
+@_check("FRAME-026", "GRAPH_COMPUTE shorter than its node ids closes the connection", FR, section=C.GRAPH_COMPUTE,
+        rules=("DECODE",))
 def graph_short_nodes(ctx: Context) -> None:
     head = graph_bytes(ctx.protocol, 0, [], [])[REQUEST_HEADER_SIZE:-4]  # the fixed fields and n_nodes
     body = head[:-4] + struct.pack("<I", 1000) + u64(1)
@@ -332,7 +342,8 @@ def graph_short_nodes(ctx: Context) -> None:
                           f"GRAPH_COMPUTE claiming 1000 nodes in {len(body)} bytes")
 
 
-@_check("FRAME-027", "GRAPH_COMPUTE shorter than its tensors closes the connection", FR, section=C.GRAPH_COMPUTE)
+@_check("FRAME-027", "GRAPH_COMPUTE shorter than its tensors closes the connection", FR, section=C.GRAPH_COMPUTE,
+        rules=("DECODE",))
 def graph_short_tensors(ctx: Context) -> None:
     def build(buf: Buf) -> bytes:
         nodes, tensors = add_graph(buf)
@@ -343,7 +354,7 @@ def graph_short_tensors(ctx: Context) -> None:
 
 
 @_check("FRAME-028", "GRAPH_COMPUTE naming a node id that is not among its tensors closes the connection", FR,
-        section=C.GRAPH_COMPUTE)
+        section=C.GRAPH_COMPUTE, rules=("GRAPH-NODE-UNKNOWN",))
 def graph_unknown_node(ctx: Context) -> None:
     def build(buf: Buf) -> bytes:
         _nodes, tensors = add_graph(buf)
@@ -374,7 +385,8 @@ def graph_unresolved_src(ctx: Context) -> None:
     bad_on_fresh(ctx, build, "GRAPH_COMPUTE whose node has src[1] = 0xbeef (absent)")
 
 
-@_check("FRAME-031", "GRAPH_COMPUTE with node id 0 (a null node) closes the connection", FR, section=C.GRAPH_COMPUTE)
+@_check("FRAME-031", "GRAPH_COMPUTE with node id 0 (a null node) closes the connection", FR, section=C.GRAPH_COMPUTE,
+        rules=("GRAPH-NULL-NODE",))
 def graph_null_node(ctx: Context) -> None:
     bad_on_fresh(ctx, lambda buf: graph_bytes(ctx.protocol, 0, [0], []), "GRAPH_COMPUTE with node id 0 and no tensors")
 
@@ -386,7 +398,7 @@ def recompute_without_graph(ctx: Context) -> None:
 
 
 @_check("FRAME-033", "a payload size claim beyond what the server can hold closes the connection", FR,
-        level=Level.SHOULD, section="framing")
+        level=Level.SHOULD, section="framing", rules=("DECODE", "REGION-PAST-TENSOR"))
 def huge_claim(ctx: Context) -> None:
     buf = session(ctx)
     head = set_tensor_request(ctx, buf.tensor(0, 16), 0, b"")[9:]

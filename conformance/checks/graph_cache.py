@@ -72,7 +72,7 @@ def recompute_after_free(ctx: Context) -> None:
 
 
 @_check("FRAME-047", "GRAPH_COMPUTE shorter than its device, uid and counts (20 bytes) closes the connection",
-        Category.FRAMING, majors=V8_ONLY, section=C.GRAPH_COMPUTE)
+        Category.FRAMING, majors=V8_ONLY, section=C.GRAPH_COMPUTE, rules=("DECODE",))
 def graph_short_v8_head(ctx: Context) -> None:
     # A 7.0-shaped graph (no uid): 12 bytes of device and two zero counts, which 8.0.0 cannot parse.
     send_and_expect_close(ctx, ctx.connect(), raw_request(C.GRAPH_COMPUTE, struct.pack("<III", 0, 0, 0)),

@@ -43,7 +43,7 @@ def _raw_hello(ctx: Context) -> bytes:
 
 
 @_check("HELLO-001", "HELLO is answered with a 28-byte reply (size header 28)", HS, section=Command.HELLO,
-        any_version=True)
+        any_version=True, rules=("REPLY-SIZE",))
 def hello_reply_size(ctx: Context) -> str:
     body = _raw_hello(ctx)
     ctx.note("HELLO reply", sent=hexdump(HELLO_REQUEST), got=hexdump(body))
@@ -92,14 +92,15 @@ def hello_stable(ctx: Context) -> None:
 
 
 @_check("HELLO-006", "a first command other than HELLO closes the connection without reply", HS,
-        section=Command.HELLO)
+        section=Command.HELLO, rules=("DECODE",))
 def first_not_hello(ctx: Context) -> None:
     client = ctx.connect(hello=False)
     client.send_raw(PROBE)
     expect_close(ctx, client, PROBE, "DEVICE_COUNT before HELLO", probe=False)
 
 
-@_check("HELLO-007", "HELLO with a size other than 24 closes the connection", HS, section=Command.HELLO)
+@_check("HELLO-007", "HELLO with a size other than 24 closes the connection", HS, section=Command.HELLO,
+        rules=("DECODE",))
 def hello_bad_size(ctx: Context) -> None:
     for size in (0, 28):
         client = ctx.connect(hello=False)
@@ -108,7 +109,7 @@ def hello_bad_size(ctx: Context) -> None:
         client.close()
 
 
-@_check("HELLO-008", "a second HELLO on the same connection closes it", HS, section=Command.HELLO)
+@_check("HELLO-008", "a second HELLO on the same connection closes it", HS, section=Command.HELLO, rules=("DECODE",))
 def hello_twice(ctx: Context) -> None:
     client = ctx.connect()
     send_and_expect_close(ctx, client, HELLO_REQUEST, "second HELLO")

@@ -68,7 +68,7 @@ def get_rows(ctx: Context) -> None:
 
 
 @_check("FRAME-041", "SET_TENSOR_2D whose data is not exactly size x n_copies bytes closes the connection",
-        Category.FRAMING, majors=V8_ONLY, section=C.SET_TENSOR_2D)
+        Category.FRAMING, majors=V8_ONLY, section=C.SET_TENSOR_2D, rules=("ROWS-DATA-LENGTH",))
 def set_rows_wrong_length(ctx: Context) -> None:
     buf = session(ctx, 4096)
     send_and_expect_close(ctx, buf.client, _rows(buf, data=nonce(SIZE * ROWS - 1)),
@@ -76,7 +76,7 @@ def set_rows_wrong_length(ctx: Context) -> None:
 
 
 @_check("FRAME-042", "SET/GET_TENSOR_2D with size 0 or n_copies 0 closes the connection", Category.FRAMING,
-        majors=V8_ONLY, section=C.GET_TENSOR_2D)
+        majors=V8_ONLY, section=C.GET_TENSOR_2D, rules=("ROWS-ZERO",))
 def rows_zero_counts(ctx: Context) -> None:
     buf = session(ctx, 4096)
     send_and_expect_close(ctx, buf.client, _get_rows(buf, n_copies=0), "GET_TENSOR_2D of 0 rows")
@@ -87,7 +87,7 @@ def rows_zero_counts(ctx: Context) -> None:
 
 
 @_check("FRAME-043", "SET/GET_TENSOR_2D rows running past the tensor close the connection (nothing is read or "
-        "written)", Category.FRAMING, majors=V8_ONLY, section=C.GET_TENSOR_2D)
+        "written)", Category.FRAMING, majors=V8_ONLY, section=C.GET_TENSOR_2D, rules=("ROWS-PAST-TENSOR",))
 def rows_past_tensor(ctx: Context) -> None:
     buf = session(ctx, 4096)
     rows = buf.size // STRIDE + 1  # the last row starts past the end
@@ -99,7 +99,8 @@ def rows_past_tensor(ctx: Context) -> None:
 
 
 @_check("FRAME-044", "2-D rows whose span overflows 64 bits close the connection (size x n_copies and stride "
-        "arithmetic)", Category.FRAMING, majors=V8_ONLY, section=C.GET_TENSOR_2D)
+        "arithmetic)", Category.FRAMING, majors=V8_ONLY, section=C.GET_TENSOR_2D,
+        rules=("ROWS-DATA-LENGTH", "ROWS-SPAN-OVERFLOW"))
 def rows_overflow(ctx: Context) -> None:
     buf = session(ctx, 4096)
     # (n_copies - 1) * stride wraps to a small span: a server computing it in 64 bits would read inside the buffer.

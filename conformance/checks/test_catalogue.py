@@ -13,8 +13,8 @@ from ggml_rpc.conformance.harness.report_files import evidence_lines
 
 
 def describe(result: Result) -> str:
-    """A failure message: the verdict, the rule's link and every piece of evidence."""
-    return "\n".join([f"{result.check.id}: {result.message}", f"rule: {result.check.title} — {result.spec}",
+    """A failure message: the verdict, the check's link and every piece of evidence."""
+    return "\n".join([f"{result.check.id}: {result.message}", f"check: {result.check.title} — {result.spec}",
                       *evidence_lines(result)])
 
 
@@ -26,7 +26,7 @@ def judge(result: Result, strict: bool) -> None:
     if result.outcome in (Outcome.SKIP, Outcome.UNSUPPORTED, Outcome.NOT_RUN):
         pytest.skip(f"{result.outcome.value}: {result.message}")
     if result.failed_level is Level.SHOULD and not strict:
-        pytest.xfail("SHOULD rule broken: " + describe(result))
+        pytest.xfail("SHOULD check failed: " + describe(result))
     pytest.fail(describe(result), pytrace=False)
 
 

@@ -54,23 +54,27 @@ class Category(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Check:
-    """One conformance rule, as data."""
+    """One conformance check, as data."""
 
     id: str
     title: str
     category: Category
     level: Level
-    #: Protocol majors the rule applies to (e.g. ``(6, 7)``); ``(7,)`` for v7-only rules.
+    #: Protocol majors the check applies to (e.g. ``(6, 7)``); ``(7,)`` for v7-only checks.
     majors: tuple[int, ...]
     #: What it enforces: a command (linked per version, ``v7-get_tensor``) or a fixed anchor (``framing``).
     section: Command | str
     func: Callable[[Context], str | None]
-    #: Minimum (major, minor, patch) within the majors, for rules added by a patch release.
+    #: Minimum (major, minor, patch) within the majors, for checks added by a patch release.
     min_version: tuple[int, int, int] | None = None
-    #: Maximum version (inclusive) the rule applies to, for rules a later patch changed.
+    #: Maximum version (inclusive) the check applies to, for behaviour a later patch changed.
     max_version: tuple[int, int, int] | None = None
-    #: Runs even when the server's version is not covered (handshake rules).
+    #: Runs even when the server's version is not covered (handshake checks).
     any_version: bool = False
+    #: The ids of the rule table's rules (:data:`ggml_rpc.spec.rules.RULES`) the check enforces: those its requests
+    #: break for the server to refuse, and those the server's replies must keep; none for a check of something the
+    #: table does not state (a computed result, the server's own state).
+    rules: tuple[str, ...] = ()
 
     def applies_to(self, version: tuple[int, int, int]) -> bool:
         if version[0] not in self.majors:

@@ -1,5 +1,7 @@
-"""Every check can fail: each one runs against a server broken in exactly its rule and must report a failure
-with evidence.  The same checks, relayed without a fault, pass (so the failure comes from the fault)."""
+"""Every check can fail: each one runs against a server broken in exactly what it judges and must report a failure
+with evidence.  The same checks, relayed without a fault, pass (so the failure comes from the fault).  A rule of the
+table's that the breaker's replies break (a server rule: a reply's size, no reply bytes for a command without one)
+is one the check enforces, so the check names it; and a server rule a check names, its breaker breaks."""
 
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ from breakers import BREAKERS
 from faulty import Breaker, faulty_server
 from ggml_rpc.conformance.checks import CATALOGUE
 from ggml_rpc.conformance.harness import Check, ExternalTarget, Outcome, Runner
+from ggml_rpc.conformance.sessions.lint import lint_connections
 from ggml_rpc.reference import running_server
 from ggml_rpc.spec import V6, V7, V7_0_1, V8, Protocol
+from ggml_rpc.spec.rules import BY_ID, Side
 
 
 def protocol_for(check: Check) -> Protocol:
@@ -44,6 +48,15 @@ def test_check_catches_its_breaker(check: Check, tmp_path: Path) -> None:
     assert result.message
     assert result.evidence, "a failure must carry evidence"
     assert any(e.expected or e.got for e in result.evidence), result.evidence
+    assert result.recording is not None
+    broken = {v.rule for v in lint_connections([c.capture() for c in result.recording.connections])}
+    server = {r for r in broken if r in BY_ID and BY_ID[r].side is Side.SERVER}
+    if "DECODE" in check.rules:
+        # The request the check breaks on purpose cannot be decoded, so a reply to it cannot be paired with one:
+        # the checker reports the breaker's answer as an ill-formed reply stream, a consequence of DECODE.
+        server.discard("REPLY-DECODE")
+    named = {r for r in check.rules if BY_ID[r].side is Side.SERVER}
+    assert server == named, f"{check.id}: its breaker breaks {sorted(server)}, it names {sorted(named)}"
 
 
 def test_every_breaker_names_a_check() -> None:

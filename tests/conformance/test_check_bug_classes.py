@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from ggml_rpc.conformance.checks import bug_classes, by_id, kernel_bounds
+from ggml_rpc.conformance.checks import bug_classes, by_id
 from ggml_rpc.conformance.client import RpcClient
 from ggml_rpc.conformance.harness import ExternalTarget, Outcome, Runner
 from ggml_rpc.reference import running_server
@@ -40,7 +40,7 @@ def _run(check_id: str):
 
 @pytest.mark.parametrize(("check_id", "name", "values"), VALID, ids=[v[0] for v in VALID])
 def test_in_range_graphs_are_computed_with_canaries_intact(monkeypatch, check_id, name, values) -> None:
-    monkeypatch.setattr(kernel_bounds, name, values)
+    monkeypatch.setattr(bug_classes, name, values)
     result = _run(check_id)
     assert result.outcome is Outcome.PASS, result.message
     parts = result.message.split("; ")
@@ -78,7 +78,7 @@ def _graph(buf_handle: int, base: int, op: int, params: list[int], src_type: int
 @pytest.mark.parametrize("op", sorted(NATIVE_CALLBACK_OPS), ids=lambda o: GgmlOp(o).name)
 def test_the_reference_refuses_ops_carrying_a_function_pointer_and_logs_why(caplog, op) -> None:
     caplog.set_level(logging.INFO, logger="ggml_rpc.reference")
-    pointer = kernel_bounds.FAULTING_POINTER
+    pointer = bug_classes.FAULTING_POINTER
     params = [pointer & 0x7FFF_FFFF, (pointer >> 32) & 0x7FFF_FFFF, 1, 0]
     with running_server(V7) as srv, RpcClient.connect(srv.host, srv.port, protocol=V7) as c:
         handle, _ = c.alloc_buffer(0, 1024)
