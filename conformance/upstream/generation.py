@@ -34,7 +34,7 @@ class GenerationError(Exception):
 
 
 @dataclass
-class Side:
+class ServerRounds:
     """One server's rounds: tokens/s of each."""
 
     name: str
@@ -52,8 +52,8 @@ class GenerationResult:
     model: str
     version: str
     n_predict: int
-    reference: Side
-    upstream: Side
+    reference: ServerRounds
+    upstream: ServerRounds
 
     @property
     def ratio(self) -> float:
@@ -96,7 +96,7 @@ def measure(peer: Peer, models: Sequence[str] = ("bench-f32", "bench-q8_0"), *, 
     paths = ensure_models(cache_root() / "models", peer.vocab, list(models), table=BENCH_MODELS)
     results = []
     for name in models:
-        sides = {label: Side(label) for label in ("reference", "upstream")}
+        sides = {label: ServerRounds(label) for label in ("reference", "upstream")}
         with reference_server(peer.major, None) as ref_addr, UpstreamServer(peer, cache=False) as upstream:
             addresses = {"reference": ref_addr, "upstream": upstream.address}
             for r in range(rounds):

@@ -13,7 +13,7 @@ from ggml_rpc.conformance.client import RpcClient
 from ggml_rpc.conformance.harness import free_port, wait_for_port
 
 from .peers import LOOPBACK, Peer
-from .runs import reason_line
+from .runs import end_process, reason_line
 
 
 class HelloError(Exception):
@@ -64,12 +64,7 @@ def server_hello(peer: Peer, timeout: float = 20.0, *, log: Path | None = None) 
             with RpcClient.connect(LOOPBACK, port, timeout=timeout) as client:  # connect sends the HELLO
                 return client.server_version
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            end_process(proc, 5.0)
 
 
 __all__ = ["HelloError", "raw_hello", "server_hello"]

@@ -191,15 +191,20 @@ class UpstreamServer:
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            end_process(self.proc, 5.0)
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+
+
+def end_process(proc: subprocess.Popen, grace: float) -> None:
+    """Ask a server the kit started to stop (SIGTERM), and kill it if it is still there after ``grace`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @contextlib.contextmanager
@@ -223,12 +228,7 @@ def reference_server(major: int, cache_dir: Path | None) -> Iterator[str]:
             raise RuntimeError(f"reference server did not listen on {LOOPBACK}:{port}: {why[0]}")
         yield f"{LOOPBACK}:{port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end_process(proc, 10.0)
         drain.join(timeout=5)
         if proc.stderr is not None:
             proc.stderr.close()

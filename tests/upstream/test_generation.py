@@ -4,7 +4,7 @@ server measured end to end.  Nothing here asserts a speed."""
 from __future__ import annotations
 
 import pytest
-from ggml_rpc.conformance.upstream.generation import GenerationResult, Side, measure, tokens_per_second
+from ggml_rpc.conformance.upstream.generation import GenerationResult, ServerRounds, measure, tokens_per_second
 
 LOG = """\
        load time =     120.10 ms
@@ -23,8 +23,8 @@ def test_no_timing_line_reads_as_none() -> None:
 
 
 def test_ratio_is_reference_over_upstream_medians() -> None:
-    result = GenerationResult("bench-f32", "7.0.0", 64, Side("reference", [100.0, 300.0, 200.0]),
-                              Side("upstream", [400.0, 400.0, 500.0]))
+    result = GenerationResult("bench-f32", "7.0.0", 64, ServerRounds("reference", [100.0, 300.0, 200.0]),
+                              ServerRounds("upstream", [400.0, 400.0, 500.0]))
     assert result.ratio == 0.5
     assert result.as_dict()["reference_median"] == 200.0
 
