@@ -168,7 +168,7 @@ def _cache(ctx: Context, s: ShadowSession, data: bytes) -> bool:
 
 def _one(ctx: Context, s: ShadowSession, command: C, fields: dict, data: bytes | None, what: str, klass: str) -> str:
     dest = destination(command, fields, s.mirror.buffers)
-    how, _ = s.write(command, fields, data)
+    how, _ = s.write(command, fields, data, what=what)
     if how == "refused":
         return f"{klass}: refused"
     s.verify(what, destination=dest, accepted=how == "accepted")

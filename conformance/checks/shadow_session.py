@@ -168,13 +168,19 @@ class ShadowSession:
         return [Span(b.span.handle, of.span.base + (b.target_base - of.target_base), b.span.size)
                 for b in self.buffers if b is not of]
 
-    def write(self, command: Command, fields: dict[str, Any], data: bytes | None = None) -> tuple[str, bytes]:
+    def write(self, command: Command, fields: dict[str, Any], data: bytes | None = None, *,
+              what: str = "") -> tuple[str, bytes]:
         """Send one request to the mirror and the server: ("done", the server's reply payload) when the mirror ran
         it, ("refused", b"") when the mirror refused it and the server closed too, ("accepted", payload) when the
-        server went on where the mirror refused (the oracle then judges what it wrote)."""
+        server went on where the mirror refused (the oracle then judges what it wrote). ``what``: the request in
+        words, noted with its bytes (the step a death is blamed on)."""
         wire = encode_request(self.protocol, command, fields, data)
         mirror_reply = self.mirror.exchange(wire)
         relocated = self.reloc.fields(fields)
+        if what:
+            self.ctx.note(what, sent=hexdump(encode_request(self.protocol, command, relocated, data), 48),
+                          expected="processed, or closed where the reference closes" if self.mirror.closed else
+                          "processed")
         if not self.mirror.closed:
             reply = self.client.request(command, relocated, data)
             self.shadow.after(command, fields)
