@@ -71,6 +71,9 @@ class Stats:
     by_flaw: Counter = field(default_factory=Counter)
     #: Reads of the shadow-memory oracle (:mod:`.shadow`) among the messages.
     shadow_reads: int = 0
+    #: The example that failed first (1-based): how far the search went before finding something. ``examples``
+    #: goes on counting while hypothesis shrinks that failure.
+    first_finding_at: int | None = None
 
     @property
     def seconds(self) -> float:
@@ -269,6 +272,8 @@ class Campaign:
         first = self._first_failure
         if first is None:
             self._shrink_started = time.monotonic()
+            if self.stats.first_finding_at is None:
+                self.stats.first_finding_at = self.stats.examples
         elif first[0].signature != finding.signature or example.messages >= self._first_size:
             return
         self._first_failure = (finding, [list(w) for w in example.transcript])
@@ -289,6 +294,7 @@ class Campaign:
         return {"target": self.target.description, "protocol": self.protocol.label, "seed": self.options.seed,
                 "examples": st.examples, "messages": st.messages, "seconds": round(st.seconds, 1),
                 "messages_per_second": round(st.rate, 1), "restarts": st.restarts,
+                "first_finding_at": st.first_finding_at,
                 # Restarts that were forks of the spawned server (its fork server), not new processes.
                 "fork_restarts": getattr(self.target, "fork_restarts", 0),
                 "classes": [finding_dict(f) for f in self.findings]}

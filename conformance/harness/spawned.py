@@ -26,6 +26,9 @@ from .targets import Target, TargetError, exit_status, free_port, wait_for_port
 
 #: Calls that read a descriptor, by machine (Linux's numbers): read, readv, recvfrom, recvmsg, recvmmsg.
 _READ_CALLS = {"x86_64": {0, 19, 45, 47, 299}, "aarch64": {63, 65, 207, 212, 243}}.get(platform.machine(), set())
+#: Seconds a server that stopped answering gets to end before it counts as hung: a dying process (a core dump, exit
+#: handlers) takes a moment, several on a loaded machine, and a death reported as a hang is judged another finding.
+DEATH_WAIT = 10.0
 #: Seconds between the two looks of :func:`waiting_for_input` (a running process accrues CPU ticks meanwhile).
 IDLE_SAMPLE = 0.05
 
@@ -293,7 +296,7 @@ class SpawnedTarget(Target):
         if fork is not None and fork.active and self.proc.poll() is None:
             return self._child_death_info(fork)
         try:
-            code = self.proc.wait(timeout=3.0)  # a dying process (core dump, exit handlers) takes a moment
+            code = self.proc.wait(timeout=DEATH_WAIT)
         except subprocess.TimeoutExpired:
             return {"status": "still running but not answering", "log_tail": list(self.log)}
         if self._output is not None:
@@ -304,8 +307,8 @@ class SpawnedTarget(Target):
 
     def _child_death_info(self, fork: ForkServer) -> dict[str, Any]:
         """A fork server's child's end, as :meth:`death_info` reports a process's."""
-        # A dying child (core dump, exit handlers) takes a moment; then the supervisor reports it.
-        ended = fork.wait("child_ended", 3.0, self.pump)
+        # Then the supervisor reports it.
+        ended = fork.wait("child_ended", DEATH_WAIT, self.pump)
         child = fork.child
         if not ended or child is None or child.code is None:
             return {"status": "still running but not answering", "log_tail": list(child.log if child else self.log)}

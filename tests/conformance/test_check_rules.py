@@ -28,8 +28,14 @@ ROOT = Path(__file__).resolve().parents[2]
 SET_UP_WITH: dict[str, dict[str, str]] = {
     check_id: {"CACHE-FLAG-NO-MISS": "the cache is filled by a flagged SET_TENSOR sent without a hash miss before "
                                      "it (a client's rule: the server saves it all the same)"}
-    for check_id in ("FRAME-034", "CACHE-V7-003", "CACHE-V7-005")
+    for check_id in ("FRAME-034", "CACHE-V7-003", "CACHE-V7-005", "SHADOW-007", "SHADOW-008")
 }
+#: The shadow checks judge where a write's bytes land, not whether it is refused: a request of theirs that breaks a
+#: client rule passes when the server refuses it and when it writes inside its destination only.
+_WHERE_BYTES_LAND = ("the check passes a refusal and a write that stays inside its destination alike: it judges "
+                     "where the bytes go, not the refusal")
+SET_UP_WITH |= {check_id: {"ROWS-PAST-TENSOR": _WHERE_BYTES_LAND} for check_id in ("SHADOW-005", "SHADOW-006")}
+SET_UP_WITH |= {check_id: {"COPY-FITS-DST": _WHERE_BYTES_LAND} for check_id in ("SHADOW-010", "SHADOW-011")}
 
 #: Categories whose checks may name no rule, and why: what they judge is not a rule of the table (which states what
 #: one message and its connection's cache state may be), or not only.
