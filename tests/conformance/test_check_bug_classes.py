@@ -10,12 +10,13 @@ blocks (#25288) and of ops carrying function pointers (#25289) are checked with 
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 from ggml_rpc.conformance.checks import bug_classes, by_id
 from ggml_rpc.conformance.client import RpcClient
 from ggml_rpc.conformance.harness import ExternalTarget, Outcome, Runner
-from ggml_rpc.reference import running_server
+from ggml_rpc.reference import Hooks, ServerCore, running_server
 from ggml_rpc.spec import NATIVE_CALLBACK_OPS, V7, Command, GgmlOp, GgmlType, TensorFlag, encode_request, make_tensor
 
 #: (check, module constant, in-range values a correct server computes)
@@ -53,6 +54,41 @@ def test_graphs_the_reference_computes_are_judged_by_their_canaries(check_id) ->
     result = _run(check_id)
     assert result.outcome is Outcome.PASS, result.message
     assert "computed, canaries intact" in result.message and "refused" not in result.message
+
+
+def test_the_empty_dimension_check_never_waits_for_its_timeout_on_a_correct_server() -> None:
+    """FRAME-049 once waited for a ninth byte after the 8-byte empty reply, a whole timeout per case; against the
+    reference (which answers at once) the check must end well within one timeout."""
+    timeout = 20.0
+    with running_server(V7) as srv:
+        runner = Runner(ExternalTarget(srv.host, srv.port), expect=V7, timeout=timeout, probe_timeout=timeout)
+        runner.start()
+        try:
+            started = time.monotonic()
+            result = runner.run_one(by_id("FRAME-049"))
+            took = time.monotonic() - started
+        finally:
+            runner.stop()
+    assert result.outcome is Outcome.PASS, result.message
+    assert took < timeout, f"FRAME-049 took {took:.1f} s with a {timeout:.0f} s timeout"
+
+
+def test_the_empty_dimension_check_fails_bytes_after_the_empty_reply() -> None:
+    """The probe behind the GET_TENSOR still catches a server that sends more than the empty reply."""
+
+    def padded(core: ServerCore, fields: dict) -> None:
+        core.handlers[Command.GET_TENSOR](fields)
+        if fields["size"] == 0:
+            core.send([b"\0"])  # a stray byte after the empty reply
+
+    with running_server(V7, hooks=Hooks(handlers={Command.GET_TENSOR: padded})) as srv:
+        runner = Runner(ExternalTarget(srv.host, srv.port), expect=V7, timeout=3.0, probe_timeout=2.0)
+        runner.start()
+        try:
+            result = runner.run_one(by_id("FRAME-049"))
+        finally:
+            runner.stop()
+    assert result.outcome is Outcome.FAIL and "the reply is not empty" in result.message, result.message
 
 
 def test_the_overflowing_shape_wraps_to_16_bytes() -> None:
