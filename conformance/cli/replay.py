@@ -16,7 +16,16 @@ from ..harness import free_port
 from ..sessions.capture import CaptureError
 from ..sessions.compare import DEFAULT_NMSE, ReplayReport
 from ..sessions.fleet import recorded_servers, replay_fleet
-from ..sessions.replay import DEATH, LoadedCapture, Replayer, ReplayError, load_captures, source_protocol
+from ..sessions.replay import (
+    DEATH,
+    GREETING_TIMEOUT,
+    LoadedCapture,
+    Replayer,
+    ReplayError,
+    load_captures,
+    source_protocol,
+)
+from .console import ready_kernels
 from .options import (
     PROTO_SPELLINGS,
     STDOUT,
@@ -36,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(exact, recorded, computed within an NMSE tolerance). Exit code 1 on any mismatch, and when the server "
         "stopped accepting connections during the replay (reported with the last message sent), and when a "
         "capture ends inside a message (that connection is replayed up to there, the others go on); 2 when the "
-        "server cannot be reached at all."
+        "server cannot be reached at all or does not answer HELLO as a ggml RPC server (asked before anything of "
+        "the captures is sent)."
     )
     p.add_argument("pcap", nargs="+", help="capture file(s), replayed in the order given")
     p.add_argument("--server", action="append", default=None, metavar="HOST:PORT",
@@ -58,7 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--until-compute", action="store_true",
                    help="replay each connection only up to its first GRAPH_COMPUTE/RECOMPUTE (servers without a "
                    "graph executor)")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for any one reply")
+    p.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
+                   help=f"how long to wait for any one reply (default 120; the HELLO that first asks whether the "
+                   f"target is a ggml RPC server at all waits {GREETING_TIMEOUT:g} at most)")
     p.add_argument("--json", default=None, metavar="FILE|-", help="also write the report as JSON ('-': standard "
                    "output, the text report then goes to standard error)")
     p.set_defaults(func=run)
@@ -134,7 +146,10 @@ def run(args: argparse.Namespace) -> int:
     if args.spawn:
         if fleet > 1 or len(servers) > 1:
             raise UsageError("--spawn starts one server: a fleet (several servers) is replayed with --server")
+        ready_kernels()  # a spawned `ggml-rpc serve` loads what this compiles
         return _spawned(args, captures, as_protocol, servers[0] if servers else None)
+    if not servers:
+        ready_kernels()  # before the embedded servers listen: no reply waits for a compile
     try:
         if len(servers) > 1:
             report = replay_fleet_to(servers)

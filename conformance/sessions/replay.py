@@ -19,6 +19,10 @@ never as the target's mismatch.
 Bulk data never lies whole in memory: a request's data still in the capture file is sent from it a slice at a time,
 and a large reply is received and compared a slice at a time.
 
+Before anything of the captures is sent, the target must answer a HELLO of its own as a ggml RPC server (else the
+replay is refused at once: a server of another protocol would keep every replayed connection waiting the whole reply
+timeout); a target that announces another version than the captures' is told the ``--as`` that rewrites them.
+
 A target that stops accepting connections during the replay (a refused connect after the first connection), or that no
 longer answers HELLO once the replay is done, died of what was sent: a mismatch of kind ``death`` naming the last
 message sent, never "0 mismatches".  The harness's replay_spawn restarts a spawned target after each death.
@@ -36,6 +40,7 @@ from ggml_rpc.spec import (
     REPLY_HEADER_SIZE,
     Command,
     Direction,
+    HandshakeError,
     Protocol,
     ProtocolError,
     Reply,
@@ -108,6 +113,8 @@ class _TargetStopped(Exception):
 
 #: The kind of the mismatch that reports a target that died during the replay.
 DEATH = "death"
+#: Seconds the target has to answer the HELLO that opens a replay (at most: the reply timeout when shorter).
+GREETING_TIMEOUT = 5.0
 
 
 class Replayer:
@@ -168,6 +175,7 @@ class Replayer:
     def run(self, *, check_alive: bool = True) -> ReplayReport:
         """Replay every connection; with ``check_alive``, then make sure the target still answers HELLO (a target
         that died of the last message closes "as recorded" and would otherwise pass)."""
+        self._greet()
         start = time.perf_counter()
         #: The last request sent: (file, connection, message index, command), for attributing a death.
         self._last: tuple[str, int, int, str] | None = None
@@ -191,6 +199,29 @@ class Replayer:
                     self._died(why)
         self.report.seconds = time.perf_counter() - start
         return self.report
+
+    def _greet(self) -> None:
+        """Before anything of the captures is sent, the target must answer HELLO as a ggml RPC server (an HTTP
+        server, say, would otherwise keep each replayed connection waiting the whole reply timeout); the version it
+        announces, when not the captures', is noted with the ``--as`` that rewrites the session for it."""
+        where = f"{self.host}:{self.port}"
+        try:
+            with RpcClient.connect(self.host, self.port, timeout=min(self.timeout, GREETING_TIMEOUT),
+                                   hello=False) as client:
+                try:
+                    client.hello()
+                except HandshakeError:
+                    pass  # a version the kit does not cover: the replay's own HELLO replies say so
+                version = client.server_version
+        except (ConnectionClosed, ProtocolError, TimeoutError) as exc:
+            raise ReplayError(f"{where} does not answer HELLO as a ggml RPC server: {exc or type(exc).__name__}") \
+                from None
+        except OSError as exc:
+            raise ReplayError(f"cannot connect to {where}: {exc.strerror or exc}") from None
+        if version is not None and version[0] != self.target.version[0]:
+            spoken = ".".join(map(str, version))
+            self.report.notes.append(f"{where} speaks {spoken}, the captures are replayed as {self.target.label}: "
+                                     f"replay them with --as {version[0]} to rewrite the session for it")
 
     def _play(self, path: str, dc: DecodedConnection) -> None:
         self._connection(path, dc)  # the harness's replay_spawn restarts a spawned target around it

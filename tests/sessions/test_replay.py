@@ -193,3 +193,37 @@ def test_where_the_recorded_server_closed_is_known_for_every_request():
             assert verdicts[-1], f"connection {dc.conn.index} ends with the server closing"
         assert not any(v for r, v in zip(dc.requests, verdicts, strict=True) if r.command is Command.HELLO and
                        id(r) in replies), "HELLO was answered: the server was still there"
+
+
+def test_a_server_that_is_not_a_ggml_rpc_server_is_refused_at_once(capsys):
+    """An HTTP server on the replay's address answers HELLO with its own error page: the replay says so and exits
+    2 before sending the captures (each connection once waited the whole reply timeout, 366 s for three)."""
+    import http.server
+    import threading
+    import time
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:  # the server's own log stays out of the command's stderr
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        started = time.monotonic()
+        code = main(["replay", "fixtures/v7-model-load.pcap", "--server", f"127.0.0.1:{httpd.server_address[1]}"])
+        took = time.monotonic() - started
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "does not answer HELLO as a ggml RPC server" in err and err.count("\n") == 1, err
+    assert took < 20, took
+
+
+def test_a_capture_of_another_version_names_the_as_that_rewrites_it(tmp_path, capsys):
+    with running_server(V7, cache_dir=str(tmp_path)) as srv:
+        main(["replay", "fixtures/v6-model-load.pcap", "--server", f"{srv.host}:{srv.port}"])
+    out = capsys.readouterr().out
+    hint = f"{srv.host}:{srv.port} speaks 7.0.0, the captures are replayed as 6.0.0: replay them with --as 7"
+    assert hint in out, out
