@@ -371,7 +371,8 @@ RULES: tuple[Rule, ...] = (
     Rule("REPLY-SIZE", MUST, _SV, "a reply's size header equals the size of its request's reply", stateless=False),
     Rule("NO-REPLY", MUST, _SV, "no reply bytes for a command that has no reply", stateless=False),
     Rule("LINK-BYTES", MUST, _SV, "the servers' link (8.0.0) carries each side's caps, then one tensor copy each "
-         "way per COMM_ALLREDUCE of the rank-0 client", stateless=False),
+         "way per COMM_ALLREDUCE of the rank-0 client (a connection to its port that carries no byte either way is "
+         "a connect dropped before the link, not the link)", stateless=False),
 )
 
 BY_ID: dict[str, Rule] = {r.id: r for r in RULES}

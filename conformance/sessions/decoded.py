@@ -34,6 +34,8 @@ class PeerLink:
     port: int
     init: tuple[int, int]
     exchanges: list[LinkExchange] = field(default_factory=list)
+    #: The connection carried no byte either way: a connect to the port dropped before the one that is the link.
+    unused: bool = False
 
 
 @dataclass

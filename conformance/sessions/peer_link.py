@@ -5,6 +5,10 @@ headers: first each side's 24 caps bytes (the connector's first), then, for ever
 rank 0, each rank's copy of the tensor — F32 tensors of 32,768 elements or more as BF16 (half the bytes).  So the
 link is read by the COMM_ALLREDUCE sequence of the rank-0 client connection: a capture holding that connection
 decodes the link exchange by exchange, and a link whose bytes do not add up is reported as such.
+
+A connection to the port that carries no byte either way is not the link but a connect dropped before it (genuine
+8.0.0 peers make one: the rank-1 server's first connect, closed unused, then the one that carries the link); it is
+decoded as such and breaks no rule.
 """
 
 from __future__ import annotations
@@ -43,9 +47,11 @@ def link_ports(decoded: Sequence[DecodedConnection]) -> dict[int, tuple[DecodedC
 
 def decode_peer_link(conn: Connection, rank0: DecodedConnection, init_index: int, port: int) -> DecodedConnection:
     """A connection to a COMM_INIT port, decoded as the servers' link (``link`` set on the result)."""
-    link = PeerLink(port, (rank0.conn.index, init_index))
-    out = DecodedConnection(conn, rank0.protocol, notes=list(conn.notes), link=link)
     sizes = [conn.c2s.size, conn.s2c.size]  # lengths only: a link carries whole tensors, never read here
+    link = PeerLink(port, (rank0.conn.index, init_index), unused=sizes == [0, 0])
+    out = DecodedConnection(conn, rank0.protocol, notes=list(conn.notes), link=link)
+    if link.unused:
+        return out
     need = CONN_CAPS_SIZE
     for req in rank0.requests:
         if req.command is Command.COMM_ALLREDUCE and req.index > init_index:
@@ -86,6 +92,9 @@ def describe_link(dc: DecodedConnection) -> list[str]:
     """One line for the link, then one per exchange."""
     link = dc.link
     assert link is not None
+    if link.unused:
+        return [f"connection to the servers' link port {link.port} (COMM_INIT #{link.init[1]} of connection "
+                f"{link.init[0]}) that carried no bytes: a connect dropped before the link's"]
     lines = [f"servers' link (COMM) on port {link.port}, opened by COMM_INIT #{link.init[1]} of connection "
              f"{link.init[0]}: {CONN_CAPS_SIZE} caps bytes each way, then {len(link.exchanges)} exchange(s)"]
     lines += [f"COMM_ALLREDUCE {x.tensor} as {x.wire_type}: {x.nbytes} bytes each way (request #{x.request[1]})"
