@@ -8,7 +8,7 @@ benchmarks; ``ggml-rpc serve`` runs one from the command line.  Each connection 
 from .config import Hooks, ServerConfig, make_config
 from .core import ServerCore
 from .devices import CPU_ALIGNMENT, CPU_MAX_SIZE, DEFAULT_MEMORY, DeviceConfig
-from .server import RunningServer, Server, running_server
+from .server import RunningServer, Server, running_server, warm_up
 
 __all__ = [
     "CPU_ALIGNMENT",
@@ -22,4 +22,5 @@ __all__ = [
     "ServerCore",
     "make_config",
     "running_server",
+    "warm_up",
 ]

@@ -90,6 +90,9 @@ class ServerConfig:
     #: ``ggml-rpc serve`` from an installed upstream peer).  None leaves the executor's current source alone.
     codebooks: CodebookSource | None = None
     hooks: Hooks = field(default_factory=Hooks)
+    #: Compile (or load) the executor's kernels before listening (see :func:`.server.warm_up`), so that no client
+    #: waits for a compile; off only where a first graph may be slow (a measurement of the warm-up itself).
+    warm_up: bool = True
 
 
 def make_config(
@@ -109,6 +112,7 @@ def make_config(
     codebooks: CodebookSource | None = None,
     hooks: Hooks | None = None,
     poll_us: int = 0,
+    warm_up: bool = True,
 ) -> ServerConfig:
     """A ServerConfig from plain options (``proto``: a Protocol or a label such as ``6``, ``7``, ``7.0.1``)."""
     protocol = proto if isinstance(proto, Protocol) else parse_version_option(str(proto))
@@ -122,7 +126,7 @@ def make_config(
     config = ServerConfig(protocol=protocol, devices=devices, device=dev, cache_dir=cache_dir,
                           cache_max_bytes=cache_max_bytes, concurrent=concurrent, verbose=verbose, executor=executor,
                           threads=threads, codebooks=codebooks, hooks=hooks or Hooks(),
-                          poll_us=max(0, poll_us))
+                          poll_us=max(0, poll_us), warm_up=warm_up)
     if max_graph_bytes is not None:
         config = replace(config, max_graph_bytes=max_graph_bytes)
     return config

@@ -280,6 +280,18 @@ class TcpLinks:
 _ACCEPT_WAKE_SECONDS = 0.2
 
 
+def warm_up(on_compile: Callable[[], None] | None = None, *, load: bool = True) -> str | None:
+    """Have the executor's compiled kernels ready before a server listens: compiled on this machine's first run,
+    then kept in numba's cache (see :mod:`.executor.warmup`).  A first graph that waited for a compile would leave
+    its client waiting past any timeout.  ``load``: load them all into this process as well (a command about to
+    serve or judge); otherwise only make sure the cache holds them (a kernel then loads at its first call, in a
+    fraction of a second).  Returns what it did, None when there was nothing to do.  ``on_compile``: called when a
+    kernel is compiled rather than loaded (a first run)."""
+    warmup = builtin_executor().warmup
+    done = warmup.compile_kernels(on_compile) if load else warmup.ensure_compiled(on_compile)
+    return str(done) if done is not None and done.kernels else None
+
+
 class Server:
     """A listening reference server.  :meth:`serve_forever` blocks; :meth:`stop` ends it from any thread."""
 
@@ -288,6 +300,11 @@ class Server:
         config = replace(config, comm_bind=host)
         self.config = config
         self.cache = HashCache(config.cache_dir, config.cache_max_bytes) if config.cache_dir else None
+        if config.codebooks is not None:  # the executor is loaded only by a server that is told about codebooks
+            builtin_executor().grids.use_codebooks(config.codebooks)
+        if config.executor is None and config.warm_up:
+            warm_up(lambda: log.info("compiling the executor's kernels for this machine before listening (once: "
+                                     "later runs load them from numba's cache)"), load=False)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.create_server((host, port), family=family, backlog=backlog)
         self.host = host
@@ -299,8 +316,6 @@ class Server:
         self._ids = itertools.count(1)
         if config.threads is not None:
             limit_blas_threads(config.threads)
-        if config.codebooks is not None:  # the executor is loaded only by a server that is told about codebooks
-            builtin_executor().grids.use_codebooks(config.codebooks)
         if not _is_loopback(host):
             log.warning("listening on %s: the ggml RPC protocol has no authentication; anyone who can reach this "
                         "port can use the server", host)
@@ -408,4 +423,4 @@ def running_server(
 
 
 __all__ = ["RunningServer", "Server", "TcpLink", "TcpLinks", "limit_blas_threads", "make_config", "running_server",
-           "send_all", "serve_connection"]
+           "send_all", "serve_connection", "warm_up"]

@@ -34,7 +34,7 @@ from rich.console import Console
 
 from ..client import ConnectionClosed
 from ..harness import SpawnedTarget, TargetError, parse_address
-from .console import PipeConsole
+from .console import PipeConsole, ready_kernels
 from .options import UsageError, proto_help
 
 KIB = 1 << 10
@@ -219,6 +219,10 @@ def run(args: argparse.Namespace) -> int:
     if rounds and peer is None:
         raise UsageError("--generation needs an installed upstream peer of the same version: run "
                          "`ggml-rpc upstream install`")
+    if not args.no_reference:
+        # The reference measured is a `ggml-rpc serve` process: it loads what this compiles, and no figure (nor its
+        # start-up wait) includes the kit's own compile.
+        ready_kernels()
     with contextlib.ExitStack() as stack:
         targets = [] if args.no_reference else [stack.enter_context(_reference(args.proto))]
         targets += externals

@@ -10,6 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .console import ready_kernels
 from .options import UsageError, one_stdout, output_file, write_output
 
 
@@ -92,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
         def progress(res: matrix.RowResult) -> None:
             print(f"{res.id:<44} {res.status:<11} {res.seconds:>6.1f}s  {res.detail}", file=rows_out, flush=True)
 
+        # The reference servers the rows start (`ggml-rpc serve` processes, embedded ones) load what this compiles:
+        # no row's timeout runs while the kit compiles its own kernels.
+        ready_kernels()
         # The commit and tree of the start: the code measured (the tree may change during a run of many minutes).
         meta = interop_report.metadata(versions)
         started = time.monotonic()

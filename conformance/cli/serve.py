@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import sys
+from dataclasses import replace
 
 from ggml_rpc.spec import DEFAULT_HOST, DEFAULT_PORT
 
@@ -48,15 +49,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"sleeping (default {DEFAULT_POLL_US}; 0: sleep at once): a sleeping server is woken "
                         f"through its CPU, which costs tens of microseconds per request on virtual machines")
     p.add_argument("--no-preload", dest="preload", action="store_false",
-                   help="do not load the compiled kernels this machine has cached before listening (by default they "
-                        "are, a fraction of a second, so that the first graph does not pay for them)")
+                   help="do not make the executor's compiled kernels ready before listening (by default they are: "
+                        "loaded from numba's cache in a second or two, or compiled on this machine's first run, so "
+                        "that no client's first graph waits for a compile)")
     p.add_argument("--verbose", action="store_true", help="log one line per command")
     p.add_argument("--list-ops", action="store_true", help="print the ops x types the executor computes, and exit")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ggml_rpc.reference import Server, make_config
+    from ggml_rpc.reference import Server, make_config, warm_up
 
     if args.list_ops:
         from ggml_rpc.conformance.upstream.ops_table import render_ops_table
@@ -89,7 +91,11 @@ def run(args: argparse.Namespace) -> int:
     config = make_config(protocol, devices=args.devices, mem=mem, alignment=args.alignment, max_size=max_size,
                          cache_dir=args.cache_dir, cache_max_bytes=cache_max, concurrent=args.concurrent,
                          verbose=args.verbose, codebooks=tables, poll_us=args.poll_us)
-    preloaded = _preload() if args.preload else None
+    ready = warm_up(lambda: logging.info("compiling the executor's kernels for this machine before listening "
+                                         "(first run only, a minute or two; later runs load them from numba's "
+                                         "cache)")) if args.preload else None
+    if not args.preload:
+        config = replace(config, warm_up=False)
     try:
         server = Server(config, args.host, args.port)
     except OSError as exc:
@@ -100,23 +106,11 @@ def run(args: argparse.Namespace) -> int:
           file=sys.stderr, flush=True)
     try:
         # Inside the try: a signal right after the listening line must still stop the server's threads.
-        if preloaded:  # logged after the listening line, which scripts read first
-            logging.info("%s", preloaded)
+        if ready:  # logged after the listening line, which scripts read first
+            logging.info("%s", ready)
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         server.stop()
     return 0
-
-
-def _preload() -> str:
-    """Load the kernels the cache holds (before listening: a client's first graph then finds them loaded)."""
-    import time
-
-    from ggml_rpc.reference.executor import kernel_cache
-
-    started = time.monotonic()
-    loaded, skipped = kernel_cache.preload()
-    return (f"loaded {loaded} compiled kernels from the cache in {time.monotonic() - started:.2f} s"
-            + (f" ({skipped} cached for another processor or from other sources, skipped)" if skipped else ""))

@@ -16,7 +16,21 @@ from pathlib import Path
 from ggml_rpc.spec import NATIVE_CALLBACK_OPS, GgmlOp, GluOp, UnaryOp, op_name
 
 from ..graph import ExecutorError, GraphTensor
-from . import attention, conv, creation, elementwise, kernel_cache, matmul, movement, norm, reduce, rope, rows, softmax
+from . import (
+    attention,
+    conv,
+    creation,
+    elementwise,
+    kernel_cache,
+    matmul,
+    movement,
+    norm,
+    reduce,
+    rope,
+    rows,
+    softmax,
+    warmup,
+)
 from .builds import build_for
 from .core import KERNELS, SUPPORT
 from .grids import available
