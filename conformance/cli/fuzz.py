@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 
 from ..harness import ExternalTarget, SpawnedTarget, Target, TargetError, parse_address
+from .console import ready_kernels
 from .interrupts import soft_stop
-from .options import UsageError, proto_help
+from .options import STDOUT, UsageError, output_dir, output_file, proto_help
 
 DEFAULT_OUT = "fuzz-findings"
 
@@ -31,9 +32,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                              "embedded server"))
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--examples", type=int, default=None, metavar="N", help="stop after N examples")
-    budget.add_argument("--seconds", type=float, default=None, metavar="S", help="stop after S seconds "
-                        "(default: 60 when no budget is given)")
-    p.add_argument("--seed", type=int, default=0, help="campaign seed (same seed, same examples)")
+    budget.add_argument("--seconds", type=float, default=None, metavar="SECONDS", help="the whole run takes SECONDS "
+                        "(the target's and the model's setup, examples, shrinking and reports; not the warm-up of the "
+                        "kit's own compiled kernels; default: 60 when no budget is given)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="campaign seed: the same seed draws the same "
+                   "examples (default 0)")
     p.add_argument("-o", "--output", "--out", dest="out", default=DEFAULT_OUT, metavar="DIR",
                    help=f"where findings are saved (default {DEFAULT_OUT}/; --out: the older spelling, kept as an "
                    "alias)")
@@ -41,10 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "server anew after every death instead of forking it (by default the kit's fork server is "
                    "preloaded into the server: started once, each restart a fork of it as it first accepted a "
                    "connection, when the server allows it)")
-    p.add_argument("--wait-restart", type=float, default=0.0, metavar="S", help="when the target dies and was not "
-                   "spawned here, wait up to S seconds for it to come back instead of stopping")
-    p.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds without reply or close that "
-                   "make a hang (default 5)")
+    p.add_argument("--wait-restart", type=float, default=0.0, metavar="SECONDS", help="when the target dies and was "
+                   "not spawned here, wait up to SECONDS for it to come back instead of stopping (default 0)")
+    p.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="how long without a reply or a "
+                   "close makes a hang (default 5)")
     p.add_argument("--steps", type=int, default=None, metavar="N", help="state machine steps per example (each a "
                    "request and a seeded burst of up to 48 more; default 60)")
     p.add_argument("--hunt", action="store_true", help="campaign mode for a target that dies often (upstream "
@@ -65,9 +68,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "judged: a difference is a corruption finding)")
     p.add_argument("--html", metavar="DIR", help="write DIR/index.html: one row per finding class, a page per class "
                    "with its reproducer's messages decoded by the spec")
-    p.add_argument("--sarif", metavar="FILE", help="also write the findings as SARIF 2.1.0 (a file: standard "
-                   "output carries the summary; one result per finding class, the reproducer as its artifact); "
-                   "findings.json goes to --output when anything was found, with --hunt, or with --sarif")
+    p.add_argument("--sarif", metavar="FILE|-", help="also write the findings as SARIF 2.1.0 (one result per "
+                   "finding class, the reproducer as its artifact; '-': standard output, the summary then goes to "
+                   "standard error); findings.json goes to --output when anything was found, with --hunt, or with "
+                   "--sarif")
     p.set_defaults(func=run)
 
 
@@ -172,15 +176,20 @@ def run_workers(args: argparse.Namespace) -> int:
     shared = SharedFindings(db, key, host) if key is not None else None
     record = merge_reports(folders, out, shared)
     if args.sarif:
-        Path(args.sarif).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.sarif).write_text(json.dumps(sarif_of_record(record), indent=2) + "\n")
+        text = json.dumps(sarif_of_record(record), indent=2) + "\n"
+        if args.sarif == STDOUT:
+            sys.stdout.write(text)
+        else:
+            Path(args.sarif).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.sarif).write_text(text)
+    summary = sys.stderr if args.sarif == STDOUT else sys.stdout  # stdout stays the SARIF log alone
     failed = [label for (label, _), (proc, _) in zip(folders, procs, strict=True) if proc.returncode not in (0, 1)]
     print(f"{len(folders)} worker(s): {record['examples']} examples, {record['messages']} messages in "
           f"{record['seconds']:.1f} s: {record['messages_per_second']:,.0f} execs/s; target restarts "
-          f"{record['restarts']}; {len(record['classes'])} finding class(es), each once")
+          f"{record['restarts']}; {len(record['classes'])} finding class(es), each once", file=summary)
     for c in record["classes"]:
         print(f"  {c['kind']} on {c.get('command') or '-'} ({c['class']}; worker {c['worker']}, {c.get('hits', 1)} "
-              f"hit(s)): {c.get('reproducer') or 'no reproducer here'}")
+              f"hit(s)): {c.get('reproducer') or 'no reproducer here'}", file=summary)
     if failed:
         print(f"worker(s) that failed: {', '.join(failed)} (see their worker.log)", file=sys.stderr)
         return 2
@@ -206,6 +215,12 @@ def run(args: argparse.Namespace) -> int:
     from ..fuzz.hunt import HUNT_STEPS, embedded_hunt, hunt_campaign, write_reports
     from ..fuzz.setup import SetupError
 
+    # Every output is checked before any work (a worker's too).
+    if args.sarif:
+        output_file(args.sarif, "--sarif")
+    for option, folder in (("--html", args.html), ("--output", args.out)):
+        if folder:
+            output_dir(folder, option)
     if args.workers is not None and args.workers < 1:
         raise UsageError("--workers must be at least 1")
     if args.worker is None and (args.workers is not None or args.database is not None):
@@ -213,14 +228,19 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--html with --workers/--database: run `ggml-rpc fuzz` once per worker for pages")
         args.workers = args.workers or 1
         return run_workers(args)
+
+    # The budget counts from here: setup (target, model), examples, shrinking, reports; not the interpreter's
+    # imports before this line nor the kit's kernel warm-up below.
+    started = time.monotonic()
+
     if args.examples is not None and args.examples < 1:
         raise UsageError("--examples must be at least 1")
     if args.seconds is not None and args.seconds <= 0:
         raise UsageError("--seconds must be positive")
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
-    if args.sarif == "-":
-        raise UsageError("--sarif -: the summary is on standard output; give the SARIF log a FILE")
+    # With the SARIF log on standard output, the summary moves to standard error: stdout stays one document.
+    summary_out = sys.stderr if args.sarif == STDOUT else sys.stdout
     try:
         protocol = None if args.proto == "auto" else parse_version_option(args.proto)
     except ValueError as exc:
@@ -237,6 +257,13 @@ def run(args: argparse.Namespace) -> int:
         if args.steps < 1:
             raise UsageError("--steps must be at least 1")
         options.steps = args.steps
+    # The model that judges every reply computes with the compiled kernels, and so does the embedded target (a fork
+    # of this process): ready before the first example, so that no reply is judged late for a compile.
+    warming = time.monotonic()
+    ready_kernels()
+    if seconds is not None:
+        # The kit's own warm-up (loading its kernels, or compiling them on a first run) is not the campaign's.
+        options.deadline = started + (time.monotonic() - warming) + seconds
     status = Status()
     hooks = {"progress": status.update, "on_finding": status.finding}
     if args.hunt:
@@ -279,7 +306,8 @@ def run(args: argparse.Namespace) -> int:
         with soft_stop(stop):
             if args.server is None and args.spawn is None:
                 target.start()
-            print(f"fuzzing {target.description} at {target.address}, protocol {campaign.protocol.label}, seed "
+            where = "" if target.address in target.description else f" at {target.address}"
+            print(f"fuzzing {target.description}{where}, protocol {campaign.protocol.label}, seed "
                   f"{args.seed}", file=sys.stderr)
             if isinstance(target, SpawnedTarget):
                 print(target.restart_mode, file=sys.stderr)
@@ -287,10 +315,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         target.stop()
         status.done()
-    print_summary(campaign)
+    print_summary(campaign, summary_out)
     # A clean run without these leaves nothing; a worker always reports (to be merged).
     if campaign.findings or args.hunt or args.sarif or args.html or args.worker:
-        path = write_reports(campaign, Path(args.out), Path(args.sarif) if args.sarif else None)
+        path = write_reports(campaign, Path(args.out), args.sarif)
         if shared_key is not None:
             data = json.loads(path.read_text())
             data["shared_key"] = shared_key.decode()

@@ -32,7 +32,7 @@ from hypothesis.stateful import get_state_machine_test
 from .channel import Refused, TargetConnection
 from .example import Example
 from .findings import FuzzFinding, SavedFinding
-from .machine import build_machine
+from .machine import OutOfTime, build_machine
 from .memory import return_free_memory as _return_free_memory
 from .memory import rss_kib
 from .message import FuzzMessage
@@ -103,6 +103,9 @@ class Options:
     round_examples: int = ROUND_EXAMPLES
     #: Apply the shadow-memory oracle after every write (:mod:`.shadow`): read back what it must not have touched.
     shadow: bool = True
+    #: When the whole run must be over (a ``time.monotonic()`` value: the command's own start plus ``seconds``, so
+    #: that setup counts too); None: ``seconds`` after the campaign is made.
+    deadline: float | None = None
 
 
 class Campaign:
@@ -130,6 +133,10 @@ class Campaign:
         self.cache_unknown = self.model_cache is None and cache_unknown(target)
         self.stats = Stats()
         self.store = FindingStore(protocol, options.out_dir, on_finding)
+        #: Past this moment no message is sent (the example under way turns inert, as after Ctrl-C), a finding being
+        #: shrunk keeps its smallest failing example so far, and the run ends.
+        self.deadline = options.deadline if options.deadline is not None else \
+            None if options.seconds is None else self.stats.started + options.seconds
         self.stopped_because = ""
         self._progress = progress
         self._last_status = 0.0
@@ -176,7 +183,12 @@ class Campaign:
     @property
     def examples_inert(self) -> bool:
         """What an example asks (:class:`.host.ExampleHost`): send nothing more."""
-        return bool(self.gone) or self.giving_up or self.stop_requested or self.out_of_budget
+        return bool(self.gone) or self.giving_up or self.stop_requested or self.out_of_budget or self.past_deadline()
+
+    def past_deadline(self) -> bool:
+        """The time budget is spent (checked before every message, not only between examples: an example of a
+        slow or hanging target can take a minute)."""
+        return self.deadline is not None and time.monotonic() >= self.deadline
 
     def request_stop(self) -> None:
         """Stop soon and cleanly (what Ctrl-C does): no new message is sent, the summary is still made."""
@@ -283,7 +295,7 @@ class Campaign:
         o = self.options
         if o.examples is not None and self.stats.examples >= o.examples:
             raise BudgetSpent("examples")
-        if o.seconds is not None and self.stats.seconds >= o.seconds:
+        if self.past_deadline():
             raise BudgetSpent("seconds")
 
     # ---- the run -----------------------------------------------------------------------------------------------
@@ -345,11 +357,16 @@ class Campaign:
         self.giving_up = False
         try:
             test()
+        except OutOfTime:
+            # The budget ran out inside the round: a failure being shrunk keeps its smallest example so far.
+            self._record_unshrunk("the time budget ran out while shrinking; smallest failing example kept")
+            return
         except Exception as exc:  # hypothesis re-raises the shrunk failure (or a group / flaky wrapper of it)
-            if self.giving_up:
+            if self.giving_up or (self._first_failure is not None and self.past_deadline()):
                 # Inert examples make hypothesis complain about flakiness: expected, the smallest failure is kept.
-                self._record_unshrunk(f"shrinking stopped after {self.options.shrink_seconds:g} s; smallest "
-                                      "failing example kept")
+                why = "the time budget ran out while shrinking" if not self.giving_up else \
+                    f"shrinking stopped after {self.options.shrink_seconds:g} s"
+                self._record_unshrunk(f"{why}; smallest failing example kept")
                 return
             if self.gone:
                 return  # run() records the failure and stops
@@ -406,7 +423,7 @@ class Campaign:
             # the kit started too), and re-verifying it would outlast the 2 s a stop may take.
             return None
         return self.store.save(finding, transcript, shrunk=shrunk, replay_fails=self._replay_fails,
-                               can_restart=self.target.can_restart)
+                               can_restart=self.target.can_restart, out_of_time=self.past_deadline())
 
     def _close_example(self) -> None:
         ex = self._example

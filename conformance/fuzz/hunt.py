@@ -101,7 +101,7 @@ class Hunt(Campaign):
                 if o.examples is not None and number >= o.examples:
                     self.stopped_because = "budget spent"
                     break
-                if o.seconds is not None and self.stats.seconds >= o.seconds:
+                if self.past_deadline():
                     self.stopped_because = "budget spent"
                     break
                 if o.max_findings is not None and len(self.findings) >= o.max_findings:

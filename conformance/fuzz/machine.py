@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from ggml_rpc.spec import Command
 from ggml_rpc.spec import Protocol as WireProtocol
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, multiple, rule
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, rule
 
 from .draws import HypothesisDraw
 from .example import Example
@@ -31,6 +31,11 @@ from .valid_requests import BufferRef, ConnRef, TensorRef, alloc_size, placed_te
 BURST_MAX = 48
 
 
+class OutOfTime(BaseException):
+    """The campaign's time budget is spent: raised between two steps, it ends the hypothesis round at once (not an
+    ``Exception``: hypothesis lets it through, as it does an interrupt, instead of shrinking it as a failure)."""
+
+
 class ExampleSource(Protocol):
     """What the machine needs of the campaign that runs it (:class:`.campaign.Campaign`)."""
 
@@ -39,6 +44,10 @@ class ExampleSource(Protocol):
 
     def new_example(self) -> Example:
         """The example a new hypothesis example drives (the campaign checks its budget and target first)."""
+        ...
+
+    def past_deadline(self) -> bool:
+        """The campaign's time budget is spent (the round must end now)."""
         ...
 
 
@@ -98,6 +107,13 @@ def build_machine(campaign: ExampleSource) -> type[RuleBasedStateMachine]:
             """Break the connection itself: a bad first message, a command id the version lacks, a second HELLO."""
             break_connection(self.ex, HypothesisDraw(data.draw), how)
 
+        @invariant()
+        def within_budget(self) -> None:
+            # Past the time budget the round ends now, instead of running the example's remaining steps as no-ops
+            # (with thousands of steps, --steps, that took seconds) and the round's other examples after it.
+            if campaign.past_deadline():
+                raise OutOfTime
+
         def teardown(self) -> None:
             self.ex.finish()
 
@@ -116,4 +132,4 @@ def build_machine(campaign: ExampleSource) -> type[RuleBasedStateMachine]:
     return FuzzMachine
 
 
-__all__ = ["BURST_MAX", "ExampleSource", "build_machine"]
+__all__ = ["BURST_MAX", "ExampleSource", "OutOfTime", "build_machine"]

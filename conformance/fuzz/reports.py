@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,15 +36,20 @@ def finding_dict(f: SavedFinding, hits: int = 1) -> dict[str, Any]:
     }
 
 
-def write_reports(campaign: Reported, out_dir: Path, sarif: Path | None = None) -> Path:
-    """``findings.json`` in ``out_dir`` (and SARIF at ``sarif``); the JSON file's path."""
+def write_reports(campaign: Reported, out_dir: Path, sarif: Path | str | None = None) -> Path:
+    """``findings.json`` in ``out_dir`` (and SARIF at ``sarif``, ``-``: standard output); the JSON file's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     data = campaign.report()
     path = out_dir / "findings.json"
     path.write_text(json.dumps(data, indent=2) + "\n")
     if sarif is not None:
-        sarif.parent.mkdir(parents=True, exist_ok=True)
-        sarif.write_text(json.dumps(to_sarif(campaign.findings, data), indent=2) + "\n")
+        text = json.dumps(to_sarif(campaign.findings, data), indent=2) + "\n"
+        if str(sarif) == "-":
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        else:
+            Path(sarif).parent.mkdir(parents=True, exist_ok=True)
+            Path(sarif).write_text(text)
     return path
 
 

@@ -37,10 +37,10 @@ class FindingStore:
                 (False, encode_reply(self.protocol, Command.HELLO, hello_reply(self.protocol.version)))]
 
     def save(self, finding: FuzzFinding, transcript: list, *, shrunk: bool, replay_fails: ReplayFails,
-             can_restart: bool) -> SavedFinding | None:
+             can_restart: bool, out_of_time: bool = False) -> SavedFinding | None:
         """Keep a hypothesis round's finding, unless one of its signature is kept already: the connection that
         failed alone when ``replay_fails`` says a replay of it alone still fails the target (only after a crash
-        when the target ``can_restart``), else the whole example."""
+        when the target ``can_restart`` and the run is not ``out_of_time``), else the whole example."""
         if finding.signature in self._seen:
             return None
         self._seen.add(finding.signature)
@@ -55,7 +55,9 @@ class FindingStore:
             # The connection that crashed the server: the last one that sent more than its opening message
             # (a connection opened after the fatal message may still have been accepted by the dying process).
             culprit = next((conn for conn in reversed(transcript) if sum(1 for c, _ in conn if c) > 1), None)
-            if len(transcript) > 1 and culprit is not None and (finding.kind != "crash" or can_restart):
+            # (Not once the time budget is spent: the replay of a crash restarts the target, seconds past it.)
+            if len(transcript) > 1 and culprit is not None and (finding.kind != "crash" or can_restart) \
+                    and not out_of_time:
                 # Connections share nothing but the hash cache: the one that failed is usually enough.  Keep it
                 # alone if a replay of it alone still fails against the target (a fresh one after a crash).
                 save(saved, [culprit, probe], self.out_dir, number)

@@ -34,7 +34,7 @@ def test_external_server_by_examples(tmp_path, capsys):
         assert main(["fuzz", "--server", f"{srv.host}:{srv.port}", "--examples", "3", "--steps", "20",
                      "--out", str(tmp_path / "f")]) == 0
     out, err = capsys.readouterr()
-    assert "server at" in err and "protocol 6.0.0" in err
+    assert f"fuzzing server at {srv.host}:{srv.port}, protocol 6.0.0" in err  # the address once
     assert out.startswith("3 examples") or " examples," in out
     assert not (tmp_path / "f").exists()
 
@@ -127,3 +127,24 @@ def test_ctrl_c_stops_cleanly_with_a_summary(tmp_path, capsys):
     assert "interrupted: stopping after the current example" in err
     assert "stopped: interrupted" in out and "findings: 0 crash" in out
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_the_whole_run_keeps_to_its_seconds(tmp_path, capsys):
+    """Setup, examples and teardown within --seconds: long examples (many steps) once ran far past it, the budget
+    being looked at only between examples (--seconds 40 ran 51 s)."""
+    seconds = 6.0
+    started = time.monotonic()
+    assert main(["fuzz", "--seconds", f"{seconds:g}", "--steps", "3000", "--timeout", "1",
+                 "--out", str(tmp_path / "f")]) == 0
+    took = time.monotonic() - started
+    out = capsys.readouterr().out
+    assert "findings: 0 crash" in out
+    assert took < seconds + 3, f"--seconds {seconds:g} took {took:.1f} s"
+
+
+def test_sarif_on_standard_output_moves_the_summary_to_standard_error(tmp_path, capsys):
+    assert main(["fuzz", "--examples", "2", "--steps", "10", "--out", str(tmp_path / "f"), "--sarif", "-"]) == 0
+    out, err = capsys.readouterr()
+    log = json.loads(out)  # standard output is the SARIF log alone
+    assert log["version"] == "2.1.0" and log["runs"][0]["results"] == []
+    assert "findings: 0 crash" in err
