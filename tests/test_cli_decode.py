@@ -111,3 +111,25 @@ def test_v6_capture_auto_detects(capsys, path, connections):
     assert main(["decode", str(path)]) == 0
     out = capsys.readouterr().out
     assert out.count("protocol 6.0.0") == connections and "cache_flag" not in out
+
+
+def test_decode_reads_standard_input_as_pcap_record_writes_it() -> None:
+    """``ggml-rpc pcap record -o - | ggml-rpc decode -``: the same listing as of the file."""
+    cli = [sys.executable, "-m", "ggml_rpc.conformance.cli"]
+    record = subprocess.Popen([*cli, "pcap", "record", "--scenario", "inference", "-o", "-"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        decoded = subprocess.run([*cli, "decode", "-"], stdin=record.stdout, capture_output=True, text=True,
+                                 timeout=300)
+    finally:
+        assert record.stdout is not None
+        record.stdout.close()
+        record.wait(timeout=300)
+    assert record.returncode == 0 and decoded.returncode == 0, decoded.stderr
+    lines = decoded.stdout.splitlines()
+    assert lines[0].startswith("# connection 0:") and any(" > GRAPH_COMPUTE" in line for line in lines)
+    fixture = subprocess.run([*cli, "decode", "fixtures/v7-inference.pcap"], capture_output=True, text=True,
+                             timeout=300).stdout.splitlines()
+    # The same session (other ports, other handles): the same commands in the same order.
+    assert [line.split(" > ")[1].split()[0] for line in lines if " > " in line] == \
+        [line.split(" > ")[1].split()[0] for line in fixture if " > " in line]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from typing import TextIO
 
@@ -18,7 +20,8 @@ from .options import STDOUT, UsageError, output_file, parse_proto, port_number, 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("pcap", help="capture file (pcap or pcapng)")
+    p.add_argument("pcap", help="capture file (pcap or pcapng); '-': standard input (what `ggml-rpc pcap record "
+                   "-o -` writes), kept in a temporary file while it is decoded")
     p.add_argument("--proto", default="auto", help=proto_help("auto", auto="from each HELLO reply"))
     p.add_argument("--port", type=port_number, default=None, help="only connections with this TCP port")
     p.add_argument("--json", metavar="FILE|-", default=None, help="also write JSON lines (one object per event and "
@@ -31,19 +34,35 @@ def run(args: argparse.Namespace) -> int:
     protocol = parse_proto(args.proto)
     if args.json is not None:
         output_file(args.json, "--json")
-    try:
-        conns = read_connections(args.pcap, port=args.port)
-    except CaptureError as exc:
-        raise UsageError(str(exc)) from None
-    if not conns:
-        where = f" with port {args.port}" if args.port is not None else ""
-        print(f"ggml-rpc decode: no TCP connection{where} in {args.pcap}", file=sys.stderr)
     with contextlib.ExitStack() as stack:
+        path = stack.enter_context(_from_stdin()) if args.pcap == STDIN else args.pcap
+        try:
+            conns = read_connections(path, port=args.port)
+        except CaptureError as exc:
+            raise UsageError(str(exc).replace(path, "standard input") if args.pcap == STDIN else str(exc)) from None
+        if not conns:
+            where = f" with port {args.port}" if args.port is not None else ""
+            shown = "standard input" if args.pcap == STDIN else args.pcap
+            print(f"ggml-rpc decode: no TCP connection{where} in {shown}", file=sys.stderr)
         js: TextIO | None = None
         if args.json is not None:
             js = sys.stdout if args.json == STDOUT else stack.enter_context(_open_file(args.json))
         # The text listing goes to standard output unless the JSON lines take it.
         return _decode(args.pcap, conns, protocol, None if args.json == STDOUT else sys.stdout, js)
+
+
+#: The capture argument that names standard input.
+STDIN = "-"
+
+
+@contextlib.contextmanager
+def _from_stdin() -> Iterator[str]:
+    """Standard input copied, a chunk at a time, into a temporary file (a capture is read by offsets, in bounded
+    memory: the file is what it reads), removed afterwards."""
+    with tempfile.NamedTemporaryFile(prefix="ggml-rpc-decode-", suffix=".pcap") as tmp:
+        shutil.copyfileobj(sys.stdin.buffer, tmp, 1 << 20)
+        tmp.flush()
+        yield tmp.name
 
 
 def _open_file(path: str) -> TextIO:

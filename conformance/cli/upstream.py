@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from .options import UsageError
+from .options import STDOUT, UsageError, output_file, write_output
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,7 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="copy the verified reproducers here (default fixtures/repro/security)")
     sec.set_defaults(func=run_security)
     ls = sub.add_parser("list", help="print the installed peers, their programs and the HELLO each server answers")
-    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.add_argument("--json", metavar="FILE|-", default=None,
+                    help="write the list as JSON ('-': standard output, instead of the text)")
     ls.add_argument("--no-hello", action="store_true", help="do not start the servers to ask their version")
     ls.set_defaults(func=run_list)
 
@@ -161,6 +162,8 @@ def run_list(args: argparse.Namespace) -> int:
     from ..upstream.hello import HelloError, server_hello
     from ..upstream.peers import DEBIAN_BUILDS, PEERS, WHEEL_ENTRY, cache_root, debian_peer, installed_sanitized_peers
 
+    if args.json:
+        output_file(args.json, "--json")
     rows = []
     # Debian's builds are listed beside the registry's (installable the same way); the instrumented builds only
     # once built (on demand, never by CI).
@@ -195,8 +198,9 @@ def run_list(args: argparse.Namespace) -> int:
                 row["hello"] = f"no answer: {exc}"
         rows.append(row)
     if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
+        write_output(args.json, json.dumps(rows, indent=2) + "\n")
+        if args.json == STDOUT:
+            return 0
     from ..upstream.peers import SANITIZERS
 
     print(f"upstream peers in {cache_root()}")

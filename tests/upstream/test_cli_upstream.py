@@ -69,11 +69,17 @@ def test_list_without_peers_says_how_to_install(monkeypatch, tmp_path, capsys) -
     out = capsys.readouterr().out
     assert "6.0.0  not installed" in out and "ggml-rpc upstream install --proto 7" in out
     assert "8.0.0  not installed (llama-cpp-py-sync==0.11739; ggml-rpc upstream install --proto 8)" in out
-    assert main(["upstream", "list", "--json"]) == 0
+    assert main(["upstream", "list", "--json", "-"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["version"] for r in rows] == ["6.0.0", "7.0.0", "8.0.0", "8.0.0"]
     assert not any(r["installed"] for r in rows)
     assert [r["kind"] for r in rows] == ["sdist", "sdist", "wheel", "debian"]
+    # --json FILE|- as every other --json: a file gets the JSON, standard output the text.
+    assert main(["upstream", "list", "--json", str(tmp_path / "peers.json")]) == 0
+    assert json.loads((tmp_path / "peers.json").read_text()) == rows
+    assert "6.0.0  not installed" in capsys.readouterr().out
+    assert main(["upstream", "list", "--json"]) == 2  # a FILE|- like every --json, no longer a flag
+    assert "expected one argument" in capsys.readouterr().err
 
 
 def test_interop_without_peers_is_a_usage_error(monkeypatch, tmp_path, capsys) -> None:

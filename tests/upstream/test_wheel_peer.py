@@ -156,7 +156,7 @@ def test_installed_record_and_list(upstream_peer8) -> None:
     assert info["kind"] == "wheel" and info["hello"] == "8.0.0" and info["package"] == "llama-cpp-py-sync==0.11739"
     assert info["llama_cpp_commit"] == "0ce8cd11416c8840498e6701bcbe39ad4b858c2b"
     assert (info["runs"]["loader"] is not None) == wheel.needs_private_runtime()
-    done = kit("upstream", "list", "--json", timeout=120)
+    done = kit("upstream", "list", "--json", "-", timeout=120)
     assert done.ok, done.why()
     row = next(r for r in json.loads(done.stdout) if r["version"] == "8.0.0")
     assert row["installed"] and row["kind"] == "wheel" and row["hello"] == "8.0.0"
