@@ -135,7 +135,7 @@ def test_a_file_that_is_no_capture_is_named(tmp_path, capsys, command):
     assert usage_error(capsys, argv).endswith(f"{junk}: not a pcap or pcapng file")
 
 
-def test_replay_against_a_server_that_answers_garbage_is_a_mismatch(capsys):
+def test_replay_against_a_server_that_answers_garbage_is_refused_before_the_captures(capsys):
     import socket
     import threading
 
@@ -154,14 +154,13 @@ def test_replay_against_a_server_that_answers_garbage_is_a_mismatch(capsys):
     threading.Thread(target=answer_http, daemon=True).start()
     port = listener.getsockname()[1]
     try:
-        assert main(["replay", FIXTURE, "--server", f"127.0.0.1:{port}", "--timeout", "5"]) == 1
+        assert main(["replay", FIXTURE, "--server", f"127.0.0.1:{port}", "--timeout", "5"]) == 2
     finally:
         listener.close()
     out, err = capsys.readouterr()
-    assert err == ""
-    assert "MISMATCH" in out and "message 0 HELLO [exact]: expected a 28-byte reply" in out
-    # The listener took one connection and closed: the replay also says the target stopped accepting.
-    assert "reply size claim" in out and "1 mismatch(es)" in out
+    # The replay's own HELLO finds no ggml RPC server there: one line, nothing of the captures sent.
+    assert out == "" and err.count("\n") == 1
+    assert "does not answer HELLO as a ggml RPC server" in err and "reply size" in err
 
 
 def test_serve_prints_an_ipv6_address_that_check_reads_back():

@@ -39,6 +39,10 @@ _DTYPES = {F32: np.dtype("<f4"), F16: np.dtype("<f2"), I32: np.dtype("<i4")}
 _ALIGN = 64
 
 
+#: Categories whose every check sends input the spec does not allow (see :attr:`~..harness.model.Check.bad_input`).
+BAD_INPUT_CATEGORIES = frozenset({Category.FRAMING, Category.ISOLATION})
+
+
 def check(
     id: str,
     title: str,
@@ -51,16 +55,22 @@ def check(
     max_version: tuple[int, int, int] | None = None,
     any_version: bool = False,
     rules: tuple[str, ...] = (),
+    bad_input: bool | None = None,
 ) -> Callable[[Callable[[Context], str | None]], Callable[[Context], str | None]]:
-    """Declare a check: the decorated function becomes the check's body; ``rules``: the ids of the rule table's
-    rules it enforces (see :attr:`~ggml_rpc.conformance.harness.Check.rules`)."""
+    """Declare a check: the decorated function becomes the check's body.  ``rules``: the ids of the rule table's
+    rules it enforces (see :attr:`~ggml_rpc.conformance.harness.Check.rules`).  ``bad_input`` (what the check sends
+    is not allowed by the spec) defaults to the category's nature: framing checks send malformed or out-of-range
+    requests, isolation checks another connection's handles; the other categories say it per check."""
+    if bad_input is None:
+        bad_input = category in BAD_INPUT_CATEGORIES
 
     def deco(func: Callable[[Context], str | None]) -> Callable[[Context], str | None]:
         if any(c.id == id for c in REGISTRY):
             raise ValueError(f"duplicate check id {id}")
         body = _declined_only_if_computing(func) if category is Category.COMPUTE else func
         REGISTRY.append(
-            Check(id, title, category, level, majors, section, body, min_version, max_version, any_version, rules)
+            Check(id, title, category, level, majors, section, body, min_version, max_version, any_version, rules,
+                  bad_input)
         )
         return func
 

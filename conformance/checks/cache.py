@@ -43,12 +43,17 @@ class Entry:
 
 
 def _put(client: RpcClient, data: bytes, flag: int = 0) -> Buf:
-    """A buffer holding ``data`` (written by one SET_TENSOR, with ``flag`` on v7)."""
+    """A buffer holding ``data`` (written by one SET_TENSOR, with ``flag`` on v7).  A flagged write follows a
+    SET_TENSOR_HASH of the same data and region that missed, as a client's does (the spec's CACHE-FLAG-NO-MISS):
+    the checks that save an entry send nothing a server may refuse."""
     buf = alloc(client, len(data) + 64)
+    tensor = buf.tensor(0, len(data))
     if client.protocol is not None and client.protocol.cache_rule.flag_field:
-        client.set_tensor(buf.tensor(0, len(data)), 0, data, cache_flag=flag)
+        if flag:
+            client.set_tensor_hash(tensor, 0, fnv1a64(data))  # a nonce's hash: never cached, a miss
+        client.set_tensor(tensor, 0, data, cache_flag=flag)
     else:
-        client.set_tensor(buf.tensor(0, len(data)), 0, data)
+        client.set_tensor(tensor, 0, data)
     return buf
 
 

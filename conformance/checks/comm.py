@@ -49,7 +49,7 @@ def init_world_size(ctx: Context) -> None:
 
 
 @_check("COMM-002", "COMM_ALLREDUCE without a communicator closes the connection", COMM, majors=V8_ONLY,
-        section=C.COMM_ALLREDUCE)
+        section=C.COMM_ALLREDUCE, bad_input=True)
 def allreduce_alone(ctx: Context) -> None:
     buf = session(ctx, 4096)
     sent = encode_request(ctx.protocol, C.COMM_ALLREDUCE, {"device": 0, "tensor": buf.f32(0, (16,), id=1)})

@@ -187,7 +187,7 @@ def alloc_zero(ctx: Context) -> None:
 
 
 @_check("DATA-016", "after FREE_BUFFER the handle is unknown (BUFFER_GET_BASE on it closes)", DA,
-        section=C.FREE_BUFFER)
+        section=C.FREE_BUFFER, bad_input=True)
 def free_buffer(ctx: Context) -> None:
     buf = session(ctx)
     buf.client.free_buffer(buf.handle)

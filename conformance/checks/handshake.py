@@ -92,7 +92,7 @@ def hello_stable(ctx: Context) -> None:
 
 
 @_check("HELLO-006", "a first command other than HELLO closes the connection without reply", HS,
-        section=Command.HELLO, rules=("DECODE",))
+        section=Command.HELLO, rules=("DECODE",), bad_input=True)
 def first_not_hello(ctx: Context) -> None:
     client = ctx.connect(hello=False)
     client.send_raw(PROBE)
@@ -100,7 +100,7 @@ def first_not_hello(ctx: Context) -> None:
 
 
 @_check("HELLO-007", "HELLO with a size other than 24 closes the connection", HS, section=Command.HELLO,
-        rules=("DECODE",))
+        rules=("DECODE",), bad_input=True)
 def hello_bad_size(ctx: Context) -> None:
     for size in (0, 28):
         client = ctx.connect(hello=False)
@@ -109,7 +109,8 @@ def hello_bad_size(ctx: Context) -> None:
         client.close()
 
 
-@_check("HELLO-008", "a second HELLO on the same connection closes it", HS, section=Command.HELLO, rules=("DECODE",))
+@_check("HELLO-008", "a second HELLO on the same connection closes it", HS, section=Command.HELLO,
+        rules=("DECODE",), bad_input=True)
 def hello_twice(ctx: Context) -> None:
     client = ctx.connect()
     send_and_expect_close(ctx, client, HELLO_REQUEST, "second HELLO")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from ggml_rpc.spec import V7, Protocol
@@ -11,9 +12,11 @@ from rich.console import Console
 
 from ..harness import (
     DEFAULT_SEED,
+    PROFILES,
     Category,
     EmbeddedTarget,
     ExternalTarget,
+    Profile,
     Runner,
     SpawnedTarget,
     Target,
@@ -21,8 +24,9 @@ from ..harness import (
     select,
 )
 from ..upstream.codebooks import tables
-from .console import PipeConsole
-from .options import UsageError, one_stdout, output_file, parse_address, parse_proto, proto_help
+from ..upstream.known_bugs import safe_profile
+from .console import PipeConsole, ready_kernels
+from .options import UsageError, one_stdout, output_dir, output_file, parse_address, parse_proto, proto_help
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,6 +51,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "the embedded server speaks): " + proto_help("auto", auto="learn it from HELLO"))
     p.add_argument("--checks", metavar="PATTERN", help="comma-separated shell patterns on check IDs or categories "
                    "(e.g. 'HELLO-*,cache-v7')")
+    p.add_argument("--profile", choices=sorted(PROFILES), help="run a profile of the catalogue instead of all of it; "
+                   + "; ".join(f"{name}: {meaning}" for name, meaning in PROFILES.items())
+                   + ". The verdict then reads 'conformant on the safe profile (N checks left out: a partial run, "
+                   "not full conformance)', in every report")
+    p.add_argument("-q", "--quiet", action="store_true", help="print the verdict line only (and, when the run "
+                   "fails, each failure with its evidence)")
     p.add_argument("--strict", action="store_true", help="SHOULD failures fail the run too")
     p.add_argument("--cache-dir", metavar="DIR", help="the server's cache directory: enables white-box cache checks "
                    "and makes a missing cache a failure")
@@ -108,6 +118,13 @@ def run(args: argparse.Namespace) -> int:
     checks = select(CATALOGUE, args.checks)
     if not checks:
         raise UsageError(f"--checks {args.checks!r} matches no check (see --list)")
+    profile = None
+    if args.profile:
+        chosen = safe_profile(checks)
+        if not chosen:
+            raise UsageError(f"--profile {args.profile} holds none of the checks --checks {args.checks!r} selects")
+        profile = Profile(args.profile, PROFILES[args.profile], len(checks) - len(chosen))
+        checks = chosen
     if args.list:
         console.print(report.catalogue_table(checks))
         console.print(f"{len(checks)} checks")
@@ -118,47 +135,71 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--seed must be a non-negative integer")
     if args.pcap_all and not args.pcap_dir:
         raise UsageError("--pcap-all needs --pcap-dir DIR")
+    # Every output is checked before the run: a report that cannot be written must not cost the run first.
     for option, folder in (("--html", args.html), ("--pcap-dir", args.pcap_dir)):
-        if folder and Path(folder).exists() and not Path(folder).is_dir():
-            raise UsageError(f"{option} {folder}: exists and is not a directory")
+        if folder:
+            output_dir(folder, option)
     for option, path in (("--json", args.json), ("--junit", args.junit), ("--sarif", args.sarif)):
         if path:
             output_file(path, option)
     proto = parse_proto(args.proto)
     target = _target(args, proto)
+    # Before any server starts: the embedded one, a spawned `ggml-rpc serve` (it loads what this compiles) and the
+    # checks' own reference results all use the compiled kernels; no check's timeout may run while they compile.
+    ready_kernels()
     runner = Runner(target, expect=proto, timeout=args.timeout, probe_timeout=args.timeout, seed=args.seed)
+    runner.profile = profile
     try:
         runner.start()
     except TargetError as exc:
         runner.stop()
         raise UsageError(str(exc)) from None
+    if args.server and not args.spawn and profile is None:
+        print("ggml-rpc check: warning: the suite sends malformed input and the inputs of known upstream crashes, "
+              "which take real rpc-servers down; for a server someone depends on use --profile safe, or let the kit "
+              "start (and restart) it with --spawn CMD", file=sys.stderr, flush=True)
     try:
-        report.header(console, target.description, target.address, runner.info)
-        console.print(f"seed {runner.seed} (--seed {runner.seed} sends the same inputs again)")
-        if isinstance(target, SpawnedTarget):
-            console.print(target.restart_mode)
+        if not args.quiet:
+            report.header(console, target.description, target.address, runner.info)
+            console.print(f"seed {runner.seed} (--seed {runner.seed} sends the same inputs again)")
+            if isinstance(target, SpawnedTarget):
+                console.print(target.restart_mode)
+            if profile is not None:
+                console.print(f"profile {profile.name}: {len(checks)} checks, {profile.left_out} left out "
+                              f"({profile.meaning})", soft_wrap=True)
         totals: dict[Category, int] = {}
         for c in checks:
             totals[c.category] = totals.get(c.category, 0) + 1
-        progress = report.Progress(console, totals)
+        progress = None if args.quiet else report.Progress(console, totals)
         try:
-            runner.run(checks, progress.update)
+            runner.run(checks, progress.update if progress is not None else lambda _result: None)
         finally:
-            progress.close()
+            if progress is not None:
+                progress.close()
     finally:
         runner.stop()
-    console.print(report.results_table(runner.results))
+    verdict = runner.verdict(args.strict)
+    if not args.quiet:
+        console.print(report.results_table(runner.results))
     report.failure_details(console, runner.results)
     report.setup_errors(console, runner)
-    console.print(report.summary_line(runner, args.strict), soft_wrap=True)
+    advice = report.not_run_advice(runner)
+    if advice:
+        console.print(f"\n{advice}", soft_wrap=True, markup=False, highlight=False)
+    if args.quiet:
+        console.print(report.verdict_text(verdict), soft_wrap=True)
+    else:
+        console.print(report.summary_line(runner, args.strict), soft_wrap=True)
     try:
         # pcaps first, then the HTML pages that link them, then the reports that name both.
         if args.pcap_dir:
             n = write_pcaps(runner.results, args.pcap_dir, every=args.pcap_all)
-            console.print(f"{n} pcap(s) in {args.pcap_dir}")
+            if not args.quiet:
+                console.print(f"{n} pcap(s) in {args.pcap_dir}")
         if args.html:
             index = write_html(runner, args.html, args.strict)
-            console.print(f"HTML report: {index}")
+            if not args.quiet:
+                console.print(f"HTML report: {index}")
         if args.json:
             write_json(runner, args.json, args.strict)
         if args.junit:
@@ -167,4 +208,4 @@ def run(args: argparse.Namespace) -> int:
             write_sarif(runner, args.sarif, args.strict)
     except OSError as exc:
         raise UsageError(f"cannot write the report: {exc.strerror or exc}: {exc.filename}") from None
-    return runner.exit_code(args.strict)
+    return verdict.exit_code

@@ -7,6 +7,7 @@ Light on purpose: the ``ggml-rpc`` entry imports this module before it knows whi
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -77,6 +78,28 @@ def output_file(path: str, option: str) -> str:
         raise UsageError(f"{option} {path}: is a directory")
     if not target.parent.is_dir():
         raise UsageError(f"{option} {path}: no such directory {str(target.parent)!r}")
+    if not os.access(target if target.exists() else target.parent, os.W_OK):
+        raise UsageError(f"{option} {path}: not writable")
+    return path
+
+
+def output_dir(path: str, option: str) -> str:
+    """An output folder option, checked before any work is done: a folder, or one that can be made where it is
+    named (its nearest existing parent is a writable folder)."""
+    target = Path(path)
+    if target.exists():
+        if not target.is_dir():
+            raise UsageError(f"{option} {path}: exists and is not a directory")
+        if not os.access(target, os.W_OK):
+            raise UsageError(f"{option} {path}: not writable")
+        return path
+    parent = target.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"{option} {path}: {str(parent)!r} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path}: cannot be created in {str(parent)!r} (not writable)")
     return path
 
 

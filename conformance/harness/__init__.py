@@ -39,10 +39,12 @@ from .targets import (
     parse_address,
     wait_for_port,
 )
+from .verdict import PROFILES, Profile
 
 __all__ = [
-    "DEFAULT_SEED", "SPEC_DOC", "Blocked", "Category", "Check", "CheckFailed", "Context", "EmbeddedTarget", "Evidence",
-    "ExternalTarget", "Level", "Outcome", "ProgressFn", "Result", "RunFacts", "Runner", "ServerGone", "ServerInfo",
-    "Skipped", "SpawnedTarget", "Target", "TargetError", "Unsupported", "exit_status", "format_address", "free_port",
-    "hexdump", "iter_groups", "parse_address", "select", "verdict_for", "wait_for_port",
+    "DEFAULT_SEED", "PROFILES", "SPEC_DOC", "Blocked", "Category", "Check", "CheckFailed", "Context",
+    "EmbeddedTarget", "Evidence", "ExternalTarget", "Level", "Outcome", "Profile", "ProgressFn", "Result", "RunFacts",
+    "Runner", "ServerGone", "ServerInfo", "Skipped", "SpawnedTarget", "Target", "TargetError", "Unsupported",
+    "exit_status", "format_address", "free_port", "hexdump", "iter_groups", "parse_address", "select", "verdict_for",
+    "wait_for_port",
 ]

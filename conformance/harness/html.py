@@ -36,6 +36,7 @@ th, td { border: 1px solid #ccc; padding: .25em .5em; text-align: left; vertical
          overflow-wrap: anywhere; word-break: break-word; }
 th { background: #f3f3f3; }
 td.outcome { font-weight: bold; text-align: center; white-space: nowrap; }
+td.level { white-space: nowrap; overflow-wrap: normal; word-break: normal; }
 tr > td:first-child { white-space: nowrap; }
 .pass { background: #0a0; color: #fff; } .fail { background: #d00; color: #fff; }
 .fail-should { background: #f90; color: #000; } .died { background: #600; color: #fff; }
@@ -215,6 +216,10 @@ def _verdict_block(verdict: Verdict, results: Sequence[Result]) -> list[str]:
     cls = verdict.state.value.replace(" ", "-")
     out = [f'<div class="verdict {cls}" id="verdict">{escape(verdict.line())}</div>',
            f'<p class="note">{escape(STATE_MEANING[verdict.state])} (exit code {verdict.exit_code})</p>']
+    if verdict.profile is not None:
+        p = verdict.profile
+        out.append(f'<p class="note"><b>A partial run, not full conformance:</b> the {escape(p.name)} profile '
+                   f"({escape(p.meaning)}); {p.left_out} checks of the selection left out.</p>")
     for cause, n in verdict.setup_refusals:
         out.append(f"<p><b>Setup error:</b> the server refused the harness's own setup: {escape(cause)} — {n} "
                    f"check{'s' * (n != 1)} blocked (their rules never ran).</p>")
@@ -225,7 +230,7 @@ def _verdict_block(verdict: Verdict, results: Sequence[Result]) -> list[str]:
             cls_r, lab = outcome_class(r)
             death = escape(r.server_death.get("status", "")) if died(r) and r.server_death else ""
             out.append(f'<tr><td><a href="{escape(page_name(r.check.id))}">{escape(r.check.id)}</a></td>'
-                       f"<td>{escape((r.failed_level or r.check.level).value)}</td>"
+                       f'<td class="level">{escape((r.failed_level or r.check.level).value)}</td>'
                        f'<td class="outcome {cls_r}">{escape(lab)}</td><td>{escape(reason(r))}</td>'
                        f"<td>{death}</td></tr>")
         out.append("</table>")
@@ -270,7 +275,7 @@ def write_html_report(out_dir: str | Path, results: Sequence[Result], server: It
             pcap = f'<a href="{escape(_rel(r.pcap, out))}">pcap</a>' if r.pcap else ""
             body.append(f'<tr id="{escape(r.check.id)}"><td><a href="{escape(page_name(r.check.id))}">'
                         f"{escape(r.check.id)}</a>"
-                        f"</td><td>{escape(r.check.title)}</td><td>{escape(r.check.level.value)}</td>"
+                        f'</td><td>{escape(r.check.title)}</td><td class="level">{escape(r.check.level.value)}</td>'
                         f'<td class="outcome {cls}">{escape(lab)}</td><td>{r.duration * 1000:.1f} ms</td>'
                         f"<td>{pcap}</td></tr>")
         body.append("</table>")

@@ -75,6 +75,10 @@ class Check:
     #: break for the server to refuse, and those the server's replies must keep; none for a check of something the
     #: table does not state (a computed result, the server's own state).
     rules: tuple[str, ...] = ()
+    #: The check sends what the spec does not allow (malformed framing, unknown or foreign handles, a second
+    #: HELLO...) to see the server refuse it: the inputs that take a fragile server down.  False: every request it
+    #: sends is valid, the reference answers it without closing (tests/conformance/test_check_profiles.py).
+    bad_input: bool = False
 
     def applies_to(self, version: tuple[int, int, int]) -> bool:
         if version[0] not in self.majors:

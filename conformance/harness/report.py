@@ -17,7 +17,7 @@ from rich.text import Text
 from .context import ServerInfo
 from .model import Category, Check, Outcome, Result, iter_groups
 from .runner import Runner
-from .verdict import State, died
+from .verdict import State, Verdict, died
 from .verdict import label as verdict_label
 
 STYLE = {
@@ -58,9 +58,12 @@ class Progress:
     def _line(self, done: bool) -> Text:
         assert self.group is not None
         n, total = len(self.results), self.total.get(self.group, 0)
-        mark = "✓" if done and not any(r.failed for r in self.results) else ("✗" if done else "…")
+        failed = any(r.failed for r in self.results)
+        # A group whose checks could not run is no success: no tick beside "not run".
+        not_run = any(r.outcome is Outcome.NOT_RUN for r in self.results)
+        mark = "…" if not done else "✗" if failed else "–" if not_run else "✓"
         text = Text(f"{mark} {self.group.value:<10} {n:>3}/{total:<3} ")
-        text.append(_counts(self.results), style="red" if any(r.failed for r in self.results) else "")
+        text.append(_counts(self.results), style="red" if failed else "yellow" if not_run else "")
         return text
 
     def _finish_group(self) -> None:
@@ -91,7 +94,8 @@ class Progress:
 
 
 def header(console: Console, target_description: str, address: str, info: ServerInfo) -> None:
-    console.print(f"[bold]ggml-rpc check[/bold] {escape(target_description)} ({address}): HELLO "
+    where = "" if address in target_description else f" ({address})"  # "server at HOST:PORT" names it already
+    console.print(f"[bold]ggml-rpc check[/bold] {escape(target_description)}{where}: HELLO "
                   f"{info.version_label} → [bold]{escape(info.verdict)}[/bold]"
                   + (f", {info.device_count} device(s)" if info.device_count else ""), soft_wrap=True)
 
@@ -143,15 +147,32 @@ def setup_errors(console: Console, runner: Runner) -> None:
                       soft_wrap=True)
 
 
+def not_run_advice(runner: Runner) -> str | None:
+    """For a run that stopped early because a server the kit cannot restart died: how many checks could not run
+    and how ``--spawn`` runs them all (None otherwise)."""
+    not_run = sum(1 for r in runner.results if r.outcome is Outcome.NOT_RUN)
+    if not not_run or runner.target.can_restart:
+        return None
+    after = f" after {runner.dead_after}" if runner.dead_after else ""
+    return (f"{not_run} check{'s' * (not_run != 1)} could not run: the server at {runner.target.address} stopped "
+            f"answering{after}, and the kit cannot restart a server it did not start. Let it start the server "
+            "(ggml-rpc check --spawn 'CMD ... {port}'): each death is then named, the server restarted, and every "
+            "check runs; or check it with --profile safe (no input of a known crash).")
+
+
 def summary_line(runner: Runner, strict: bool) -> Text:
     """The counts, then the verdict line (:meth:`.verdict.Verdict.line`)."""
     s = runner.summary()
-    verdict = runner.verdict(strict)
     text = Text(f"\n{s['total']} checks: {s['pass']} pass, {s['fail']} fail, {s['error']} error, "
                 f"{s['blocked']} blocked, {s['skip']} skip, {s['unsupported']} unsupported, {s['not run']} not run — "
                 f"MUST failures {s['must_failures']}, SHOULD failures {s['should_failures']}\n")
+    return text.append_text(verdict_text(runner.verdict(strict)))
+
+
+def verdict_text(verdict: Verdict) -> Text:
+    """The verdict line with its exit code, coloured by state (all that ``check --quiet`` prints of a pass)."""
     style = {State.CONFORMANT: "bold green", State.NOT_CONFORMANT: "bold red"}.get(verdict.state, "bold yellow")
-    text.append(verdict.line(), style=style)
+    text = Text(verdict.line(), style=style)
     text.append(f" (exit code {verdict.exit_code})")
     return text
 

@@ -36,7 +36,7 @@ from .context import (
 )
 from .model import Check, Outcome, Result
 from .targets import Target, TargetError
-from .verdict import Verdict, judge
+from .verdict import Profile, Verdict, judge
 
 ProgressFn = Callable[[Result], None]
 
@@ -73,6 +73,8 @@ class Runner:
         self.started_at = 0.0
         self.finished_at = 0.0
         self._started = False
+        #: The profile run in place of the whole selection (``check --profile``): the verdict names it.
+        self.profile: Profile | None = None
 
     # -- lifecycle --
 
@@ -353,7 +355,7 @@ class Runner:
     def verdict(self, strict: bool = False) -> Verdict:
         """The run's one verdict (see :mod:`.verdict`), which every report and the exit code take."""
         return judge(self.results, covered=self.info.covered or self.info.version is None, server=self.info.verdict,
-                     strict=strict, unexplained_deaths=len(self.unexplained_deaths))
+                     strict=strict, unexplained_deaths=len(self.unexplained_deaths), profile=self.profile)
 
     def exit_code(self, strict: bool = False) -> int:
         return self.verdict(strict).exit_code

@@ -72,6 +72,26 @@ LEGEND: tuple[tuple[str, str], ...] = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """A named part of the catalogue run in place of all of it (``check --profile``).  A run of a profile is
+    partial: its verdict names the profile and how many checks it left out, and "conformant" there never means
+    conformant to the whole spec."""
+
+    name: str
+    #: What the profile holds, in words (reports show it).
+    meaning: str
+    #: Checks of the selection the profile left out.
+    left_out: int
+
+
+#: ``check --profile NAME``: what each profile holds.
+PROFILES = {
+    "safe": "only requests valid per the spec and harmless to every build the kit knows (no malformed input, no "
+            "input of a known upstream crash): for a server someone depends on",
+}
+
+
 def died(r: Result) -> bool:
     """Did the server die during this check (the death is then the check's failure)?"""
     return r.server_death is not None and r.failed
@@ -124,6 +144,8 @@ class Verdict:
     setup_refusals: tuple[tuple[str, int], ...] = ()
     #: The results that made the verdict what it is (failures, deaths, errors), in run order.
     failures: tuple[Result, ...] = field(default=(), repr=False)
+    #: The profile run in place of the whole selection (a partial run), or None.
+    profile: Profile | None = None
 
     @property
     def exit_code(self) -> int:
@@ -131,8 +153,13 @@ class Verdict:
 
     @property
     def title(self) -> str:
-        """The state as the verdict line shows it (upper case where the run failed, to stand out)."""
-        return "NOT conformant" if self.state is State.NOT_CONFORMANT else self.state.value
+        """The state as the verdict line shows it (upper case where the run failed, to stand out; a profile's
+        conformance is named as the profile's)."""
+        if self.state is State.NOT_CONFORMANT:
+            return "NOT conformant" + (f" (on the {self.profile.name} profile)" if self.profile else "")
+        if self.profile is not None:
+            return f"{self.state.value} on the {self.profile.name} profile"
+        return self.state.value
 
     @property
     def robustness(self) -> str:
@@ -162,10 +189,12 @@ class Verdict:
         return out
 
     def line(self) -> str:
-        """The verdict line: state, why, and the robustness counts."""
+        """The verdict line: state, why, what a profile left out, and the robustness counts."""
         why = "; ".join(self.reasons())
         strict = " (strict)" if self.strict else ""
-        return f"→ {self.title}{strict}" + (f": {why}" if why else "") + f" — {self.robustness}"
+        partial = (f" ({self.profile.left_out} checks left out: a partial run, not full conformance)"
+                   if self.profile is not None else "")
+        return f"→ {self.title}{strict}{partial}" + (f": {why}" if why else "") + f" — {self.robustness}"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -186,11 +215,14 @@ class Verdict:
             "not_covered": self.not_covered,
             "setup_refusals": [{"cause": c, "blocked": n} for c, n in self.setup_refusals],
             "failures": [r.check.id for r in self.failures],
+            "profile": self.profile.name if self.profile else None,
+            "profile_meaning": self.profile.meaning if self.profile else None,
+            "checks_left_out": self.profile.left_out if self.profile else 0,
         }
 
 
 def judge(results: Sequence[Result], *, covered: bool, server: str = "", strict: bool = False,
-          unexplained_deaths: int = 0) -> Verdict:
+          unexplained_deaths: int = 0, profile: Profile | None = None) -> Verdict:
     """The verdict of a run: ``covered`` is whether the kit has a table for the server's version."""
     failed = [r for r in results if r.failed]
     must = sum(1 for r in failed if (r.failed_level or r.check.level) is Level.MUST)
@@ -213,4 +245,4 @@ def judge(results: Sequence[Result], *, covered: bool, server: str = "", strict:
     else:
         state = State.CONFORMANT
     return Verdict(state, strict, server, must, should, errors, deaths, unexplained_deaths, leaks, len(blocked),
-                   not_run, uncovered, tuple(refusals.items()), tuple(failed))
+                   not_run, uncovered, tuple(refusals.items()), tuple(failed), profile)

@@ -9,7 +9,10 @@ command does not exist there) is "not applicable" for it, never "fixed".
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from ..harness import Check
 
 #: The classes, as issue reports and advisories group them.
 CLASSES: dict[str, str] = {
@@ -89,6 +92,23 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
 )
 
 
+#: The classes whose inputs kill or corrupt some build (the rest, G, is about what a server keeps or caches).
+MEMORY_SAFETY_CLASSES = frozenset("ABCDEF")
+
+
+def harmful_checks() -> frozenset[str]:
+    """The checks of the known memory-safety bugs: each sends an input that kills or corrupts some build."""
+    return frozenset(c for bug in KNOWN_BUGS if bug.cls in MEMORY_SAFETY_CLASSES for c in bug.checks)
+
+
+def safe_profile(checks: Iterable[Check]) -> list[Check]:
+    """``ggml-rpc check --profile safe``: the checks that send only requests valid per the spec
+    (:attr:`~ggml_rpc.conformance.harness.Check.bad_input` False) and that no known memory-safety bug names
+    (:func:`harmful_checks`), for a server someone depends on.  A partial profile: the verdict says so."""
+    harmful = harmful_checks()
+    return [c for c in checks if not c.bad_input and c.id not in harmful]
+
+
 def all_checks() -> list[str]:
     """Every check id the table runs, in table order, once each."""
     seen: dict[str, None] = {}
@@ -98,4 +118,5 @@ def all_checks() -> list[str]:
     return list(seen)
 
 
-__all__ = ["CLASSES", "KNOWN_BUGS", "KnownBug", "all_checks"]
+__all__ = ["CLASSES", "KNOWN_BUGS", "MEMORY_SAFETY_CLASSES", "KnownBug", "all_checks", "harmful_checks",
+           "safe_profile"]

@@ -216,7 +216,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_dead_server_without_spawn_ends_the_run(tmp_path: Path) -> None:
+def test_dead_server_without_spawn_ends_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     port = _free_port()
     proc = subprocess.Popen([sys.executable, str(FRAGILE), "--port", str(port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -237,6 +237,21 @@ def test_dead_server_without_spawn_ends_the_run(tmp_path: Path) -> None:
         assert results[cid]["outcome"] == "not run"
         assert "after FRAME-031" in results[cid]["message"]
     assert code == 1 and report["verdict"]["deaths"] == 1  # a death is never conformant
+    out, err = capsys.readouterr()
+    # Warned before the run; told after it how many checks could not run and how --spawn runs them.
+    assert err.count("\n") == 1 and "warning:" in err and "--profile safe" in err and "--spawn" in err
+    assert f"server at 127.0.0.1:{port}: HELLO" in out  # the address once, not "... (127.0.0.1:P)"
+    advice = next(line for line in out.splitlines() if "could not run" in line)
+    assert advice.startswith("3 checks could not run") and "after FRAME-031" in advice and "--spawn" in advice
+    # No tick beside a group whose checks did not run.
+    groups = [line for line in out.splitlines() if "not run" in line and "/" in line.split()[2]]
+    assert groups and not any(line.startswith("✓") for line in groups), groups
+
+
+def test_quiet_prints_the_verdict_line_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "-q", "--checks", "HELLO-*,DATA-00[1-5]"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip().splitlines() == [out.strip()] and out.startswith("→ conformant"), out
 
 
 def test_spawned_server_is_restarted_and_its_death_recorded(tmp_path: Path) -> None:
@@ -376,3 +391,16 @@ def test_a_death_on_the_first_step_of_a_must_check_is_its_must_failure(tmp_path:
     # The restarted server (slow to listen) is waited for: the next checks see a server, not a refused connect.
     assert results["HELLO-001"]["outcome"] == "pass" and results["DATA-001"]["outcome"] == "pass"
     assert report["summary"]["must_failures"] == 1 and code == 1
+
+
+@pytest.mark.parametrize("option", ["--html", "--pcap-dir", "--json", "--junit", "--sarif"])
+def test_every_output_path_is_checked_before_the_run(option: str, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """An output that cannot be written ends the command before the first check (--html once did after 135)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with running_server(V7) as srv:  # a server that answers: a run would reach it
+        code = main(["check", "--server", f"{srv.host}:{srv.port}", option, str(blocker / "sub" / "out")])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and option in err, err
+    assert "ggml-rpc check" not in out  # no header: nothing ran

@@ -180,3 +180,36 @@ def test_a_real_browser_shows_a_failing_checks_evidence_inside_the_viewport(repo
     result = json.loads(html_unescape(found.group(1)))
     assert result["cells"] and all(c == "in" for c in result["cells"]), result
     assert result["failing"] and 0 <= result["failing_top"] < 900, result
+
+
+_LEVEL_LINES = """<script>
+window.addEventListener("load", () => {
+  const lines = [];
+  for (const row of document.querySelectorAll("#failures + table tr")) {
+    const cell = row.querySelectorAll("td")[1];  // the level column
+    if (!cell) continue;
+    const range = document.createRange();
+    range.selectNodeContents(cell);
+    lines.push([cell.textContent, new Set([...range.getClientRects()].map(r => Math.round(r.top))).size]);
+  }
+  const pre = document.createElement("pre");
+  pre.id = "measured";
+  pre.textContent = JSON.stringify(lines);
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+@needs_chromium
+def test_a_narrow_window_never_breaks_the_failures_level(report: dict, tmp_path: Path) -> None:
+    """The failures table's level column stays one word on one line ("MUS/T" once wrapped) however narrow."""
+    index = report["dir"] / "html" / "index.html"
+    measured = index.with_name("index.measured.html")
+    measured.write_text(index.read_text(encoding="utf-8").replace("</body>", _LEVEL_LINES + "</body>"),
+                        encoding="utf-8")
+    dom = dump_dom(tmp_path / "profile", measured.as_uri(), "--window-size=360,900", "--virtual-time-budget=3000")
+    found = re.search(r'<pre id="measured">(.*?)</pre>', dom, re.S)
+    assert found, "the browser ran no measurement"
+    cells = json.loads(html_unescape(found.group(1)))
+    assert cells and all(text in ("MUST", "SHOULD") for text, _ in cells), cells
+    assert all(lines == 1 for _, lines in cells), cells
