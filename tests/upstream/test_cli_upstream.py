@@ -78,8 +78,9 @@ def test_list_without_peers_says_how_to_install(monkeypatch, tmp_path, capsys) -
     assert main(["upstream", "list", "--json", str(tmp_path / "peers.json")]) == 0
     assert json.loads((tmp_path / "peers.json").read_text()) == rows
     assert "6.0.0  not installed" in capsys.readouterr().out
-    assert main(["upstream", "list", "--json"]) == 2  # a FILE|- like every --json, no longer a flag
-    assert "expected one argument" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:  # a FILE|- like every --json, no longer a flag
+        main(["upstream", "list", "--json"])
+    assert exited.value.code == 2 and "expected one argument" in capsys.readouterr().err
 
 
 def test_interop_without_peers_is_a_usage_error(monkeypatch, tmp_path, capsys) -> None:
