@@ -20,7 +20,7 @@ from ggml_rpc.conformance.checks import CATALOGUE
 from ggml_rpc.conformance.harness import EmbeddedTarget, Runner, select
 from ggml_rpc.conformance.sessions.replay import load_captures, replay
 from ggml_rpc.reference import running_server
-from ggml_rpc.reference.executor import warmup
+from ggml_rpc.reference.executor import kernel_cache, warmup
 from ggml_rpc.spec import V7
 from upstream_captures import UPSTREAM_FIXTURES
 
@@ -36,6 +36,7 @@ def test_the_readmes_first_command_is_conformant_with_an_empty_compile_cache(tmp
     cache = tmp_path / "numba-cache"
     cache.mkdir()
     env = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
+    env.pop(warmup.READY, None)  # nothing this test process compiled holds for that cache
     done = subprocess.run([*_ggml_rpc(), "check"], env=env, capture_output=True, text=True, timeout=1800)
     last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     # The run really started cold: it said it compiled, and the empty cache now holds every kernel it compiled.
@@ -84,3 +85,29 @@ def test_genuine_sessions_compile_nothing_after_the_warm_up(warm: dict[str, int]
         report = replay([str(UPSTREAM_FIXTURES / name)], srv.host, srv.port)
     assert not report.mismatches, [m.line() for m in report.mismatches]
     assert not _new_since(warm)
+
+
+_CHILD = """
+import sys
+from ggml_rpc.reference import running_server
+from ggml_rpc.reference.executor import kernel_cache, warmup
+with running_server("7") as srv:
+    pass
+print("numba" in sys.modules, len(warmup._drilled))
+"""
+
+
+@pytest.mark.parametrize("told", [True, False], ids=["told-by-its-parent", "reads-the-record"])
+def test_a_server_of_its_own_finds_the_cache_complete_without_warming_up_again(warm: dict[str, int],
+                                                                              told: bool) -> None:
+    """A warmed-up process's servers (spawned, restarted after every crash by the fuzzer) start without running
+    the drills again: told by the environment they inherit (numba not even imported), or from the record the
+    warm-up left beside numba's index."""
+    env = dict(os.environ)
+    assert env.get(warmup.READY, "").startswith(kernel_cache.sources_digest(Path(warmup.__file__).parent))
+    if not told:
+        del env[warmup.READY]
+    done = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300)
+    numba_loaded, drills = done.stdout.split()
+    assert drills == "0", done.stderr
+    assert numba_loaded == ("False" if told else "True")

@@ -9,6 +9,11 @@ operands, every weight type with an exact product, one token and a batch, the pl
 kernels' own), so that each kernel is compiled (first run on a machine, then written to numba's cache) or loaded
 from the cache (every later process).  It runs once per process; a forked server process inherits its work.
 
+A server started in a process of its own only needs the cache complete, not every kernel loaded (a kernel loads at
+its first call in a fraction of a second): :func:`ensure_compiled` trusts a record the last complete warm-up left
+beside numba's index (checked against the index itself), or the word of the process that started it (an environment
+variable naming the sources' digest), and warms up only when neither holds.
+
 What it may know: the executor's public entry points and its kernels' modules.  What it must not: anything of the
 server, the protocol or the conformance checks; a graph a drill builds is refused or computed like any other.
 """
@@ -87,8 +92,8 @@ class _Graph:
         if type_id in (F32, F16, BF16):
             arena.set(t, self.values(*reversed((*ne, *[1] * (4 - len(ne))))))
         else:
-            # Random bytes are blocks of every quantised type (a NaN scale only makes NaN results); small scales
-            # keep the products finite.
+            # Random bytes are blocks of every quantised type: a NaN or huge scale only makes NaN or infinite
+            # results, and the kernels are compiled all the same.
             raw[...] = self.rng.integers(0, 256, raw.shape, dtype=np.uint8)
         return t
 
@@ -285,7 +290,7 @@ def compile_kernels(on_compile: Callable[[], None] | None = None) -> WarmUp:
         ready = kernels()
         _record(ready)
         if not refused:
-            os.environ[READY] = _sources()  # for the servers this process starts (see ensure_compiled)
+            os.environ[READY] = _ready_token()  # for the servers this process starts (see ensure_compiled)
         return WarmUp(len([k for k in ready.values() if k.signatures]),
                       sum(len(k.signatures) for k in ready.values()) - before, compiles.top_level, tuple(refused),
                       time.monotonic() - started)
@@ -296,7 +301,7 @@ def ensure_compiled(on_compile: Callable[[], None] | None = None) -> WarmUp | No
     (a kernel loads at its first call in a fraction of a second; it is a compile that takes seconds).  When a
     complete warm-up recorded what it left in the cache and the cache still holds it, nothing is done (a few index
     files read: the fuzzer restarts its target after every crash); otherwise :func:`compile_kernels` runs."""
-    if os.environ.get(READY) == _sources():
+    if os.environ.get(READY) == _ready_token():
         return None  # a parent (the command that started this server) has just made the cache complete
     with _lock:
         if not _drilled and cached():
@@ -304,9 +309,15 @@ def ensure_compiled(on_compile: Callable[[], None] | None = None) -> WarmUp | No
     return compile_kernels(on_compile)
 
 
-#: Set by a process whose warm-up completed, to the executor sources' digest: the servers it starts (which inherit
-#: its environment, numba's cache location included) find the cache complete without reading it, nor loading numba.
+#: Set by a process whose warm-up completed (to :func:`_ready_token`): the servers it starts, which inherit its
+#: environment, find the cache complete without reading it, nor loading numba.
 READY = "GGML_RPC_KIT_KERNELS_READY"
+
+
+def _ready_token() -> str:
+    """The executor sources' digest and numba's cache folder as the environment names it: a child that points numba
+    elsewhere (NUMBA_CACHE_DIR) is not told its cache is complete."""
+    return f"{_sources()}:{os.environ.get('NUMBA_CACHE_DIR', '')}"
 
 
 #: Beside numba's cached kernels: what the last complete warm-up left there (sources, drills, entries per kernel).
