@@ -19,7 +19,8 @@ from ggml_rpc.conformance.cli import main
 from ggml_rpc.conformance.harness import ExternalTarget, Outcome, Runner
 from ggml_rpc.conformance.sessions.lint import check_connection
 from ggml_rpc.conformance.upstream.known_bugs import KNOWN_BUGS, harmful_checks, safe_profile
-from ggml_rpc.conformance.upstream.peers import PEERS
+from ggml_rpc.conformance.upstream.peers import peers_of
+from ggml_rpc.conformance.upstream.runs import UpstreamServer
 from ggml_rpc.reference import Hooks, running_server
 from ggml_rpc.spec import V6, V7, V8
 
@@ -79,20 +80,21 @@ def test_the_profile_reads_as_partial_in_every_report(tmp_path: Path, capsys) ->
 @pytest.mark.upstream
 @pytest.mark.parametrize("version", ["6.0.0", "7.0.0", "8.0.0"])
 def test_the_safe_profile_kills_no_genuine_server(version: str, tmp_path: Path) -> None:
-    """The profile against genuine upstream, spawned (so that a death would be seen, named and the server
-    restarted): no check dies, and the verdict reads as the partial profile it is."""
-    from ggml_rpc.conformance.upstream.peers import UpstreamServer
-
-    peer = PEERS[version]
-    if not peer.installed():
+    """The profile against every genuine build of the version (the release, and Debian's when installed), spawned
+    so that a death would be seen, named and the server restarted: no check dies, and the verdict reads as the
+    partial profile it is."""
+    peers = [p for p in peers_of([version]) if p.installed()]
+    if not peers:
         pytest.skip(f"upstream {version} is not installed (ggml-rpc upstream install --proto {version[0]})")
-    server = UpstreamServer(peer, cache=True, llama_cache=tmp_path / "llama-cache")
-    server.cache_dir.mkdir(parents=True, exist_ok=True)
-    out = tmp_path / "report.json"
-    code = main(["check", "--profile", "safe", "--spawn", server.spawn_command(), "--cache-dir",
-                 str(server.cache_dir), "--json", str(out)])
-    report = json.loads(out.read_text())
-    deaths = [r["id"] for r in report["results"] if r["server_death"]]
-    assert not deaths, f"the safe profile killed upstream {version}: {deaths}"
-    assert report["verdict"]["profile"] == "safe" and report["verdict"]["checks_left_out"] > 0
-    assert code == report["verdict"]["exit_code"]
+    for peer in peers:
+        server = UpstreamServer(peer, cache=True, llama_cache=tmp_path / f"llama-cache-{peer.label}")
+        server.cache_dir.mkdir(parents=True, exist_ok=True)
+        out = tmp_path / f"report-{peer.label}.json"
+        code = main(["check", "--profile", "safe", "--spawn", server.spawn_command(), "--cache-dir",
+                     str(server.cache_dir), "--json", str(out)])
+        report = json.loads(out.read_text())
+        deaths = [r["id"] for r in report["results"] if r["server_death"]]
+        assert not deaths, f"the safe profile killed upstream {peer.label}: {deaths}"
+        verdict = report["verdict"]
+        assert verdict["profile"] == "safe" and verdict["checks_left_out"] > 0 and code == verdict["exit_code"]
+        assert "on the safe profile" in verdict["line"] and "not full conformance" in verdict["line"]
