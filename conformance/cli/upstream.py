@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -65,6 +66,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sec.add_argument("--resume", action="store_true",
                      help="keep the peers already measured in --run-dir (its security.json) and measure only the "
                      "others (e.g. an instrumented build installed later)")
+    sec.add_argument("--earlier", metavar="RUN_DIR", action="append", default=[],
+                     help="keep the columns of an earlier run (its security.json) for builds not installed now (an "
+                     "instrumented build since removed): each says when it was measured; checks it did not run "
+                     "read 'not run'")
     sec.add_argument("--keep", metavar="DIR", default="fixtures/repro/security",
                      help="copy the verified reproducers here (default fixtures/repro/security)")
     sec.set_defaults(func=run_security)
@@ -236,8 +241,9 @@ def run_security(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..upstream.interop_report import metadata
-    from ..upstream.peers import PEERS, installed_sanitized_peers
+    from ..upstream.peers import PEERS, installed_debian_peers, installed_sanitized_peers
     from ..upstream.security_table import (
+        keep_hunt_reproducers,
         keep_reproducers,
         load_hunt,
         measure_command,
@@ -254,6 +260,7 @@ def run_security(args: argparse.Namespace) -> int:
             raise UsageError(f"--hunt expects PEER=FINDINGS_JSON with an existing file, got {item!r}")
         hunts.append(load_hunt(Path(path), label))
     peers = [PEERS[v] for v in versions if PEERS[v].installed()]
+    peers += [p for p in installed_debian_peers() if p.version in versions]
     peers += [p for p in installed_sanitized_peers() if p.version in versions]
     spawned = []
     for item in args.spawn:
@@ -276,6 +283,19 @@ def run_security(args: argparse.Namespace) -> int:
         hunts = hunts or before.get("hunts", [])
         for rec in records:  # each record keeps the commit and date it was measured at
             rec.setdefault("measured", {k: before["meta"].get(k) for k in ("commit", "dirty", "date")})
+    for item in args.earlier:
+        path = Path(item) / "security.json"
+        if not path.is_file():
+            raise UsageError(f"--earlier {item}: no security.json there")
+        before = json.loads(path.read_text())
+        have = {r["peer"] for r in records} | {p.label for p in peers} | {label for label, _, _ in spawned}
+        for rec in before["records"]:
+            if rec["peer"] in have:
+                continue
+            run_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(item) / rec["report"], run_dir / rec["report"])
+            rec.setdefault("measured", {k: before["meta"].get(k) for k in ("commit", "dirty", "date")})
+            records.append(rec)
     done = {r["peer"] for r in records}
     for label, version, command in spawned:
         if label not in done:
@@ -293,7 +313,9 @@ def run_security(args: argparse.Namespace) -> int:
             return 1
     order = [p.label for p in peers] + [label for label, _, _ in spawned]
     records.sort(key=lambda r: order.index(r["peer"]) if r["peer"] in order else len(order))
-    kept = [entry for rec in records for entry in keep_reproducers(rec, run_dir, Path(args.keep))]
+    kept = [entry for rec in records if (run_dir / f"{rec['peer']}-pcaps").is_dir()
+            for entry in keep_reproducers(rec, run_dir, Path(args.keep))]
+    kept += [entry for hunt in hunts for entry in keep_hunt_reproducers(hunt, Path(args.keep))]
     (run_dir / "security.json").write_text(json.dumps({"meta": meta, "records": records, "kept": kept,
                                                        "hunts": hunts}, indent=2) + "\n")
     text = render(records, run_dir, meta, hunts)

@@ -23,7 +23,7 @@ from ggml_rpc.spec import Command, Reply
 
 from .cells import FAIL, PASS, UNSUPPORTED, Cell, Row, RowResult
 from .gguf_tensors import tensor_infos
-from .known_bugs import all_checks
+from .known_bugs import explained_checks
 from .peers import Peer, peers_of
 from .runs import UpstreamServer, abort_reason, completion, completion_argv, generated_text, kit, reference_server
 from .split_rows import split_rows
@@ -111,7 +111,7 @@ def check_row(peer: Peer, ws: Workspace) -> Cell:
     failed = [r for r in report["results"] if r["outcome"] in ("fail", "error")]
     silent = [r["id"] for r in failed if not r.get("server_death")]
     # Known upstream bugs, and the verdict's own list of leak findings.
-    known = [c for c in silent if c in set(all_checks()) | LEAK_CHECKS]
+    known = [c for c in silent if c in set(explained_checks()) | LEAK_CHECKS]
     unexplained = [c for c in silent if c not in known]
     figures = {"summary": s, "deaths": deaths, "verdict": verdict.get("state"), "exit_code": done.code,
                "known_bugs_without_death": known, "failures_without_death": unexplained}

@@ -18,11 +18,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .known_bugs import CLASSES, KNOWN_BUGS, KnownBug, all_checks
+from ...reference import running_server
+from ..checks import by_id
+from ..checks.shadow import SHADOW_CHECKS
+from ..sessions.replay import replay
+from .known_bugs import CLASSES, KNOWN_BUGS, NEW_BUGS, KnownBug, all_checks, explained_by
 from .peers import Peer
 from .runs import UpstreamServer, kit
 
-TITLE = "# Security: upstream's known RPC memory-safety reports, rediscovered or shown fixed"
+TITLE = ("# Security: upstream's known RPC memory-safety reports, rediscovered or shown fixed, and what the kit "
+         "found that no report names")
 #: Reproducers larger than this stay in the run folder only (FRAME-038's 300,000-tensor graph is 89 MB).
 MAX_KEPT_REPRODUCER = 1 << 20
 
@@ -110,8 +115,38 @@ def keep_reproducers(record: dict[str, Any], run_dir: Path, dest: Path) -> list[
     return kept
 
 
-def judge(bug: KnownBug, results: dict[str, dict[str, Any]], verified: dict[str, bool], major: int = 0) -> str:
-    """One cell: what the peer's results for the bug's checks say (``major``: the peer's protocol major)."""
+def keep_hunt_reproducers(hunt: dict[str, Any], dest: Path) -> list[dict[str, Any]]:
+    """Copy the reproducers of a hunt's verified classes that no report explains to ``dest/hunt-<peer>/``
+    (``fixtures/repro/security/``), each only when it replays clean against the reference server of its version
+    (what the class's ``kept`` then names; ``not_kept`` says why not); their entries."""
+    folder = dest / f"hunt-{hunt['peer']}"
+    major = hunt["peer"].split(".")[0]
+    kept = []
+    for c in hunt["classes"]:
+        if not c["verified"] or explained_by(c) is not None:
+            continue
+        src = Path(c.get("reproducer") or "")
+        if not src.is_file() or src.stat().st_size > MAX_KEPT_REPRODUCER:
+            c["not_kept"] = "no reproducer small enough"
+            continue
+        with running_server(major) as srv:
+            report = replay([src], srv.host, srv.port, timeout=10)
+        if not report.ok:
+            c["not_kept"] = "does not replay clean against the reference: " + "; ".join(
+                m.line() for m in report.mismatches[:2])
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        target = folder / src.name
+        shutil.copyfile(src, target)
+        c["kept"] = target.as_posix()
+        kept.append({"file": target.as_posix(), "peer": hunt["peer"], "class": c["class"], "verified": True})
+    return kept
+
+
+def judge(bug: KnownBug, results: dict[str, dict[str, Any]], verified: dict[str, bool], major: int = 0, *,
+          found: str = "rediscovered") -> str:
+    """One cell: what the peer's results for the bug's checks say (``major``: the peer's protocol major; ``found``:
+    the word for a failure, "present" for a bug the kit found)."""
     design = dict(bug.by_design).get(major)
     if design:
         shown = results.get(design, {}).get("outcome")
@@ -137,7 +172,7 @@ def judge(bug: KnownBug, results: dict[str, dict[str, Any]], verified: dict[str,
             how = "fails: " + r["message"][:80]
         mark = " (verified)" if verified.get(r["id"]) else ""
         more = f" +{len(failed) - 1}" if len(failed) > 1 else ""
-        return f"**rediscovered**: {how} ({r['id']}{more}){mark}"
+        return f"**{found}**: {how} ({r['id']}{more}){mark}"
     if all(r["outcome"] == "unsupported" for r in mine):
         return "n/a"
     if all(r["outcome"] in ("pass", "unsupported") for r in mine):
@@ -175,17 +210,88 @@ def render(records: list[dict[str, Any]], run_dir: Path, meta: dict[str, Any],
         cells = [judge(bug, results, rec["verified"], int(rec["version"].split(".")[0])) for rec, results in columns]
         lines.append(f"| {bug.key} {CLASSES[bug.cls]} | {_cell(bug.reports)} | {_cell(bug.what)} | "
                      f"{_cell(covered or '—')} | " + " | ".join(_cell(c) for c in cells) + " |")
+    lines += _new_section(columns, hunts or [])
     for hunt in hunts or []:
         lines += ["", f"## `ggml-rpc fuzz --hunt` against {hunt['peer']}", "",
                   f"{hunt['seconds']:.0f} s, {hunt['examples']} examples, {hunt['messages']} messages, "
                   f"{len(hunt['classes'])} classes (SARIF rules), "
                   f"{sum(1 for c in hunt['classes'] if c['verified'])} verified on a fresh server; raw: "
-                  f"`{hunt['file']}`.", "",
-                  "| class | kind | command | symptom | verified |", "|---|---|---|---|---|"]
+                  f"`{hunt['file']}`. *explained by*: the report (or kit-found bug) whose flaw the class's failing "
+                  "request carries (`explained_by`), **new** when none.", "",
+                  "| class | kind | command | symptom | verified | explained by |", "|---|---|---|---|---|---|"]
         for c in hunt["classes"]:
+            bug = explained_by(c)
             lines.append(f"| {_cell(c['class'])} | {c['kind']} | {c['command'] or '—'} | {_cell(c['symptom'])} | "
-                         f"{'yes' if c['verified'] else 'no'} |")
+                         f"{'yes' if c['verified'] else 'no'} | {bug.key if bug else '**new**'} |")
     return "\n".join(lines) + "\n"
+
+
+def _new_section(columns: list[tuple[dict[str, Any], dict[str, dict[str, Any]]]],
+                 hunts: list[dict[str, Any]]) -> list[str]:
+    """What no report names: the bugs the kit found (each measured on every build), the shadow-memory checks on
+    every build, and each hunt's verified classes that no report explains."""
+    peers = " | ".join(rec["peer"] for rec, _ in columns)
+    lines = ["", "## Found by the kit: what no report names", "",
+             "Bugs the kit found that no upstream report names yet, each stated in protocol terms, measured on every "
+             "build as the reports are (**present**: one of its checks fails there), with reproducers that replay "
+             "clean against the reference server.", "",
+             "| bug | statement | checks · strategies | reproducers | " + peers + " |",
+             "|---|---|---|---|" + "---|" * len(columns)]
+    for bug in NEW_BUGS:
+        covered = " · ".join(part for part in (", ".join(bug.checks), ", ".join(bug.strategies)) if part)
+        cells = [judge(bug, results, rec["verified"], int(rec["version"].split(".")[0]), found="present")
+                 for rec, results in columns]
+        lines.append(f"| {bug.key} | {_cell(bug.what)} | {_cell(covered)} | "
+                     + ", ".join(f"`{r}`" for r in bug.reproducers) + " | " + " | ".join(_cell(c) for c in cells)
+                     + " |")
+    lines += ["", "### The shadow-memory checks on every build", "",
+              "Each SHADOW check writes through one command into one class of tensor geometries between "
+              "canary-filled sentinel buffers and reads every buffer of the session back: a byte that differs from "
+              "what the reference's model of the session holds fails it, naming the buffer and the bytes.", "",
+              "| check | what | " + peers + " |", "|---|---|" + "---|" * len(columns)]
+    for case in SHADOW_CHECKS:
+        cells = [_shadow_cell(results.get(case.id)) for _, results in columns]
+        lines.append(f"| {case.id} | {_cell(by_id(case.id).title)} | " + " | ".join(cells) + " |")
+    for hunt in hunts:
+        new = [c for c in hunt["classes"] if c["verified"] and explained_by(c) is None]
+        lines += ["", f"### Verified classes of the hunt against {hunt['peer']} that no report explains", ""]
+        if not new:
+            lines.append(f"None of its {sum(1 for c in hunt['classes'] if c['verified'])} verified classes.")
+            continue
+        lines += ["| class | statement | reproducer |", "|---|---|---|"]
+        for c in new:
+            where = c.get("kept") or c.get("reproducer") or "—"
+            lines.append(f"| {_cell(c['class'])} | {_cell(statement(c))} | `{where}` |")
+    return lines
+
+
+def statement(found: dict[str, Any]) -> str:
+    """A hunt class in protocol terms: the request that failed, its flaw, and what the server did."""
+    request = f"a {found['command']}" if found.get("command") else "a request"
+    flaw = found.get("broken") or ""
+    what = f"{request} with {flaw}" if flaw and found.get("rule") != "valid" else f"{request} the spec allows"
+    kind = found.get("kind")
+    if kind == "crash":
+        return f"{what} kills the server ({found.get('symptom') or 'death'})"
+    if kind == "corruption":
+        return f"{what} writes outside what it names: {found.get('message', '')[:300]}"
+    if kind == "info-leak":
+        return f"{what} returns bytes it never wrote ({found.get('symptom') or 'leak'})"
+    return f"{what}: {kind} ({found.get('message', '')[:200]})"
+
+
+def _shadow_cell(r: dict[str, Any] | None) -> str:
+    if r is None:
+        return "not run"
+    outcome = r["outcome"]
+    if outcome == "unsupported":
+        return "n/a"
+    death = r.get("server_death") or {}
+    if death:
+        return f"**dies**: {_cell(death.get('status', 'death'))}"
+    if outcome == "fail":
+        return f"**fails**: {_cell(r.get('message', '')[:160])}"
+    return outcome
 
 
 _TREE = {True: "with uncommitted changes", False: "clean tree", None: "tree state unknown"}
@@ -203,5 +309,5 @@ def load_hunt(path: Path, peer: str) -> dict[str, Any]:
             "classes": data.get("classes", [])}
 
 
-__all__ = ["MAX_KEPT_REPRODUCER", "TITLE", "judge", "keep_reproducers", "load_hunt", "measure_command",
-           "measure_peer", "render", "user_command"]
+__all__ = ["MAX_KEPT_REPRODUCER", "TITLE", "judge", "keep_hunt_reproducers", "keep_reproducers", "load_hunt",
+           "measure_command", "measure_peer", "render", "statement", "user_command"]
