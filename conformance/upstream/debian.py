@@ -30,7 +30,7 @@ from pathlib import Path
 from .hello import HelloError, server_hello
 from .install import InstallError
 from .peers import DEBIAN_BIN, LOADER_NAME, RUNTIME_LIBDIR, Peer, cache_root
-from .wheel import install_vocab
+from .wheel import already_installed, install_vocab
 
 Say = Callable[[str], None]
 
@@ -238,14 +238,7 @@ def started_line(log: str) -> str | None:
 def install_debian_peer(peer: Peer, *, say: Say = print, force: bool = False) -> dict[str, object]:
     """Install Debian's build of ``peer.version`` unless it is installed already; returns its record."""
     if peer.installed() and not force:
-        info = peer.info()
-        vocab = install_vocab(peer)  # upstream's, once a 6/7 build is there to copy it from
-        if vocab != info.get("vocab"):
-            info["vocab"] = vocab
-            peer.record.write_text(json.dumps(info, indent=2) + "\n")
-        say(f"{peer.label}: already installed in {peer.prefix} ({peer.requirement}, installed in "
-            f"{info.get('install_seconds', '?')} s); vocabulary: {vocab}")
-        return info
+        return already_installed(peer, peer.requirement, say)
     peer.prefix.mkdir(parents=True, exist_ok=True)
     log = peer.prefix / "install.log"
     log.write_bytes(b"")

@@ -136,6 +136,19 @@ def fetch_wheel(peer: Peer, log: Path, say: Say) -> None:
     staging.rename(peer.prefix / "site")
 
 
+def already_installed(peer: Peer, what: str, say: Callable[[str], None]) -> dict[str, object]:
+    """An installed peer's record, its vocabulary brought up to date (upstream's, once a 6/7 build is there to copy
+    it from), said in one line."""
+    info = peer.info()
+    vocab = install_vocab(peer)
+    if vocab != info.get("vocab"):
+        info["vocab"] = vocab
+        peer.record.write_text(json.dumps(info, indent=2) + "\n")
+    say(f"{peer.label}: already installed in {peer.prefix} ({what}, installed in "
+        f"{info.get('install_seconds', '?')} s); vocabulary: {vocab}")
+    return info
+
+
 def install_vocab(peer: Peer) -> str:
     """Give the wheel peer a vocabulary for the kit's tiny models; returns where it came from.
 
@@ -170,14 +183,7 @@ def _vocab_source(peer: Peer) -> str | None:
 def install_wheel_peer(peer: Peer, *, say: Say = print, force: bool = False) -> dict[str, object]:
     """Install ``peer`` (a wheel peer) unless it is installed already; returns its record (``peer.json``)."""
     if peer.installed() and not force and (peer.loader is not None or not needs_private_runtime()):
-        info = peer.info()
-        vocab = install_vocab(peer)
-        if vocab != info.get("vocab"):
-            info["vocab"] = vocab
-            peer.record.write_text(json.dumps(info, indent=2) + "\n")
-        say(f"{peer.version}: already installed in {peer.prefix} ({info.get('package')}, installed in "
-            f"{info.get('install_seconds', '?')} s); vocabulary: {vocab}")
-        return info
+        return already_installed(peer, str(peer.info().get("package")), say)
     peer.prefix.mkdir(parents=True, exist_ok=True)
     log = peer.prefix / "install.log"
     log.write_bytes(b"")
