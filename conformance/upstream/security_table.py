@@ -137,7 +137,8 @@ def keep_hunt_reproducers(hunt: dict[str, Any], dest: Path) -> list[dict[str, An
             continue
         folder.mkdir(parents=True, exist_ok=True)
         target = folder / src.name
-        shutil.copyfile(src, target)
+        if not target.exists() or not target.samefile(src):  # a hunt kept there already (an earlier run's)
+            shutil.copyfile(src, target)
         c["kept"] = target.as_posix()
         kept.append({"file": target.as_posix(), "peer": hunt["peer"], "class": c["class"], "verified": True})
     return kept

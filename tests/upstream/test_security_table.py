@@ -158,3 +158,6 @@ def test_a_new_class_s_reproducer_is_kept_only_when_it_replays_clean_against_the
     a, b, c = hunt["classes"]
     assert a["kept"].endswith(f"hunt-8.0.0/{clean.name}")
     assert "not_kept" in b and "kept" not in b and "kept" not in c and "not_kept" not in c
+    # A class whose reproducer is kept there already (an earlier run's hunt) stays as it is.
+    again = {"peer": "8.0.0", "classes": [{**cls, "class": "a", "reproducer": a["kept"]}]}
+    assert [k["file"] for k in keep_hunt_reproducers(again, tmp_path / "keep")] == [a["kept"]]
