@@ -173,9 +173,11 @@ class Replayer:
     # -- running --
 
     def run(self, *, check_alive: bool = True) -> ReplayReport:
-        """Replay every connection; with ``check_alive``, then make sure the target still answers HELLO (a target
-        that died of the last message closes "as recorded" and would otherwise pass)."""
-        self._greet()
+        """Replay every connection; with ``check_alive``, greet the target with a HELLO of its own first and make
+        sure it still answers one after (a target that died of the last message closes "as recorded" and would
+        otherwise pass).  Without it the target is taken as it is: a one-connection listener is not a server."""
+        if check_alive:
+            self._greet()
         start = time.perf_counter()
         #: The last request sent: (file, connection, message index, command), for attributing a death.
         self._last: tuple[str, int, int, str] | None = None
@@ -472,8 +474,9 @@ def replay(
     until_compute: bool = False,
     check_alive: bool = True,
 ) -> ReplayReport:
-    """Decode ``paths`` and replay them against ``host:port`` (``check_alive``: then make sure it still answers a
-    HELLO, so that a death on the last message is not taken for the recorded close)."""
+    """Decode ``paths`` and replay them against ``host:port`` (``check_alive``: the target must answer a HELLO of its
+    own before, and still answer one after, so that a death on the last message is not taken for the recorded
+    close)."""
     captures = load_captures(paths, protocol)
     return Replayer(captures, host, port, as_protocol=as_protocol, nmse_tolerance=nmse_tolerance,
                     timeout=timeout, until_compute=until_compute).run(check_alive=check_alive)
