@@ -32,9 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                              "embedded server"))
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--examples", type=int, default=None, metavar="N", help="stop after N examples")
-    budget.add_argument("--seconds", type=float, default=None, metavar="SECONDS", help="the whole run takes SECONDS "
-                        "(the target's and the model's setup, examples, shrinking and reports; not the warm-up of the "
-                        "kit's own compiled kernels; default: 60 when no budget is given)")
+    budget.add_argument("--seconds", type=float, default=None, metavar="SECONDS", help="the campaign takes SECONDS "
+                        "(the target's and the model's setup, examples and shrinking; the warm-up of the kit's own "
+                        "compiled kernels and writing the reports come on top; default: 60 when no budget is given)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="campaign seed: the same seed draws the same "
                    "examples (default 0)")
     p.add_argument("-o", "--output", "--out", dest="out", default=DEFAULT_OUT, metavar="DIR",
