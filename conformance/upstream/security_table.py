@@ -12,6 +12,7 @@ instrumented, measured by running its checks (``ggml-rpc upstream security``).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -248,7 +249,10 @@ def _new_section(columns: list[tuple[dict[str, Any], dict[str, dict[str, Any]]]]
     lines += ["", "### The shadow-memory checks on every build", "",
               "Each SHADOW check writes through one command into one class of tensor geometries between "
               "canary-filled sentinel buffers and reads every buffer of the session back: a byte that differs from "
-              "what the reference's model of the session holds fails it, naming the buffer and the bytes.", "",
+              "what the reference's model of the session holds fails it (**fails**), naming the buffer and the "
+              "bytes. A death at an assertion (file:line) is upstream's own check stopping the whole process on a "
+              "request the reference refuses by closing the connection: no corruption, but any client takes the "
+              "server down with it.", "",
               "| check | what | " + peers + " |", "|---|---|" + "---|" * len(columns)]
     for case in SHADOW_CHECKS:
         cells = [_shadow_cell(results.get(case.id)) for _, results in columns]
@@ -261,8 +265,8 @@ def _new_section(columns: list[tuple[dict[str, Any], dict[str, dict[str, Any]]]]
             continue
         lines += ["| class | statement | reproducer |", "|---|---|---|"]
         for c in new:
-            where = c.get("kept") or c.get("reproducer") or "—"
-            lines.append(f"| {_cell(c['class'])} | {_cell(statement(c))} | `{where}` |")
+            where = f"`{c['kept']}`" if c.get("kept") else f"not kept: {c.get('not_kept', 'no reproducer')}"
+            lines.append(f"| {_cell(c['class'])} | {_cell(statement(c))} | {_cell(where)} |")
     return lines
 
 
@@ -270,7 +274,13 @@ def statement(found: dict[str, Any]) -> str:
     """A hunt class in protocol terms: the request that failed, its flaw, and what the server did."""
     request = f"a {found['command']}" if found.get("command") else "a request"
     flaw = found.get("broken") or ""
-    what = f"{request} with {flaw}" if flaw and found.get("rule") != "valid" else f"{request} the spec allows"
+    kind_of_flaw, _, detail = flaw.partition(":")
+    if not flaw or found.get("rule") == "valid":
+        what = f"{request} the reference accepts"
+    elif kind_of_flaw == "early-close":
+        what = f"{request} whose client closes {detail.strip() or 'early'}"
+    else:
+        what = f"{request} with a {kind_of_flaw} flaw ({detail.strip()})"
     kind = found.get("kind")
     if kind == "crash":
         return f"{what} kills the server ({found.get('symptom') or 'death'})"
@@ -281,6 +291,10 @@ def statement(found: dict[str, Any]) -> str:
     return f"{what}: {kind} ({found.get('message', '')[:200]})"
 
 
+#: An assertion's place in a server's last log lines (``ggml-rpc.cpp:1416: GGML_ASSERT(...)``): file and line.
+_ASSERTION = re.compile(r"[\w.+-]+\.(?:cpp|c|h):\d+(?=: GGML_ASSERT)")
+
+
 def _shadow_cell(r: dict[str, Any] | None) -> str:
     if r is None:
         return "not run"
@@ -289,7 +303,10 @@ def _shadow_cell(r: dict[str, Any] | None) -> str:
         return "n/a"
     death = r.get("server_death") or {}
     if death:
-        return f"**dies**: {_cell(death.get('status', 'death'))}"
+        # Where an assertion stopped it (upstream's own check, a loud refusal) or nothing: a crash.
+        where = next((m.group(0) for line in reversed(death.get("log_tail") or []) if (m := _ASSERTION.search(line))),
+                     "")
+        return f"**dies**: {_cell(death.get('status', 'death'))}" + (f" at {_cell(where)}" if where else "")
     if outcome == "fail":
         return f"**fails**: {_cell(r.get('message', '')[:160])}"
     return outcome

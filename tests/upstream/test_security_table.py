@@ -18,7 +18,7 @@ from ggml_rpc.conformance.upstream.known_bugs import (
     explained_by,
     explained_checks,
 )
-from ggml_rpc.conformance.upstream.security_table import judge, keep_hunt_reproducers, render
+from ggml_rpc.conformance.upstream.security_table import judge, keep_hunt_reproducers, render, statement
 
 
 def test_every_report_names_real_checks_and_strategies():
@@ -120,6 +120,9 @@ def test_the_new_section_measures_each_kit_found_bug_and_lists_what_no_report_ex
     results = [result(c, "pass") for c in all_checks()]
     results = [result("SHADOW-011", "fail", message="COPY_TENSOR wrote 16 bytes into buffer 2 at [0, 16)")
                if r["id"] == "SHADOW-011" else r for r in results]
+    died = {"status": "killed by signal SIGABRT", "log_tail": [
+        "/tmp/b/ggml/src/ggml-rpc/ggml-rpc.cpp:1416: GGML_ASSERT(tensor->data >= buffer_start) failed"]}
+    results = [result("SHADOW-003", "fail", death=died) if r["id"] == "SHADOW-003" else r for r in results]
     (tmp_path / "8.0.0.json").write_text(json.dumps({"results": results}))
     meta = {"date": "2026-12-07 13:00 UTC", "commit": "abc1234", "dirty": False, "machine": "Linux x86_64"}
     records = [{"peer": "8.0.0", "version": "8.0.0", "report": "8.0.0.json", "verified": {}}]
@@ -135,11 +138,18 @@ def test_the_new_section_measures_each_kit_found_bug_and_lists_what_no_report_ex
     n1 = next(line for line in section.splitlines() if line.startswith("| N1 |"))
     assert n1.endswith("| **present**: fails: COPY_TENSOR wrote 16 bytes into buffer 2 at [0, 16) (SHADOW-011) |")
     assert "| SHADOW-011 |" in section and "**fails**: COPY_TENSOR wrote 16 bytes" in section
+    assert "| **dies**: killed by signal SIGABRT at ggml-rpc.cpp:1416 |" in section
     assert sum(line.startswith("| SHADOW-0") for line in section.splitlines()) == len(SHADOW_CHECKS)
     listed = section.split("that no report explains", 1)[1]
     assert "corruption/-/MEMSET_TENSOR/valid" in listed and "bound: tensor.data" not in listed.split("##")[0]
-    assert "a MEMSET_TENSOR the spec allows writes outside what it names" in listed
+    assert "a MEMSET_TENSOR the reference accepts writes outside what it names" in listed
+    assert "| not kept: no reproducer |" in listed
     assert "| crash/SIGABRT/SET_TENSOR/bound: tensor.data | crash | SET_TENSOR | SIGABRT | yes | A1 |" in text
+    early = {"command": "GET_MAX_SIZE", "broken": "early-close: before the reply", "rule": "early-close: before the "
+             "reply", "kind": "crash", "symptom": "SIGPIPE"}
+    assert statement(early) == "a GET_MAX_SIZE whose client closes before the reply kills the server (SIGPIPE)"
+    bound = {**early, "broken": "bound: tensor.ne.3 = 0x80000000", "rule": "bound: tensor.ne.*"}
+    assert statement(bound).startswith("a GET_MAX_SIZE with a bound flaw (tensor.ne.3 = 0x80000000) kills")
     assert "| corruption/-/MEMSET_TENSOR/valid | corruption | MEMSET_TENSOR |  | yes | **new** |" in text
 
 
