@@ -99,7 +99,11 @@ def _combos(ctx: Context, klass: str) -> list[tuple[str, str]]:
     places, shapes = CLASSES[klass]
     combos = [(p, s) for p in places for s in shapes]
     order = ctx.rng().permutation(len(combos))
-    return [combos[i] for i in order[:CASES]]
+    picked = [combos[i] for i in order[:CASES]]
+    if "other-buffer" in places and not any(p == "other-buffer" for p, _ in picked):
+        # A tensor inside another of the session's buffers is the case that shows a write landing there: always one.
+        picked[-1] = next(combos[i] for i in order if combos[i][0] == "other-buffer")
+    return picked
 
 
 def _ids(session: ShadowSession) -> Iterator[int]:
@@ -122,25 +126,31 @@ def run(ctx: Context, case: ShadowCheck) -> str:
                                   "whole buffer"))
             return "; ".join(notes)
         for place, shape in _combos(ctx, case.klass):
-            if session.mirror.closed:
-                session.close()
-                session = ShadowSession.open(ctx, WORK, SENTINEL)
-            note = _case(ctx, session, case, place, shape)
-            if note:
-                notes.append(note)
+            # Inside another buffer: inside each of them in turn (whether a server's check lets a write through
+            # depends on where that buffer lies, below or above the destination's own).
+            for other in range(len(session.buffers) - 1) if place == "other-buffer" else (None,):
+                if session.mirror.closed:
+                    session.close()
+                    session = ShadowSession.open(ctx, WORK, SENTINEL)
+                note = _case(ctx, session, case, place, shape, other)
+                if note:
+                    notes.append(note)
     finally:
         session.close()
     return "; ".join(notes)
 
 
-def _case(ctx: Context, s: ShadowSession, case: ShadowCheck, place: str, shape: str) -> str:
+def _case(ctx: Context, s: ShadowSession, case: ShadowCheck, place: str, shape: str, other: int | None = None) -> str:
+    """One write and its read-back; ``other``: the index (among the session's other buffers) of the one a tensor
+    placed "inside another buffer" goes into."""
     c = s.chooser
     graph = case.command is C.GRAPH_COMPUTE
     span = s.work.span
     # A copy's source and a graph's input live in a sentinel: the written tensor is no larger.
     limit = SENTINEL if case.command in (C.COPY_TENSOR, C.GRAPH_COMPUTE) else WORK
+    others = s.others(s.work)
     g = draw_geometry(c, span, id=s.new_id(), shape=shape, where=place, types=GRAPH_TYPES if graph else DEFAULT_TYPES,
-                      others=s.others(s.work), alignment=32, max_span=limit)
+                      others=others if other is None else others[other:other + 1], alignment=32, max_span=limit)
     view = c.choice(VIEWS[:3]) if case.klass == "views" else None
     req = write_request(ctx.protocol, case.command, g, c, c.rng, source=s.sentinels[0].span, ids=_ids(s), span=span,
                         view=view)

@@ -209,7 +209,7 @@ def test_list_shows_the_debian_peer(monkeypatch, tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert "8.0.0+debian  not installed (llama.cpp 1:0.7.0+dfsg-2, ggml 0.27.0-1 (Debian sid); ggml-rpc upstream " \
            "install --proto 8 --from debian)" in out
-    assert main(["upstream", "list", "--json", "--no-hello"]) == 0
+    assert main(["upstream", "list", "--json", "-", "--no-hello"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["label"], r["kind"], r["from"]) for r in rows] == [
         ("6.0.0", "sdist", "pypi"), ("7.0.0", "sdist", "pypi"), ("8.0.0", "wheel", "pypi"),
@@ -308,7 +308,7 @@ def test_hello_and_start_up_line_announce_8_0_0(debian8, tmp_path) -> None:
 
 @pytest.mark.upstream
 def test_list_shows_the_installed_debian_peer_with_its_hello(debian8) -> None:
-    done = kit("upstream", "list", "--json", timeout=120)
+    done = kit("upstream", "list", "--json", "-", timeout=120)
     assert done.ok, done.why()
     row = next(r for r in json.loads(done.stdout) if r["label"] == "8.0.0+debian")
     assert row["installed"] and row["hello"] == "8.0.0" and row["from"] == "debian"
