@@ -55,6 +55,9 @@ class KnownBug:
     #: elements``): a class that carries a phrase some bug names is explained by such a bug only.
     commands: tuple[str, ...] = ()
     detail: str = ""
+    #: A death at an assertion of this source file is the build refusing the input (upstream's own check), not the
+    #: bug: such a failure says the bug is absent there.
+    refused_at: str = ""
 
     @property
     def cls(self) -> str:
@@ -123,7 +126,7 @@ NEW_BUGS: tuple[KnownBug, ...] = (
              ("SHADOW-011",), ("empty_outside",), flaws=("bound: dst.data",), writes=True,
              reproducers=("fixtures/repro/v8-copy-tensor-zero-elements-below.pcap",
                           "fixtures/repro/v8-copy-tensor-zero-elements-wild.pcap"),
-             commands=("COPY_TENSOR",), detail="zero elements"),
+             commands=("COPY_TENSOR",), detail="zero elements", refused_at="ggml-rpc.cpp"),
 )
 #: Phrases of a flawed request's description that only a bug naming them explains.
 _DETAILS = frozenset(b.detail for b in (*KNOWN_BUGS, *NEW_BUGS) if b.detail)

@@ -121,11 +121,15 @@ def keep_hunt_reproducers(hunt: dict[str, Any], dest: Path) -> list[dict[str, An
     (``fixtures/repro/security/``), each only when it replays clean against the reference server of its version
     (what the class's ``kept`` then names; ``not_kept`` says why not); their entries."""
     folder = dest / f"hunt-{hunt['peer']}"
-    major = hunt["peer"].split(".")[0]
+    version = re.search(r"(\d+)\.\d+\.\d+", hunt["peer"])
     kept = []
     for c in hunt["classes"]:
         if not c["verified"] or explained_by(c) is not None:
             continue
+        if version is None:
+            c["not_kept"] = f"no protocol version in the hunt's label {hunt['peer']!r} to replay it against"
+            continue
+        major = version.group(1)
         src = Path(c.get("reproducer") or "")
         if not src.is_file() or src.stat().st_size > MAX_KEPT_REPRODUCER:
             c["not_kept"] = "no reproducer small enough"
@@ -161,6 +165,10 @@ def judge(bug: KnownBug, results: dict[str, dict[str, Any]], verified: dict[str,
     if not mine:
         return "not run"
     failed = [r for r in mine if r["outcome"] == "fail"]
+    refused = [(r, where) for r in failed if bug.refused_at and (where := _assertion(r)).startswith(bug.refused_at)]
+    if refused and len(refused) == len(failed):
+        r, where = refused[0]
+        return f"absent: the server stops at its own check ({r['id']} dies at {where})"
     if failed:
         r = failed[0]
         death = r.get("server_death") or {}
@@ -295,6 +303,12 @@ def statement(found: dict[str, Any]) -> str:
 _ASSERTION = re.compile(r"[\w.+-]+\.(?:cpp|c|h):\d+(?=: GGML_ASSERT)")
 
 
+def _assertion(result: dict[str, Any]) -> str:
+    """``file:line`` of the assertion a check's server died at (its last log lines), or ''."""
+    tail = (result.get("server_death") or {}).get("log_tail") or []
+    return next((m.group(0) for line in reversed(tail) if (m := _ASSERTION.search(line))), "")
+
+
 def _shadow_cell(r: dict[str, Any] | None) -> str:
     if r is None:
         return "not run"
@@ -304,8 +318,7 @@ def _shadow_cell(r: dict[str, Any] | None) -> str:
     death = r.get("server_death") or {}
     if death:
         # Where an assertion stopped it (upstream's own check, a loud refusal) or nothing: a crash.
-        where = next((m.group(0) for line in reversed(death.get("log_tail") or []) if (m := _ASSERTION.search(line))),
-                     "")
+        where = _assertion(r)
         return f"**dies**: {_cell(death.get('status', 'death'))}" + (f" at {_cell(where)}" if where else "")
     if outcome == "fail":
         return f"**fails**: {_cell(r.get('message', '')[:160])}"

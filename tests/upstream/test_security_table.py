@@ -153,6 +153,19 @@ def test_the_new_section_measures_each_kit_found_bug_and_lists_what_no_report_ex
     assert "| corruption/-/MEMSET_TENSOR/valid | corruption | MEMSET_TENSOR |  | yes | **new** |" in text
 
 
+def test_a_kit_found_bug_is_absent_where_the_server_stops_at_its_own_check():
+    n1 = next(b for b in NEW_BUGS if b.key == "N1")
+    at_check = {"status": "killed by signal SIGABRT", "log_tail": [
+        "/b/ggml/src/ggml-rpc/ggml-rpc.cpp:1416: GGML_ASSERT(tensor->data >= buffer_start) failed"]}
+    cell = judge(n1, {"SHADOW-011": result("SHADOW-011", "fail", death=at_check)}, {}, found="present")
+    assert cell == "absent: the server stops at its own check (SHADOW-011 dies at ggml-rpc.cpp:1416)"
+    freed = {"status": "killed by signal SIGABRT", "log_tail": ["free(): invalid pointer"]}
+    cell = judge(n1, {"SHADOW-011": result("SHADOW-011", "fail", death=freed)}, {"SHADOW-011": True}, found="present")
+    assert cell == "**present**: SIGABRT (SHADOW-011) (verified)"
+    changed = result("SHADOW-011", "fail", message="buffer #3 changed")
+    assert judge(n1, {"SHADOW-011": changed}, {}, found="present").startswith("**present**: fails: buffer #3")
+
+
 def test_a_new_class_s_reproducer_is_kept_only_when_it_replays_clean_against_the_reference(tmp_path: Path):
     root = Path(__file__).resolve().parents[2]
     clean = root / "fixtures" / "repro" / "v8-copy-tensor-zero-elements-below.pcap"
