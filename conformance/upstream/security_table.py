@@ -179,7 +179,9 @@ def judge(bug: KnownBug, results: dict[str, dict[str, Any]], verified: dict[str,
         elif _sanitizer_failure(r):
             how = r["message"].split("sanitizer reported ", 1)[1][:100]
         else:
-            how = "fails: " + r["message"][:80]
+            # The shadow oracle's evidence (which buffer changed, where) rather than the write's geometry.
+            at = r["message"].find("buffer #")
+            how = "fails: " + (r["message"][at:at + 120] if at >= 0 else r["message"][:80])
         mark = " (verified)" if verified.get(r["id"]) else ""
         more = f" +{len(failed) - 1}" if len(failed) > 1 else ""
         return f"**{found}**: {how} ({r['id']}{more}){mark}"

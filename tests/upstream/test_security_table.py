@@ -162,8 +162,10 @@ def test_a_kit_found_bug_is_absent_where_the_server_stops_at_its_own_check():
     freed = {"status": "killed by signal SIGABRT", "log_tail": ["free(): invalid pointer"]}
     cell = judge(n1, {"SHADOW-011": result("SHADOW-011", "fail", death=freed)}, {"SHADOW-011": True}, found="present")
     assert cell == "**present**: SIGABRT (SHADOW-011) (verified)"
-    changed = result("SHADOW-011", "fail", message="buffer #3 changed")
-    assert judge(n1, {"SHADOW-011": changed}, {}, found="present").startswith("**present**: fails: buffer #3")
+    changed = result("SHADOW-011", "fail", message="COPY_TENSOR of F32 ne=(7, 3, 0, 1) [empty-2/other-buffer], data "
+                     "= base - 6624: buffer #3 (1024 bytes, sentinel) changed: 1 byte(s) at offsets [96, 97)")
+    assert judge(n1, {"SHADOW-011": changed}, {}, found="present") == (
+        "**present**: fails: buffer #3 (1024 bytes, sentinel) changed: 1 byte(s) at offsets [96, 97) (SHADOW-011)")
 
 
 def test_a_new_class_s_reproducer_is_kept_only_when_it_replays_clean_against_the_reference(tmp_path: Path):
