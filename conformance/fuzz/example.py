@@ -190,6 +190,10 @@ class Example:
                 self.tconn.close()
             for m in self.models.values():
                 m.close()
+            if self.finding is not None and self.finding.kind != "crash" and not self.inert:
+                # A server that dies of the close (a heap it corrupted, freed with the connection's buffers) is
+                # seen now: the next example starts on a fresh one instead of blaming its own HELLO.
+                self.host.alive()
             return
         try:
             self.close_current()

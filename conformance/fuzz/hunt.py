@@ -40,7 +40,7 @@ from .example import Example
 from .findings import FuzzFinding, SavedFinding, Writes, death_symptom, flaw_class
 from .hunt_strategies import STRATEGIES, strategy
 from .memory import return_free_memory
-from .oracle import ModelStall
+from .oracle import ModelStall, clear_directory
 from .reports import finding_dict, to_sarif, write_reports
 from .setup import target_campaign
 from .shadow import CANARY_TAG
@@ -89,6 +89,9 @@ class Hunt(Campaign):
         self.survived_deep: set[int] = set()
         #: A reference server a corruption's candidate reproducers must replay clean against (started when needed).
         self._reference_server: Server | None = None
+        #: The reference server's own hash cache, when the target has one the model follows: a program that fills the
+        #: cache and hits it replays clean only against a server that caches as the model did.
+        self._reference_cache: tempfile.TemporaryDirectory | None = None
 
     # ---- the run -----------------------------------------------------------------------------------------------
 
@@ -123,6 +126,9 @@ class Hunt(Campaign):
             if self._reference_server is not None:
                 self._reference_server.stop()
                 self._reference_server = None
+            if self._reference_cache is not None:
+                self._reference_cache.cleanup()
+                self._reference_cache = None
         return self.findings
 
     def _one(self, rng: random.Random) -> None:
@@ -285,12 +291,19 @@ class Hunt(Campaign):
         """Does the program replay clean against the reference (a src chain 300,000 deep is taken as it is)?"""
         if finding.broken is not None and finding.broken.startswith("deep"):
             return True
-        return self._replay(groups, early, at=self._reference()) == ""
+        at = self._reference()
+        if self._reference_cache is not None:
+            clear_directory(Path(self._reference_cache.name))  # the program expects the cache it started with: empty
+        return self._replay(groups, early, at=at) == ""
 
     def _reference(self) -> tuple[str, int]:
         """Address of a reference server of the model's configuration in this process (started once)."""
         if self._reference_server is None:
-            self._reference_server = Server(replace(self.model_config, cache_dir=None), "127.0.0.1", 0)
+            cache = None
+            if self.model_cache is not None:
+                self._reference_cache = tempfile.TemporaryDirectory(prefix="ggml-rpc-hunt-reference-cache-")
+                cache = self._reference_cache.name
+            self._reference_server = Server(replace(self.model_config, cache_dir=cache), "127.0.0.1", 0)
             threading.Thread(target=self._reference_server.serve_forever, daemon=True, name="hunt-reference").start()
         return "127.0.0.1", self._reference_server.port
 

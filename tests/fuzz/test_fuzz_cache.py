@@ -4,7 +4,10 @@ it cannot know it (no false wrong-reply on SET_TENSOR_HASH either way)."""
 from __future__ import annotations
 
 import pytest
+from ggml_rpc.conformance.client import RpcClient
 from ggml_rpc.conformance.fuzz import Options, target_campaign
+from ggml_rpc.conformance.fuzz.findings import FuzzFinding
+from ggml_rpc.conformance.fuzz.hunt import Hunt
 from ggml_rpc.conformance.fuzz.message import FuzzMessage
 from ggml_rpc.conformance.fuzz.targets import (
     CachedSpawnedTarget,
@@ -88,3 +91,26 @@ def test_the_model_follows_an_upstream_cache_across_examples_and_restarts(tmp_pa
             assert ex.finding is None
     finally:
         target.stop()
+
+
+def test_the_hunt_s_reference_caches_as_the_model_does_and_starts_each_replay_empty():
+    """A reproducer that fills the cache and hits it replays clean only against a reference that caches too (else
+    its hit reads as a miss there and the class is never verified); each replay starts from an empty cache."""
+    config = fuzz_config(V7)
+    hunt = Hunt(EmbeddedFuzzTarget(config, cache=True), V7, config, Options(), alignment=config.device.alignment)
+    assert hunt.model_cache is not None
+    host, port = hunt._reference()
+    with RpcClient.connect(host, port, timeout=10) as c:
+        buf, _ = c.alloc_buffer(0, 4096)
+        t = make_tensor(id=1, type=int(GgmlType.I8), ne=(len(DATA),), buffer=buf, data=c.buffer_get_base(buf))
+        assert not c.set_tensor_hash(t, 0, fnv1a64(DATA))
+        c.set_tensor(t, 0, DATA, cache_flag=1)
+        assert c.set_tensor_hash(t, 0, fnv1a64(DATA))
+    finding = FuzzFinding("crash", "died", command="SET_TENSOR_HASH")
+    assert hunt._clean([hunt.store.probe()], finding, False)  # a program of one HELLO
+    with RpcClient.connect(host, port, timeout=10) as c:
+        buf, _ = c.alloc_buffer(0, 4096)
+        t = make_tensor(id=1, type=int(GgmlType.I8), ne=(len(DATA),), buffer=buf, data=c.buffer_get_base(buf))
+        assert not c.set_tensor_hash(t, 0, fnv1a64(DATA))  # the replay before emptied it
+    hunt._reference_server.stop()
+    hunt._reference_cache.cleanup()
