@@ -74,6 +74,9 @@ class Stats:
     #: The example that failed first (1-based): how far the search went before finding something. ``examples``
     #: goes on counting while hypothesis shrinks that failure.
     first_finding_at: int | None = None
+    #: Deaths found before an example sent anything of its own (a heap an earlier example corrupted, freed later):
+    #: no example's finding, each counted here.
+    deaths_between_examples: int = 0
 
     @property
     def seconds(self) -> float:
@@ -198,6 +201,10 @@ class Campaign:
         """The target is (maybe) down: the next example checks it and brings it back first."""
         self._dead = True
 
+    def dead_before_example(self) -> None:
+        self.stats.deaths_between_examples += 1
+        self._dead = True
+
     def _revive(self) -> None:
         """Bring a dead target back (restart / wait) or raise TargetGone."""
         if self.target.can_restart:
@@ -306,7 +313,7 @@ class Campaign:
         return {"target": self.target.description, "protocol": self.protocol.label, "seed": self.options.seed,
                 "examples": st.examples, "messages": st.messages, "seconds": round(st.seconds, 1),
                 "messages_per_second": round(st.rate, 1), "restarts": st.restarts,
-                "first_finding_at": st.first_finding_at,
+                "first_finding_at": st.first_finding_at, "deaths_between_examples": st.deaths_between_examples,
                 # Restarts that were forks of the spawned server (its fork server), not new processes.
                 "fork_restarts": getattr(self.target, "fork_restarts", 0),
                 "classes": [finding_dict(f) for f in self.findings]}

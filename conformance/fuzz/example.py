@@ -58,6 +58,8 @@ class Example:
         self.sent: list[list[FuzzMessage]] = []
         self._sent: list[FuzzMessage] = []
         self.messages = 0
+        #: The target was found dead before this example sent anything of its own (:meth:`dead_before_this_example`).
+        self.dead_before = False
         self.refs = 0
         self.computed = False
         self.finding: FuzzFinding | None = None
@@ -104,6 +106,8 @@ class Example:
             return
         if ref is not self.current or not self._model_open(ref) or self.tconn is None:
             self.open(ref)
+            if self.dead_before:  # the target was dead before this example (see dead_before_this_example)
+                return
         model = self.models[ref]
         live = model.buffers
         s = self.scope
@@ -138,6 +142,9 @@ class Example:
             tconn = TargetConnection(self.host.target.host, self.host.target.port, timeout=self.host.timeout,
                                      idle=self.host.target.waiting_for_input)
         except Refused as exc:
+            if self.messages == 0:
+                self.dead_before_this_example()
+                return
             self._fail("crash", f"the target refuses connections ({exc}) after "
                        f"{self.last.describe() if self.last else 'the previous example'}", self.last)
         old = self.models.pop(ref, None)
@@ -241,6 +248,8 @@ class Example:
             self.judge.freed(msg.fields.get("remote_ptr", 0))
         if out.reply:
             self._check_reply(msg, out.reply, tconn)
+            if self.dead_before:  # the target was dead before this example: nothing more of it
+                return None
             self._check_sanitizer(msg)
             if self.shadow is not None and not out.closed:
                 self.shadow.after(ref, msg)
@@ -267,6 +276,7 @@ class Example:
         if rec.closed:
             self._end_target()
             self._closed_unexpectedly(msg, "keeps the connection open")
+            return None
         if self.shadow is not None:
             self.shadow.after(ref, msg)
         return None
@@ -279,6 +289,7 @@ class Example:
             self._fail("hang", f"no reply {head.waited(self.host.timeout)}", msg)
         if len(head.data) < REPLY_HEADER_SIZE:
             self._closed_unexpectedly(msg, "replies")
+            return  # dead before this example: nothing more to judge
         want_head, want_body = want[:REPLY_HEADER_SIZE], want[REPLY_HEADER_SIZE:]
         if head.data != want_head:
             got = int.from_bytes(head.data, "little")
@@ -290,6 +301,7 @@ class Example:
                                                            f"after {self.host.timeout:g} s"), msg)
         if len(body.data) < len(want_body):
             self._closed_unexpectedly(msg, "replies")
+            return
         verdict = self.shadow.judge(msg, body.data) if self.shadow is not None else None
         if verdict is not None:  # one of the shadow-memory oracle's reads: judged over the bytes the shadow knows
             if verdict.message:
@@ -390,8 +402,20 @@ class Example:
         if self.tconn is not None:
             self.tconn.close()
 
+    def dead_before_this_example(self) -> None:
+        """The target was dead before this example sent anything of its own: what killed it came earlier (a heap an
+        earlier example corrupted, freed when a later connection ends) and no program of this example reproduces
+        it. Not a finding: counted, the target brought back for the next example, this one sends nothing more."""
+        self._end_target()
+        self.host.dead_before_example()
+        self.dead_before = True
+        self.judge.untracked = True  # steps send nothing more
+
     def _closed_unexpectedly(self, msg: FuzzMessage, model_did: str) -> None:
         self._end_target()
+        if msg.command is Command.HELLO and self.messages <= 1 and not self.host.alive():
+            self.dead_before_this_example()
+            return
         if not self.host.alive():
             if self._opening is not None and self._opening is not msg:
                 # A dying process may still accept a connection: the death belongs to what came before.

@@ -55,6 +55,11 @@ class ExampleHost(Protocol):
         """The target may have died: look before the next example."""
         ...
 
+    def dead_before_example(self) -> None:
+        """The target was found dead before the example sent anything of its own: counted, and brought back before
+        the next example (see :meth:`.Example.dead_before_this_example`)."""
+        ...
+
     def count_message(self, msg: FuzzMessage) -> None:
         """One message sent (for the campaign's figures)."""
         ...

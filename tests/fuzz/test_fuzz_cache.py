@@ -114,3 +114,17 @@ def test_the_hunt_s_reference_caches_as_the_model_does_and_starts_each_replay_em
         assert not c.set_tensor_hash(t, 0, fnv1a64(DATA))  # the replay before emptied it
     hunt._reference_server.stop()
     hunt._reference_cache.cleanup()
+
+
+def test_a_target_dead_before_an_example_sends_anything_is_counted_not_blamed_on_it(tmp_path):
+    """What killed it came earlier (a heap corrupted by an earlier example, freed when a later connection ended): no
+    program of this example reproduces it, so it is no finding of its own; the next example brings the target back."""
+    with running_server("7") as srv:
+        campaign = target_campaign(ExternalTarget(srv.host, srv.port), Options(out_dir=tmp_path / "out"))
+    ex = campaign.new_example()
+    ex.active()  # its HELLO finds nothing listening
+    assert ex.finding is None and ex.inert and ex.messages == 0
+    assert campaign.stats.deaths_between_examples == 1 and campaign.report()["deaths_between_examples"] == 1
+    ex.finish()
+    campaign.new_example()  # looks at the target first: here nothing can bring it back (no --spawn)
+    assert campaign.gone and "target died" in campaign.gone
