@@ -61,7 +61,11 @@ def _checked(path: str, conns: list[DecodedConnection]) -> LoadedCapture:
         if dc.error is not None and dc.error_direction is not Direction.C2S:
             raise ReplayError(f"{path}: connection {dc.conn.index}: the recorded server's replies do not decode "
                               f"({dc.error}); run `ggml-rpc decode` for details")
-        if dc.protocol is None and dc.error is None and not dc.cuts:
+        # A connection whose only request is an unanswered HELLO (the recorded server was dead, or died, when it
+        # came: a check's liveness probe after a death) needs no version: it is sent as the version the others
+        # speak, and the recorded server's silence is what the target is held to.
+        if dc.protocol is None and dc.error is None and not dc.cuts and \
+                any(req.command is not Command.HELLO for req in dc.requests):
             raise ReplayError(f"{path}: connection {dc.conn.index}: protocol version unknown (no HELLO reply)")
     return LoadedCapture(path, conns)
 

@@ -93,3 +93,21 @@ def test_replay_does_not_read_the_reply_it_left_before(tmp_path):
         listener.close()
     assert report.ok, [m.line() for m in report.mismatches]
     assert got == [HELLO + ALIGN]  # everything the client sent, then its close (no reply was ever waited for)
+
+
+def test_a_connection_whose_hello_got_no_reply_is_replayed(tmp_path):
+    """A check's capture after a death: the session that killed the server, then the kit's probe, a HELLO the dead
+    server never answered.  The replay must not refuse the file (the security table's verification replays such
+    captures); against a live server it sends the probe's HELLO and reports that it was answered."""
+    writes = _exchange()
+    path = tmp_path / "probe.pcap"
+    write_session(path, [writes, [(True, HELLO)]])
+    first, probe = decode_file(path)
+    assert first.protocol is not None and probe.protocol is None
+    assert [r.command for r in probe.requests] == [Command.HELLO]
+    with running_server("7") as srv:
+        report = replay([path], srv.host, srv.port, timeout=10)
+    assert report.connections == 2
+    # The recorded server said nothing to the probe; the reference answers it.
+    assert [(m.connection, m.command) for m in report.mismatches] == [(1, "HELLO")], report.mismatches
+    assert "expected the server to close the connection" in report.mismatches[0].line()
