@@ -1,5 +1,5 @@
-"""The verified reproducers behind SECURITY.md (``fixtures/repro/security/``): the hunt's against the instrumented
-7.0.0 (``hunt-*/``), whose replies are the hunt model's, so each replays clean against the reference server of its
+"""The verified reproducers behind SECURITY.md (``fixtures/repro/security/``): each hunt's classes that no report
+explains (``hunt-<build>/``: 7.0.0, both 8.0.0 builds, the instrumented 7.0.0), whose replies are the hunt model's, so each replays clean against the reference server of its
 version and leaves it serving; and the failing checks' exchanges kept by ``ggml-rpc upstream security``
 (``<peer>-<check>.pcap``), recorded against upstream: each decodes in its version's layouts up to its bad input
 (the reference may refuse where upstream computed, and a refusal passes those checks)."""
@@ -20,13 +20,19 @@ SECURITY = Path(__file__).resolve().parents[2] / "fixtures" / "repro" / "securit
 #: Reproducers the replay engine does not yet replay as the hunt's model answered them (open, see CHANGELOG):
 #: strict, so that a fix shows.
 NOT_YET = {
-    "finding-002-info-leak.pcap": "the reference's GET_TENSOR of the region differs from the hunt model's after "
-                                  "relocation (189 of 576 bytes)",
-    "finding-008-crash.pcap": "a SET_TENSOR whose data address is 0xfffffffffffffffe: the reference closes where "
-                              "the hunt model answered",
+    "hunt-7.0.0+asan-ubsan/finding-002-info-leak.pcap":
+        "the reference's GET_TENSOR of the region differs from the hunt model's after relocation (189 of 576 bytes)",
+    "hunt-7.0.0+asan-ubsan/finding-008-crash.pcap":
+        "a SET_TENSOR whose data address is 0xfffffffffffffffe: the reference closes where the hunt model answered",
 }
-PCAPS = [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=NOT_YET[p.name])) if p.name in NOT_YET
-         else p for p in sorted(SECURITY.glob("hunt-*/*.pcap"))]
+
+
+def _param(path: Path) -> Path | object:
+    why = NOT_YET.get(path.relative_to(SECURITY).as_posix())
+    return pytest.param(path, marks=pytest.mark.xfail(strict=True, reason=why)) if why else path
+
+
+PCAPS = [_param(p) for p in sorted(SECURITY.glob("hunt-*/*.pcap"))]
 CHECK_PCAPS = sorted(SECURITY.glob("*.pcap"))
 
 
