@@ -179,9 +179,7 @@ def judge(bug: KnownBug, results: dict[str, dict[str, Any]], verified: dict[str,
         elif _sanitizer_failure(r):
             how = r["message"].split("sanitizer reported ", 1)[1][:100]
         else:
-            # The shadow oracle's evidence (which buffer changed, where) rather than the write's geometry.
-            at = r["message"].find("buffer #")
-            how = "fails: " + (r["message"][at:at + 120] if at >= 0 else r["message"][:80])
+            how = "fails: " + _evidence(r["message"])
         mark = " (verified)" if verified.get(r["id"]) else ""
         more = f" +{len(failed) - 1}" if len(failed) > 1 else ""
         return f"**{found}**: {how} ({r['id']}{more}){mark}"
@@ -323,8 +321,20 @@ def _shadow_cell(r: dict[str, Any] | None) -> str:
         where = _assertion(r)
         return f"**dies**: {_cell(death.get('status', 'death'))}" + (f" at {_cell(where)}" if where else "")
     if outcome == "fail":
-        return f"**fails**: {_cell(r.get('message', '')[:160])}"
+        return f"**fails**: {_cell(_evidence(r.get('message', '')))}"
     return outcome
+
+
+#: Characters of a failure's message a cell shows.
+_EVIDENCE_CHARS = 200
+
+
+def _evidence(message: str) -> str:
+    """What a failing cell shows of a check's message: the shadow oracle's evidence (which buffer changed, where)
+    rather than the write's geometry that precedes it, whole when it fits, else cut with an ellipsis."""
+    at = message.find("buffer #")
+    text = message[at:] if at >= 0 else message
+    return text if len(text) <= _EVIDENCE_CHARS else text[:_EVIDENCE_CHARS - 1].rstrip() + "…"
 
 
 _TREE = {True: "with uncommitted changes", False: "clean tree", None: "tree state unknown"}

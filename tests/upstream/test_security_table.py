@@ -166,6 +166,14 @@ def test_a_kit_found_bug_is_absent_where_the_server_stops_at_its_own_check():
                      "= base - 6624: buffer #3 (1024 bytes, sentinel) changed: 1 byte(s) at offsets [96, 97)")
     assert judge(n1, {"SHADOW-011": changed}, {}, found="present") == (
         "**present**: fails: buffer #3 (1024 bytes, sentinel) changed: 1 byte(s) at offsets [96, 97) (SHADOW-011)")
+    # The evidence is shown whole up to its last offset (a cut at 120 characters once ended a cell in "[96, 9").
+    long = result("SHADOW-011", "fail", message="COPY_TENSOR of F32 ne=(7, 3, 0, 1) nb=(4, 28, 84, 84) [empty-2/"
+                  "other-buffer], 0 bytes, data = base - 7712 of a 4096-byte buffer: buffer #1 (1024 bytes, sentinel "
+                  "before the working buffer) changed, a buffer of the session: 1 byte(s) at offsets [96, 97)")
+    assert judge(n1, {"SHADOW-011": long}, {}, found="present").endswith("at offsets [96, 97) (SHADOW-011)")
+    endless = result("SHADOW-011", "fail", message="buffer #2 changed: " + "x" * 400)
+    cell = judge(n1, {"SHADOW-011": endless}, {}, found="present")
+    assert cell.endswith("… (SHADOW-011)") and len(cell) < 260
 
 
 def test_a_new_class_s_reproducer_is_kept_only_when_it_replays_clean_against_the_reference(tmp_path: Path):
