@@ -17,6 +17,15 @@ from ggml_rpc.conformance.cli import main
 from ggml_rpc.reference import running_server
 
 
+def vulnerable() -> str:
+    """``vulnerable.py`` as the fuzzer spawns it, with one BLAS thread: a single thread when it first accepts a
+    connection, so that a death costs a fork (the kit's fork server) rather than a new Python process (about 1.5 s
+    each: these campaigns restart it over a hundred times). Restarts by new processes have their own tests
+    (test_fuzz_fork_server.py, --no-fork-server)."""
+    script = Path(__file__).with_name("vulnerable.py")
+    return f"env OPENBLAS_NUM_THREADS=1 {shlex.quote(sys.executable)} {shlex.quote(str(script))} --port {{port}}"
+
+
 def test_embedded_campaign_finds_nothing(tmp_path, capsys):
     assert main(["fuzz", "--seconds", "4", "--seed", "3", "--out", str(tmp_path / "f")]) == 0
     out, err = capsys.readouterr()
@@ -39,21 +48,42 @@ def test_external_server_by_examples(tmp_path, capsys):
     assert not (tmp_path / "f").exists()
 
 
-def test_the_cli_leaves_nothing_but_the_out_dir_in_the_current_folder(tmp_path, monkeypatch, capsys):
+def test_a_spawned_server_that_crashes_is_restarted_the_finding_kept_and_nothing_else_left(tmp_path, monkeypatch,
+                                                                                         capsys):
     from hypothesis.configuration import storage_directory
 
     home = storage_directory(intent_to_write=False).home_directory
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
-    script = Path(__file__).with_name("vulnerable.py")
-    cmd = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} --port {{port}}"
-    assert main(["fuzz", "--spawn", cmd, "--examples", "300", "--seed", "1", "--out", "found"]) == 1
-    assert "FINDING crash" in capsys.readouterr().err
+    assert main(["fuzz", "--spawn", vulnerable(), "--examples", "300", "--seed", "1", "--out", "found"]) == 1
+    out, err = capsys.readouterr()
+    assert "FINDING crash" in err
+    assert "killed by signal SIGABRT" in out
+    restarts = int(re.search(r"target restarts (\d+)", out).group(1))
+    assert restarts >= 1
+    summary = next((cwd / "found").glob("finding-001-crash.txt")).read_text()
+    assert "target status: killed by signal SIGABRT" in summary
     assert sorted(p.name for p in cwd.iterdir()) == ["found"]  # no .hypothesis/, no fuzz-findings/
     assert (cwd / "found" / "findings.txt").is_file()
     assert not (cwd / "found" / ".hypothesis").exists()
     assert storage_directory(intent_to_write=False).home_directory == home  # hypothesis' setting is restored
+
+
+def test_a_server_restarted_as_a_new_process_has_its_log_in_the_finding(tmp_path, capsys):
+    """Without the fork server every death costs a new process, whose output (here its start-up line) the
+    finding's summary quotes."""
+    script = Path(__file__).with_name("vulnerable.py")
+    cmd = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} --port {{port}}"
+    out_dir = tmp_path / "found"
+    assert main(["fuzz", "--hunt", "--no-fork-server", "--spawn", cmd, "--examples", "2", "--seed", "3",
+                 "--timeout", "2", "--out", str(out_dir)]) == 1
+    out, err = capsys.readouterr()
+    assert "restarts: a new server process each" in err
+    assert int(re.search(r"target restarts (\d+)", out).group(1)) >= 1
+    summary = next(out_dir.glob("finding-001-crash.txt")).read_text()
+    assert "target status: killed by signal SIGABRT" in summary
+    assert "log: vulnerable reference server listening" in summary
 
 
 def test_spawned_server(tmp_path, capsys):
@@ -79,24 +109,8 @@ def test_user_mistakes_exit_2(argv, message, capsys):
     assert message in err and "Traceback" not in err
 
 
-def test_spawned_server_that_crashes_is_restarted_and_the_finding_kept(tmp_path, capsys):
-    script = Path(__file__).with_name("vulnerable.py")
-    cmd = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} --port {{port}}"
-    out_dir = tmp_path / "found"
-    assert main(["fuzz", "--spawn", cmd, "--examples", "300", "--seed", "1", "--out", str(out_dir)]) == 1
-    out, err = capsys.readouterr()
-    assert "FINDING crash" in err
-    assert "killed by signal SIGABRT" in out
-    restarts = int(re.search(r"target restarts (\d+)", out).group(1))
-    assert restarts >= 1
-    summary = next(out_dir.glob("finding-001-crash.txt")).read_text()
-    assert "target status: killed by signal SIGABRT" in summary
-    assert "log: vulnerable reference server listening" in summary
-
-
 def test_hunt_mode_writes_findings_json_and_sarif(tmp_path, capsys):
-    script = Path(__file__).with_name("vulnerable.py")
-    cmd = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} --port {{port}}"
+    cmd = vulnerable()
     out_dir, sarif, html_dir = tmp_path / "found", tmp_path / "report.sarif", tmp_path / "html"
     assert main(["fuzz", "--hunt", "--spawn", cmd, "--examples", "8", "--seed", "3", "--timeout", "2",
                  "--out", str(out_dir), "--sarif", str(sarif), "--html", str(html_dir)]) == 1
