@@ -1,8 +1,9 @@
 """The verified reproducers behind SECURITY.md (``fixtures/repro/security/``): each hunt's classes that no report
-explains (``hunt-<build>/``: 7.0.0, both 8.0.0 builds, the instrumented 7.0.0), whose replies are the hunt model's, so each replays clean against the reference server of its
-version and leaves it serving; and the failing checks' exchanges kept by ``ggml-rpc upstream security``
-(``<peer>-<check>.pcap``), recorded against upstream: each decodes in its version's layouts up to its bad input
-(the reference may refuse where upstream computed, and a refusal passes those checks)."""
+explains (``hunt-<build>/``: 7.0.0, both 8.0.0 builds, the instrumented 7.0.0), whose replies are the hunt model's,
+so each replays clean against the reference server of its version and leaves it serving; and the failing checks'
+exchanges kept by ``ggml-rpc upstream security`` (``<peer>-<check>.pcap``), recorded against upstream: each decodes
+in its version's layouts up to its bad input (the reference may refuse where upstream computed, and a refusal passes
+those checks)."""
 
 from __future__ import annotations
 
