@@ -253,6 +253,10 @@ class Campaign:
         """Empty the model's cache and the target's (when the fuzzer owns it): before an example or a replay."""
         if self.model_cache is not None:
             self.model_cache.clear()
+        self.clear_target_cache()
+
+    def clear_target_cache(self) -> None:
+        """Empty the target's cache folder (when the fuzzer owns it and the model follows it)."""
         cache_dir = self.target.cache_dir if self.model_cache is not None else None
         if cache_dir is not None and cache_dir.exists():
             clear_directory(cache_dir)

@@ -165,6 +165,14 @@ class Example:
             self.send(ref, first, opening=True)
         finally:
             self._opening = None
+        if len(self.transcript) == 1 and first.command is Command.HELLO and self.tconn is not None \
+                and self.finding is None:
+            # The cache was emptied before this example, but a server that serves one connection at a time may
+            # still have been finishing the previous example's (a request without a reply, left queued when that
+            # example stopped at a failure): a cache file written then would answer this example's SET_TENSOR_HASH
+            # as a hit the model cannot know of, and the reproducer would not fail a fresh server. Its HELLO reply
+            # means it has moved on to this connection: emptied again now.
+            self.host.clear_target_cache()
 
     def close_current(self) -> None:
         """End the open connection the way a client leaves: the target must close without a byte."""

@@ -60,6 +60,10 @@ class ExampleHost(Protocol):
         the next example (see :meth:`.Example.dead_before_this_example`)."""
         ...
 
+    def clear_target_cache(self) -> None:
+        """Empty the target's cache folder (when the fuzzer owns it), the model's staying as it is."""
+        ...
+
     def count_message(self, msg: FuzzMessage) -> None:
         """One message sent (for the campaign's figures)."""
         ...

@@ -128,3 +128,27 @@ def test_a_target_dead_before_an_example_sends_anything_is_counted_not_blamed_on
     ex.finish()
     campaign.new_example()  # looks at the target first: here nothing can bring it back (no --spawn)
     assert campaign.gone and "target died" in campaign.gone
+
+
+def test_a_cache_file_written_late_by_the_previous_example_is_no_hit_of_the_next(tmp_path):
+    """A server serving one connection at a time may still be finishing the previous example's connection (a
+    SET_TENSOR without a reply, queued when that example stopped at a failure) after the next example emptied the
+    cache: the file it writes then must not answer the next example's SET_TENSOR_HASH. Emptied again once the target
+    has answered the example's HELLO (it has moved on by then)."""
+    config = fuzz_config(V7)
+    target = EmbeddedFuzzTarget(config, cache=True)
+    target.start()
+    try:
+        campaign = target_campaign(target, Options(out_dir=tmp_path / "out", timeout=5))
+        assert campaign.model_cache is not None and target.cache_dir is not None
+        ex = campaign.new_example()  # empties both caches
+        (target.cache_dir / cache_file_name(fnv1a64(DATA))).write_bytes(DATA)  # the late write
+        ref = ex.active()  # HELLO
+        buf = ex.alloc(ref, 4096, 0)
+        assert buf is not None
+        assert ex.send(ref, _hash_request(ex, buf)) == b"\x00"  # both miss
+        assert ex.finding is None and not ex.untracked
+        ex.finish()
+        assert ex.finding is None
+    finally:
+        target.stop()
