@@ -202,6 +202,7 @@ class Campaign:
         self._dead = True
 
     def dead_before_example(self) -> None:
+        """What an example asks (:class:`.host.ExampleHost`): counted, and the target looked at before the next."""
         self.stats.deaths_between_examples += 1
         self._dead = True
 

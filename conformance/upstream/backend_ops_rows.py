@@ -77,8 +77,9 @@ def compare_cases(reference: BackendOpsResult, upstream: BackendOpsResult, op: s
 
 
 def op_row(op: str, timeout: float = 900.0) -> Cell:
-    """Both runs at once: each is a test-backend-ops client taking turns with its server (about one core busy per
-    run), and the upstream run alone took nearly half of the row's time (MUL_MAT: 96 of 232 s on 2 cores)."""
+    """Both runs at once: one after the other, the upstream run alone was nearly half of the row's time (MUL_MAT: 96
+    of 232 s on 2 cores); at once, the CI subset's rows took 602 s instead of 661 (MUL_MAT 196 s; the one-case ops
+    about 3 s longer each, two servers starting together)."""
     peer = PEERS["7.0.0"]
     with UpstreamServer(peer, cache=False) as server, reference_server(7, None) as address, \
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="backend-ops-reference") as pool:

@@ -10,20 +10,11 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from ggml_rpc.conformance.cli import main
 from ggml_rpc.reference import running_server
-
-
-def vulnerable() -> str:
-    """``vulnerable.py`` as the fuzzer spawns it, with one BLAS thread: a single thread when it first accepts a
-    connection, so that a death costs a fork (the kit's fork server) rather than a new Python process (about 1.5 s
-    each: these campaigns restart it over a hundred times). Restarts by new processes have their own tests
-    (test_fuzz_fork_server.py, --no-fork-server)."""
-    script = Path(__file__).with_name("vulnerable.py")
-    return f"env OPENBLAS_NUM_THREADS=1 {shlex.quote(sys.executable)} {shlex.quote(str(script))} --port {{port}}"
+from vulnerable import command as vulnerable
 
 
 def test_embedded_campaign_finds_nothing(tmp_path, capsys):
@@ -73,11 +64,9 @@ def test_a_spawned_server_that_crashes_is_restarted_the_finding_kept_and_nothing
 def test_a_server_restarted_as_a_new_process_has_its_log_in_the_finding(tmp_path, capsys):
     """Without the fork server every death costs a new process, whose output (here its start-up line) the
     finding's summary quotes."""
-    script = Path(__file__).with_name("vulnerable.py")
-    cmd = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} --port {{port}}"
     out_dir = tmp_path / "found"
-    assert main(["fuzz", "--hunt", "--no-fork-server", "--spawn", cmd, "--examples", "2", "--seed", "3",
-                 "--timeout", "2", "--out", str(out_dir)]) == 1
+    assert main(["fuzz", "--hunt", "--no-fork-server", "--spawn", vulnerable(forkable=False), "--examples", "2",
+                 "--seed", "3", "--timeout", "2", "--out", str(out_dir)]) == 1
     out, err = capsys.readouterr()
     assert "restarts: a new server process each" in err
     assert int(re.search(r"target restarts (\d+)", out).group(1)) >= 1

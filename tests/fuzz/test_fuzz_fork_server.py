@@ -9,24 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 from ggml_rpc.conformance.cli import main
-
-HERE = Path(__file__).resolve().parent
+from vulnerable import command as spawn
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and not os.environ.get("CI"),
                                 reason="the fork server is compiled with the system's C compiler (none here)")
-
-
-def spawn(variant: str = "aborting") -> str:
-    script = HERE / "vulnerable.py"
-    return (f"env OPENBLAS_NUM_THREADS=1 {shlex.quote(sys.executable)} {shlex.quote(str(script))} --port {{port}} "
-            f"--variant {variant}")
 
 
 def test_a_hunt_restarts_by_fork_and_verifies_each_class(tmp_path, capsys):

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,13 +21,7 @@ from ggml_rpc.conformance.cli import main
 from ggml_rpc.conformance.fuzz.findings import SavedFinding
 from ggml_rpc.conformance.fuzz.reports import finding_dict
 from ggml_rpc.conformance.fuzz.workers import SharedFindings, campaign_key, merge_reports, open_database
-
-HERE = Path(__file__).resolve().parent
-
-
-def vulnerable() -> str:
-    script = HERE / "vulnerable.py"
-    return f"env OPENBLAS_NUM_THREADS=1 {shlex.quote(sys.executable)} {shlex.quote(str(script))} --port {{port}}"
+from vulnerable import command as vulnerable
 
 
 def classes(path: Path) -> list[str]:

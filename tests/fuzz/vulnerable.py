@@ -9,6 +9,7 @@ connection; this variant aborts its process instead, exactly as upstream does.  
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import warnings
 from dataclasses import replace
@@ -128,6 +129,15 @@ def server_with(hooks: Hooks, name: str) -> type[Server]:
 VulnerableServer = server_with(ABORTING, "VulnerableServer")
 #: Serves every connection with :data:`PLANTED_COPY`.
 PlantedServer = server_with(PLANTED_COPY, "PlantedServer")
+
+
+def command(variant: str = "aborting", *, forkable: bool = True) -> str:
+    """The ``--spawn`` command line of a variant. ``forkable``: with one BLAS thread, so that the process has a single
+    thread when it first accepts a connection and a death costs a fork (the kit's fork server) rather than a new
+    Python process (about 1.5 s each; campaigns restart it over a hundred times). Without it OpenBLAS's second thread
+    makes every restart a new process."""
+    argv = f"{shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__)))} --port {{port}} --variant {variant}"
+    return f"env OPENBLAS_NUM_THREADS=1 {argv}" if forkable else argv
 
 
 def main() -> None:
