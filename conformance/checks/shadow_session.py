@@ -198,8 +198,9 @@ class ShadowSession:
         sent = encode_request(self.protocol, command, relocated, data)
         try:
             self.client.send_raw(sent)
-            if self.protocol.commands[command].reply is not None:
-                # A reply where the mirror closes: take it before the oracle's own requests.
+            if self.protocol.commands[command].has_reply:
+                # A reply where the mirror closes: take it before the oracle's own requests (a command without one
+                # goes straight to the probe: waiting for its reply cost a whole timeout per accepted request).
                 self.client.recv_reply_raw()
         except ConnectionClosed:
             return "refused", b""
