@@ -40,6 +40,7 @@ Rules of this module (what it may know and what it must not):
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -79,12 +80,13 @@ class ServerCore:
     group offers a handler table; the core frames requests and dispatches them through the tables' union."""
 
     def __init__(self, config: ServerConfig, cache: EntryCache | None, *, name: str = "conn",
-                 links: Links | None = None) -> None:
+                 links: Links | None = None, addresses: random.Random | None = None) -> None:
         self.config = config
         self.protocol = config.protocol
         self.cache = cache
         self.name = name
-        self.table = BufferTable.for_devices(config.devices, config.device)
+        # ``addresses``: a seeded generator for the buffers' handles and bases (see BufferTable.rng); a server has none.
+        self.table = BufferTable.for_devices(config.devices, config.device, addresses)
         self.commands = 0
         self._verbose = config.verbose
         hooks = config.hooks

@@ -9,6 +9,7 @@ checking it lies inside the buffer.
 
 from __future__ import annotations
 
+import random
 import secrets
 from dataclasses import dataclass, field
 
@@ -101,21 +102,31 @@ class BufferTable:
 
     devices: list[DeviceState]
     buffers: dict[int, Buffer] = field(default_factory=dict)
+    #: Where handles and bases are drawn from: None (a server) draws them unguessably; a seeded generator (the
+    #: fuzzer's in-process model) draws the same ones for the same seed, so that a seeded example behaves the same
+    #: every time it runs.
+    rng: random.Random | None = None
 
     @classmethod
-    def for_devices(cls, count: int, config: DeviceConfig) -> BufferTable:
-        return cls([DeviceState(i, config) for i in range(count)])
+    def for_devices(cls, count: int, config: DeviceConfig, rng: random.Random | None = None) -> BufferTable:
+        return cls([DeviceState(i, config) for i in range(count)], rng=rng)
+
+    def _bits(self, k: int) -> int:
+        return secrets.randbits(k) if self.rng is None else self.rng.getrandbits(k)
+
+    def _below(self, n: int) -> int:
+        return secrets.randbelow(n) if self.rng is None else self.rng.randrange(n)
 
     def _new_handle(self) -> int:
         while True:
-            h = secrets.randbits(64)
+            h = self._bits(64)
             if h and h not in self.buffers:
                 return h
 
     def _new_base(self, size: int, alignment: int) -> int:
         unit = _PAGE if alignment <= 0 else alignment * -(-_PAGE // alignment)
         for _ in range(64):
-            base = secrets.randbelow((_BASE_MAX - _BASE_MIN) // unit) * unit + _BASE_MIN
+            base = self._below((_BASE_MAX - _BASE_MIN) // unit) * unit + _BASE_MIN
             if all(base + size <= b.base or b.end <= base for b in self.buffers.values() if b.size):
                 return base
         raise MemoryError("no free fake address range")

@@ -123,6 +123,7 @@ class Campaign:
         self.protocol = protocol
         self.model_config = model_config
         self.options = options
+        self.seed = options.seed
         self.devices = devices
         self.alignment = alignment
         self.timeout = options.timeout

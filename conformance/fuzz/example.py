@@ -19,6 +19,8 @@ target with the target's handles and addresses (learnt from ALLOC_BUFFER / BUFFE
 
 from __future__ import annotations
 
+import random
+
 from ggml_rpc.conformance.sessions.relocate import Relocator
 from ggml_rpc.spec import CONN_CAPS_SIZE, Command, fnv1a64
 from ggml_rpc.spec.codec import REPLY_HEADER_SIZE
@@ -151,7 +153,10 @@ class Example:
         if old is not None:
             old.close()
         cache = self.host.model_cache.cache if self.host.model_cache is not None else None
-        self.models[ref] = ModelConnection(self.host.model_config, cache, name=f"model {ref!r}")
+        # Handles and bases from the campaign's seed and this connection's place in the example: an example run
+        # again (a shrink, a replay of its choices) meets the same model (hypothesis requires it).
+        addresses = random.Random(f"ggml-rpc-fuzz-model:{self.host.seed}:{len(self.transcript)}")
+        self.models[ref] = ModelConnection(self.host.model_config, cache, name=f"model {ref!r}", addresses=addresses)
         self.current, self.tconn = ref, tconn
         self.judge.new_connection()
         self._last_ref = ref

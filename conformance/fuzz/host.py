@@ -34,6 +34,8 @@ class ExampleHost(Protocol):
     #: Computed results must match the model exactly (the embedded reference), not within a tolerance.
     exact: bool
     model_config: ServerConfig
+    #: The campaign's seed (the model's handles and bases are drawn from it).
+    seed: int
     #: The model's hash cache, when the target's can be followed (None otherwise).
     model_cache: ModelCache | None
     #: The target may hold cache entries the model cannot know of.

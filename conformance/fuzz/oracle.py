@@ -11,6 +11,7 @@ bytes that will not come; one that does is reported as :class:`ModelStall` (a fu
 
 from __future__ import annotations
 
+import random
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -68,9 +69,12 @@ def clear_directory(path: Path) -> None:
 class ModelConnection:
     """One connection of the reference server, driven synchronously one message at a time."""
 
-    def __init__(self, config: ServerConfig, cache: HashCache | None, name: str = "model") -> None:
+    def __init__(self, config: ServerConfig, cache: HashCache | None, name: str = "model", *,
+                 addresses: random.Random | None = None) -> None:
         # The same links as the server's: a COMM_INIT is judged by what the reference really does with it.
-        self.core = ServerCore(config, cache, name=name, links=TcpLinks(config))
+        # ``addresses``: seeded handles and bases (the reference's own are unguessable, so an example drew other
+        # placements of buffers, and so other messages, each time it ran: a seed named no campaign).
+        self.core = ServerCore(config, cache, name=name, links=TcpLinks(config), addresses=addresses)
         self.cache = cache
         self.closed = False
         self.reason = ""
