@@ -8,7 +8,6 @@ builds (an ASan report and exit code 1 on a read past a buffer; a UBSan report, 
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -18,14 +17,14 @@ from ggml_rpc.conformance.harness.sanitizer_log import MAX_REPORT_LINES, MAX_REP
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "fuzz"))
-from vulnerable import ASAN_REPORT, UBSAN_REPORT  # noqa: E402
+from vulnerable import ASAN_REPORT, UBSAN_REPORT, command  # noqa: E402
 
 FIXTURES = HERE.parents[1] / "fixtures" / "sanitizer"
 
 
 def spawn(variant: str) -> str:
-    script = HERE.parent / "fuzz" / "vulnerable.py"
-    return f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} --port {{port}} --variant {variant}"
+    """A variant restarted as a new process after each death (the checks below read a new process's report)."""
+    return command(variant, forkable=False)
 
 
 def test_an_asan_report_is_classed_by_its_first_upstream_frame():
@@ -159,10 +158,9 @@ def test_hunt_classes_sanitizer_findings_and_verifies_them(tmp_path, capsys):
 
 def test_hunt_takes_an_asan_death_class_from_the_report(tmp_path, capsys):
     out_dir = tmp_path / "found"
-    # One BLAS thread: the server forks at accept (the kit's fork server), so its many deaths cost forks; reading a
-    # new process's report is what the check tests above do.
-    assert main(["fuzz", "--hunt", "--spawn", f"env OPENBLAS_NUM_THREADS=1 {spawn('asan')}", "--examples", "8",
-                 "--seed", "3", "--timeout", "2", "--out", str(out_dir)]) == 1
+    # Forkable: the hunt's many deaths cost forks of the server (the kit's fork server), each with its own report.
+    assert main(["fuzz", "--hunt", "--spawn", command("asan"), "--examples", "8", "--seed", "3", "--timeout", "2",
+                 "--out", str(out_dir)]) == 1
     capsys.readouterr()
     classes = json.loads((out_dir / "findings.json").read_text())["classes"]
     asan = [c for c in classes if c["symptom"].startswith("ASan ")]
