@@ -123,7 +123,6 @@ class Campaign:
         self.protocol = protocol
         self.model_config = model_config
         self.options = options
-        self.seed = options.seed
         self.devices = devices
         self.alignment = alignment
         self.timeout = options.timeout
@@ -183,6 +182,11 @@ class Campaign:
         if not ok:
             self._dead = True
         return ok
+
+    @property
+    def seed(self) -> int:
+        """What an example asks (:class:`.host.ExampleHost`): the campaign's seed."""
+        return self.options.seed
 
     @property
     def examples_inert(self) -> bool:

@@ -34,14 +34,17 @@ class ExampleHost(Protocol):
     #: Computed results must match the model exactly (the embedded reference), not within a tolerance.
     exact: bool
     model_config: ServerConfig
-    #: The campaign's seed (the model's handles and bases are drawn from it).
-    seed: int
     #: The model's hash cache, when the target's can be followed (None otherwise).
     model_cache: ModelCache | None
     #: The target may hold cache entries the model cannot know of.
     cache_unknown: bool
     #: The shadow-memory oracle applies after every write.
     shadow: bool
+
+    @property
+    def seed(self) -> int:
+        """The campaign's seed (the model's handles and bases are drawn from it)."""
+        ...
 
     @property
     def examples_inert(self) -> bool:
