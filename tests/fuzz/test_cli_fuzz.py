@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -61,23 +62,33 @@ def test_a_spawned_server_that_crashes_is_restarted_the_finding_kept_and_nothing
     assert storage_directory(intent_to_write=False).home_directory == home  # hypothesis' setting is restored
 
 
-def test_hypothesis_mines_local_source_once_into_the_kit_cache(tmp_path, monkeypatch, capsys):
+def test_hypothesis_mines_local_source_once_into_the_kit_cache(tmp_path):
     """Hypothesis draws some values from constants it finds in local source files (the kit's own modules on an
     editable install) and caches them by content. The cache lives in the kit's user cache, so a later campaign
-    reads what an earlier one mined instead of parsing every module again inside its first examples."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    reads what an earlier one mined instead of parsing every module again inside its first examples. Each campaign
+    is a process of its own: hypothesis keeps what it mined for the life of a process, which would change the draws
+    of every later test here."""
     where = tmp_path / "src"
     where.mkdir()
     (where / "kit_local_constants.py").write_text("MAGIC = 0x5EED_C0DE_0001\nNAME = 'a local constant'\n")
-    monkeypatch.syspath_prepend(str(where))
-    import kit_local_constants  # noqa: F401 - a local module hypothesis finds in sys.modules
-
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(where), os.environ.get("PYTHONPATH")]))}
+    argv = ["fuzz", "--examples", "3", "--steps", "20", "--seed", "5", "--out", str(tmp_path / "f")]
+    code = f"import sys, kit_local_constants; from ggml_rpc.conformance.cli import main; sys.exit(main({argv!r}))"
     cached = tmp_path / "xdg" / "ggml-rpc-kit" / "hypothesis" / "constants"
-    assert main(["fuzz", "--seconds", "3", "--seed", "5", "--out", str(tmp_path / "f")]) == 0
-    # One file per local module mined, named by its source's hash: what the next campaign process reads.
-    assert cached.is_dir() and any(cached.iterdir()), "no constants cached in the kit's user cache"
-    assert not (tmp_path / "f").exists()
-    capsys.readouterr()
+
+    def campaign() -> dict[str, int]:
+        done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert cached.is_dir(), "no constants cached in the kit's user cache"
+        return {p.name: p.stat().st_mtime_ns for p in cached.iterdir()}
+
+    first = campaign()
+    # One file per local module mined, named by its source's hash (the local module here among them).
+    assert any(str(0x5EED_C0DE_0001) in p.read_text() for p in cached.iterdir()), first
+    assert campaign() == first  # the second campaign read them: nothing mined or written again
+    assert not (tmp_path / "f").exists() and not (tmp_path / ".hypothesis").exists()
 
 
 def test_a_server_restarted_as_a_new_process_has_its_log_in_the_finding(tmp_path, capsys):
